@@ -1,0 +1,5 @@
+"""``python -m streamproof`` = the ``streamproof`` command (the harness starts children this way)."""
+
+from streamproof.cli import main
+
+main()

@@ -1,0 +1,255 @@
+"""``streamproof ...``: the command line of DESIGN.md.
+
+Exit codes: 0 success; 1 a verification or proof found loss or duplicates; 2 bad input (config,
+arguments, missing set-up). A predictable mistake prints one ``error:`` line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from streamproof.errors import StreamproofError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Exactly-once Kafka -> Spark -> Delta pipelines, and the proof.",
+)
+infra_app = typer.Typer(no_args_is_help=True, help="Local Apache Kafka (KRaft) for pipelines and tests.")
+app.add_typer(infra_app, name="infra")
+
+console = Console(highlight=False)
+error_console = Console(stderr=True, highlight=False)
+F = TypeVar("F", bound=Callable[..., Any])
+
+StateDir = Annotated[Path | None, typer.Option("--state-dir", help="State folder (default .streamproof).")]
+
+
+def friendly_errors(command: F) -> F:
+    """Turn streamproof's own errors and predictable Spark failures into one line and an exit code."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except StreamproofError as error:
+            error_console.print(f"error: {error}", markup=False)
+            raise typer.Exit(error.exit_code) from None
+        except KeyboardInterrupt:
+            error_console.print("interrupted")
+            raise typer.Exit(130) from None
+        except Exception as error:  # Spark/Py4J errors: the first line says what happened
+            if type(error).__module__.startswith(("pyspark", "py4j")):
+                first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
+                error_console.print(f"error: Spark: {first.strip()[:400]}", markup=False)
+                raise typer.Exit(1) from None
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _state_dir(state_dir: Path | None) -> Path:
+    from streamproof.infra import default_state_dir
+
+    return state_dir.resolve() if state_dir else default_state_dir()
+
+
+@infra_app.command("up")
+@friendly_errors
+def infra_up(
+    port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1.")] = 9092,
+    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    state_dir: StateDir = None,
+) -> None:
+    """Start the local Kafka broker (idempotent: a running one is reused)."""
+    from streamproof.infra import KafkaBroker
+
+    console.print(KafkaBroker(_state_dir(state_dir), port, controller_port).up())
+
+
+@infra_app.command("down")
+@friendly_errors
+def infra_down(
+    wipe: Annotated[bool, typer.Option(help="Also delete the broker's data.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Stop the broker that `infra up` started (only that one)."""
+    from streamproof.infra import KafkaBroker
+
+    console.print(KafkaBroker(_state_dir(state_dir)).down(wipe=wipe))
+
+
+@infra_app.command("status")
+@friendly_errors
+def infra_status(state_dir: StateDir = None) -> None:
+    """Show whether the local broker runs and answers."""
+    from streamproof.infra import KafkaBroker
+
+    console.print(KafkaBroker(_state_dir(state_dir)).status())
+
+
+def _fraction(name: str) -> Callable[[float], float]:
+    def check(value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise typer.BadParameter(f"{value} is not a fraction between 0 and 1", param_hint=name)
+        return value
+
+    return check
+
+
+@app.command()
+@friendly_errors
+def generate(
+    topic: Annotated[str, typer.Option(help="Topic to produce into (created if missing).")],
+    count: Annotated[int, typer.Option(min=0, help="Number of events.")],
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions when creating the topic.")] = 4,
+    malformed: Annotated[
+        float, typer.Option(callback=_fraction("--malformed"), help="Share of invalid records (0..1).")
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed: same seed, same records.")] = 42,
+    bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
+    state_dir: StateDir = None,
+) -> None:
+    """Produce deterministic JSON order events (idempotent producer, acks=all)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from streamproof.generator import generate as produce
+
+    with Progress(
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("generate", total=count)
+        result = produce(
+            bootstrap_servers,
+            topic,
+            count,
+            partitions=partitions,
+            malformed=malformed,
+            seed=seed,
+            manifest_dir=_state_dir(state_dir) / "generated",
+            on_progress=lambda done: progress.update(task, completed=done),
+        )
+    console.print(
+        f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
+        f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
+    )
+
+
+@app.command()
+@friendly_errors
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    available_now: Annotated[bool, typer.Option("--available-now", help="Drain what is there, then exit.")] = False,
+    max_batches: Annotated[int | None, typer.Option(min=1, help="Stop after this many batches.")] = None,
+) -> None:
+    """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
+    from streamproof.config import load_pipeline
+    from streamproof.pipeline import run as run_pipeline
+
+    spec = load_pipeline(pipeline)
+    summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches)
+    console.print(
+        f"[{spec.name}] stopped ({summary.stopped_by}): {summary.batches} batches, {summary.rows_in:,} rows in, "
+        f"{summary.rows_out:,} to sink, {summary.quarantined:,} quarantined, {summary.seconds:.1f} s",
+        markup=False,
+    )
+
+
+@app.command()
+@friendly_errors
+def verify(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
+    from streamproof.config import load_pipeline
+    from streamproof.report import print_report
+    from streamproof.session import build_session
+    from streamproof.verify import verify_pipeline
+
+    spec = load_pipeline(pipeline)
+    spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
+    report = verify_pipeline(spark, spec, manifest_dir=_state_dir(state_dir) / "generated")
+    print_report(console, report)
+    if json_file:
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        json_file.write_text(report.to_json())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
+def prove(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    random_kills: Annotated[int, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the kill moments.")] = 1,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Run the pipeline to the end through SIGKILLs and restarts, then reconcile."""
+    from streamproof.config import load_pipeline
+    from streamproof.prove import run_with_random_kills
+    from streamproof.report import print_report
+    from streamproof.session import build_session
+    from streamproof.verify import verify_pipeline
+
+    spec = load_pipeline(pipeline)
+    state = _state_dir(state_dir)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    crashes = run_with_random_kills(
+        pipeline,
+        kills=random_kills,
+        seed=seed,
+        log_dir=state / "logs" / stamp,
+        emit=lambda line: console.print(line, markup=False),
+    )
+    spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
+    report = verify_pipeline(spark, spec, manifest_dir=state / "generated")
+    report.crashes = [crash.to_dict() for crash in crashes]
+    print_report(console, report)
+    if json_file:
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        json_file.write_text(report.to_json())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
+def demo(
+    count: Annotated[int, typer.Option(min=1000, help="Events to generate.")] = 1_000_000,
+    kills: Annotated[int, typer.Option(min=0, help="Random SIGKILLs during the run.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the data and of the kill moments.")] = 7,
+    state_dir: StateDir = None,
+) -> None:
+    """The whole story on embedded defaults: Kafka up, 1M events, exactly-once through SIGKILLs, proof."""
+    from streamproof.demo import run_demo
+
+    report = run_demo(console, _state_dir(state_dir), count=count, kills=kills, seed=seed)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="streamproof")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Deterministic load generator: JSON order events, with a chosen share of malformed records.
+
+The same ``(seed, count, partitions, malformed)`` always produces the same bytes in the same partitions:
+record ``i`` is built from a random stream seeded by ``seed`` alone, and its partition is a hash of its
+key, so a failure seen once can be replayed. Every valid event has a unique ``event_id``; ``order_id``
+repeats (an order goes through several statuses). Malformed records come in five kinds, each invalid
+for a reason the transform must detect (:mod:`streamproof.transform`):
+
+* ``broken_json``: a valid event cut short;
+* ``missing_required``: ``event_id`` or ``order_id`` removed;
+* ``wrong_type``: ``amount`` as a word, or ``event_time`` as ``"yesterday"``;
+* ``empty_value``: a zero-length message, or an ``event_id`` of ``""``;
+* ``binary_garbage``: bytes that are not UTF-8.
+
+The producer is idempotent with ``acks=all``: a retried send is not duplicated by the broker.
+
+Example::
+
+    >>> result = generate("127.0.0.1:9092", "orders", count=1000, malformed=0.01, seed=7)  # doctest: +SKIP
+    >>> result.malformed                                                                    # doctest: +SKIP
+    9
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from streamproof.errors import ConfigError, InfraError
+from streamproof.sources.kafka import client_config
+
+MALFORMED_KINDS = ("broken_json", "missing_required", "wrong_type", "empty_value", "binary_garbage")
+STATUSES = ("created", "paid", "shipped", "delivered", "cancelled")
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+EVENT_SPACING_MS = 10  # event time advances 10 ms per event: 1M events span under 3 hours
+
+
+@dataclass
+class GenerationResult:
+    topic: str
+    count: int
+    partitions: int
+    seed: int
+    malformed: int = 0
+    malformed_by_kind: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    end_offsets: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> int:
+        return self.count - self.malformed
+
+    @property
+    def records_per_second(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
+def _second_text(second: int) -> str:
+    return (EPOCH + timedelta(seconds=second)).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def event_time_text(index: int, jitter_ms: int) -> str:
+    """ISO-8601 UTC event time of event ``index``.
+
+    >>> event_time_text(0, 5)
+    '2026-01-01T00:00:00.005Z'
+    """
+    millis = index * EVENT_SPACING_MS + jitter_ms
+    return f"{_second_text(millis // 1000)}.{millis % 1000:03d}Z"
+
+
+def order_events(
+    count: int, *, seed: int = 42, malformed: float = 0.0, partitions: int = 4, start_index: int = 0
+) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
+    """Yield ``(partition, key, value, malformed_kind)`` for events ``start_index .. start_index+count-1``.
+
+    >>> first = next(order_events(1, seed=1))
+    >>> json.loads(first[2])["event_id"]
+    'ev-1-0000000000'
+    """
+    if not 0.0 <= malformed <= 1.0:
+        raise ConfigError(f"--malformed {malformed}: must be a fraction between 0 and 1")
+    rng = random.Random(seed)
+    orders = max(1, (start_index + count) // 3)
+    customers = max(1, min(10_000, orders))
+    for index in range(start_index, start_index + count):
+        order_id = f"ord-{seed}-{rng.randrange(orders):08d}"
+        event = (
+            f'{{"event_id":"ev-{seed}-{index:010d}","order_id":"{order_id}",'
+            f'"customer_id":"cust-{rng.randrange(customers):05d}","amount":{rng.randrange(100, 50_000) / 100},'
+            f'"status":"{STATUSES[rng.randrange(len(STATUSES))]}",'
+            f'"event_time":"{event_time_text(index, rng.randrange(10))}"}}'
+        )
+        key = order_id.encode()
+        partition = zlib.crc32(key) % partitions
+        kind = None
+        if malformed and rng.random() < malformed:
+            kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
+            event = _spoil(event, kind, rng)
+        yield partition, key, event.encode() if isinstance(event, str) else event, kind
+
+
+def _spoil(event: str, kind: str, rng: random.Random) -> str | bytes:
+    if kind == "broken_json":
+        return event[: rng.randrange(1, len(event) - 1)]
+    if kind == "missing_required":
+        record = json.loads(event)
+        del record[rng.choice(("event_id", "order_id"))]
+        return json.dumps(record, separators=(",", ":"))
+    if kind == "wrong_type":
+        record = json.loads(event)
+        if rng.random() < 0.5:
+            record["amount"] = "twelve euros"
+        else:
+            record["event_time"] = "yesterday"
+        return json.dumps(record, separators=(",", ":"))
+    if kind == "empty_value":
+        if rng.random() < 0.5:
+            return ""
+        record = json.loads(event)
+        record["event_id"] = ""
+        return json.dumps(record, separators=(",", ":"))
+    # binary_garbage: 0xFF never occurs in UTF-8, so the value can never decode as text.
+    return b"\xff\xfe" + rng.randbytes(rng.randrange(4, 64))
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 30.0) -> int:
+    """Create the topic with ``partitions`` partitions if missing; return its partition count."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(client_config(bootstrap_servers))
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException:
+        raise InfraError(f"cannot reach Kafka at {bootstrap_servers}: start it with `streamproof infra up`") from None
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None:
+        return len(existing.partitions)
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as error:
+        if "TOPIC_ALREADY_EXISTS" not in str(error):
+            raise InfraError(f"cannot create topic {topic!r} on {bootstrap_servers}: {error}") from None
+    return partitions
+
+
+def topic_end_offsets(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """High watermark of every partition of ``topic``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(client_config(bootstrap_servers, **{"group.id": "streamproof-offsets"}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+            for p in sorted(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def generate(
+    bootstrap_servers: str,
+    topic: str,
+    count: int,
+    *,
+    partitions: int = 4,
+    malformed: float = 0.0,
+    seed: int = 42,
+    manifest_dir: Path | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> GenerationResult:
+    """Produce ``count`` events into ``topic`` (created if missing) and wait until all are acknowledged.
+
+    With ``manifest_dir``, the run is appended to ``<manifest_dir>/<topic>.json`` so verification can
+    compare its counts with what the generator knowingly produced.
+    """
+    from confluent_kafka import KafkaException, Producer
+
+    if count < 0:
+        raise ConfigError(f"--count {count}: must be zero or more")
+    if partitions < 1:
+        raise ConfigError(f"--partitions {partitions}: must be at least 1")
+    actual_partitions = ensure_topic(bootstrap_servers, topic, partitions)
+    if actual_partitions != partitions:
+        raise ConfigError(
+            f"topic {topic!r} already exists with {actual_partitions} partitions, not {partitions}: "
+            f"pass --partitions {actual_partitions} or use another topic"
+        )
+    failures: list[str] = []
+
+    def on_delivery(error: object, _message: object) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    producer = Producer(
+        client_config(
+            bootstrap_servers,
+            **{
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 20,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 500_000,
+                "delivery.report.only.error": True,
+            },
+        )
+    )
+    result = GenerationResult(topic, count, partitions, seed)
+    kinds: Counter[str] = Counter()
+    started = time.monotonic()
+    previous = _manifest_records(manifest_dir, topic)
+    for sent, (partition, key, value, kind) in enumerate(
+        order_events(count, seed=seed, malformed=malformed, partitions=partitions, start_index=previous)
+    ):
+        if kind:
+            kinds[kind] += 1
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=partition, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if sent % 10_000 == 0:
+            producer.poll(0)
+            if on_progress:
+                on_progress(sent)
+    remaining = producer.flush(120)
+    if remaining:
+        raise InfraError(f"{remaining} records were not acknowledged by {bootstrap_servers} within 120 s")
+    if failures:
+        raise InfraError(f"{len(failures)} records failed to be produced, first error: {failures[0]}")
+    result.seconds = time.monotonic() - started
+    result.malformed = sum(kinds.values())
+    result.malformed_by_kind = dict(sorted(kinds.items()))
+    try:
+        result.end_offsets = topic_end_offsets(bootstrap_servers, topic)
+    except KafkaException:
+        result.end_offsets = {}
+    if on_progress:
+        on_progress(count)
+    if manifest_dir is not None:
+        _append_manifest(manifest_dir, result)
+    return result
+
+
+def _manifest_path(manifest_dir: Path, topic: str) -> Path:
+    return manifest_dir / f"{topic}.json"
+
+
+def _manifest_records(manifest_dir: Path | None, topic: str) -> int:
+    # Event indexes continue across runs into one topic, so event ids stay unique.
+    return 0 if manifest_dir is None else load_manifest(manifest_dir, topic).get("records", 0)
+
+
+def load_manifest(manifest_dir: Path, topic: str) -> dict[str, object]:
+    """What the generator produced into ``topic`` so far: records, malformed, by kind, runs."""
+    path = _manifest_path(manifest_dir, topic)
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _append_manifest(manifest_dir: Path, result: GenerationResult) -> None:
+    manifest_dir.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(manifest_dir, result.topic) or {
+        "topic": result.topic,
+        "records": 0,
+        "malformed": 0,
+        "malformed_by_kind": {},
+        "runs": [],
+    }
+    manifest["records"] = int(manifest["records"]) + result.count  # type: ignore[call-overload]
+    manifest["malformed"] = int(manifest["malformed"]) + result.malformed  # type: ignore[call-overload]
+    by_kind = Counter(manifest["malformed_by_kind"])  # type: ignore[arg-type]
+    by_kind.update(result.malformed_by_kind)
+    manifest["malformed_by_kind"] = dict(sorted(by_kind.items()))
+    manifest["end_offsets"] = {str(p): o for p, o in result.end_offsets.items()}
+    manifest["runs"].append({k: v for k, v in asdict(result).items() if k != "end_offsets"})  # type: ignore[union-attr]
+    _manifest_path(manifest_dir, result.topic).write_text(json.dumps(manifest, indent=2))

@@ -1,0 +1,167 @@
+"""JVM jars: resolved once with Maven from the poms in ``jvm/``, then read from a local cache.
+
+Two sets exist:
+
+* ``spark``: Delta Lake and Spark's Kafka connector with their runtime dependencies, minus every
+  artifact the pyspark wheel already ships (Spark's own jars are never duplicated, so no second
+  Jackson, Hadoop or Parquet can shadow Spark's).
+* ``kafka``: the Apache Kafka broker (KRaft) with a log4j2 backend, for ``streamproof infra up``.
+
+Invariant: a set is resolved into ``<cache>/jars/<set>-<key>/`` where ``key`` hashes the pom, the Maven
+settings and (for ``spark``) the pyspark version; the folder is complete only once its ``.complete``
+marker exists, so an interrupted resolution is redone, a finished one is reused without network, and
+nothing is downloaded while a pipeline runs (:func:`cached_jars` never calls Maven).
+
+Example::
+
+    $ python -m streamproof.jars          # set-up: resolve both sets (network, once)
+    >>> from streamproof.jars import cached_jars
+    >>> [p.name for p in cached_jars("spark") if p.name.startswith("delta-spark")]
+    ['delta-spark_4.2_2.13-4.4.0.jar']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamproof.errors import SetupError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JVM_DIR = REPO_ROOT / "jvm"
+MAVEN_SETTINGS = JVM_DIR / "settings.xml"
+JAR_SETS = ("spark", "kafka")
+
+# "<artifactId>-<version>.jar", where the version is the last "-<digits>." run: greedy on the artifact
+# so that "spark-sql-kafka-0-10_2.13-4.2.0.jar" splits at "-4.2.0", not at "-0-10".
+_JAR_NAME = re.compile(r"^(?P<artifact>.+)-(?P<version>\d+\.[^-]*(?:-[A-Za-z0-9.]+)?)\.jar$")
+
+
+def cache_root() -> Path:
+    """Folder holding resolved jar sets; ``STREAMPROOF_CACHE`` overrides ``~/.cache/streamproof``."""
+    override = os.environ.get("STREAMPROOF_CACHE")
+    return Path(override) if override else Path.home() / ".cache" / "streamproof"
+
+
+def artifact_id(jar_file_name: str) -> str:
+    """The Maven artifactId of a jar file name, version stripped.
+
+    >>> artifact_id("spark-sql-kafka-0-10_2.13-4.2.0.jar")
+    'spark-sql-kafka-0-10_2.13'
+    >>> artifact_id("zstd-jni-1.5.7-3.jar")
+    'zstd-jni'
+    """
+    match = _JAR_NAME.match(jar_file_name)
+    return match.group("artifact") if match else jar_file_name.removesuffix(".jar")
+
+
+def pyspark_jars_dir() -> Path:
+    """The ``jars/`` folder of the installed pyspark wheel (Spark's own JVM classpath)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent / "jars"
+
+
+@dataclass(frozen=True)
+class JarSet:
+    name: str
+    pom: Path
+
+    def key(self) -> str:
+        digest = hashlib.sha256()
+        digest.update(self.pom.read_bytes())
+        digest.update(MAVEN_SETTINGS.read_bytes())
+        if self.name == "spark":
+            import pyspark
+
+            digest.update(pyspark.__version__.encode())
+        return digest.hexdigest()[:16]
+
+    def folder(self) -> Path:
+        return cache_root() / "jars" / f"{self.name}-{self.key()}"
+
+
+def jar_set(name: str) -> JarSet:
+    if name not in JAR_SETS:
+        raise SetupError(f"unknown jar set {name!r}: expected one of {', '.join(JAR_SETS)}")
+    return JarSet(name, JVM_DIR / name / "pom.xml")
+
+
+def cached_jars(name: str) -> list[Path]:
+    """The jars of a resolved set, sorted; never touches the network.
+
+    Raises :class:`SetupError` with the command to run when the set was not resolved yet.
+    """
+    folder = jar_set(name).folder()
+    if not (folder / ".complete").exists():
+        raise SetupError(
+            f"the {name} JVM jars are not resolved yet (no {folder}): run `make setup` or `python -m streamproof.jars`"
+        )
+    return sorted(folder.glob("*.jar"))
+
+
+def resolve(name: str, *, quiet: bool = True) -> list[Path]:
+    """Resolve a jar set with Maven into the cache (only if missing) and return its jars."""
+    target = jar_set(name)
+    folder = target.folder()
+    if (folder / ".complete").exists():
+        return cached_jars(name)
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise SetupError("Maven (`mvn`) is not on PATH: install it (apt-get install -y maven) and retry")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{name}-") as tmp:
+        staging = Path(tmp) / "jars"
+        command = [
+            mvn, "-B", "-s", str(MAVEN_SETTINGS), "-f", str(target.pom),
+            "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        ]  # fmt: skip
+        if quiet:
+            command.insert(1, "-q")
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise SetupError(f"Maven could not resolve {target.pom}:\n{tail}")
+        if name == "spark":
+            _drop_jars_spark_already_ships(staging)
+        (staging / ".complete").write_text(target.key() + "\n")
+        if folder.exists():  # an earlier interrupted attempt
+            shutil.rmtree(folder)
+        staging.rename(folder)
+    return cached_jars(name)
+
+
+def _drop_jars_spark_already_ships(staging: Path) -> None:
+    shipped = {artifact_id(jar.name) for jar in pyspark_jars_dir().glob("*.jar")}
+    for jar in staging.glob("*.jar"):
+        if artifact_id(jar.name) in shipped:
+            jar.unlink()
+
+
+def kafka_broker_classpath() -> str:
+    """``java -cp`` value for the local Kafka broker."""
+    return os.pathsep.join(str(jar) for jar in cached_jars("kafka"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Set-up entry point: resolve the named sets (default: all), print where they are."""
+    names = (argv if argv is not None else sys.argv[1:]) or list(JAR_SETS)
+    try:
+        for name in names:
+            jars = resolve(name)
+            print(f"{name}: {len(jars)} jars in {jar_set(name).folder()}")
+    except SetupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,235 @@
+"""Wire source -> transform -> sink into one streaming query; run, stop cleanly, resume.
+
+``run`` blocks until the query ends: drained (``available_now``), ``max_batches`` reached, or SIGTERM /
+Ctrl-C, which stop it at the next batch boundary. A restart resumes from the checkpoint. One progress
+line per committed batch goes to stdout; the harness reads those lines (:mod:`streamproof.prove`).
+
+Example::
+
+    >>> from streamproof.config import load_pipeline
+    >>> summary = run(load_pipeline("examples/orders_to_delta.toml"), available_now=True)  # doctest: +SKIP
+    [orders] batch 0 committed: 100000 rows in, 99900 to sink, 100 quarantined, 41,230 rows/s, ...
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamproof import faults
+from streamproof.config import PipelineSpec
+from streamproof.errors import PipelineError
+from streamproof.session import build_session
+from streamproof.sinks.delta import DeltaAppendSink, refuse_if_checkpoint_lost
+from streamproof.sources import kafka as kafka_source
+from streamproof.transform import parse_records
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+QUERY_STARTED = "query started"
+BATCH_COMMITTED = "committed:"
+
+
+@dataclass
+class RunSummary:
+    pipeline: str
+    batches: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    quarantined: int = 0
+    seconds: float = 0.0
+    stopped_by: str = "drained"
+    batch_ids: list[int] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_in / self.seconds if self.seconds > 0 else 0.0
+
+
+def kafka_lag(source_progress: dict[str, Any]) -> int | None:
+    """Records between the batch's end offsets and the latest offsets seen, summed over partitions.
+
+    Offsets come as JSON text (``query.lastProgress``) or as objects (the listener's ``progress.json``).
+
+    >>> kafka_lag({"endOffset": '{"t":{"0":5,"1":7}}', "latestOffset": {"t": {"0": 9, "1": 7}}})
+    4
+    """
+    try:
+        end, latest = (_offsets(source_progress.get(key)) for key in ("endOffset", "latestOffset"))
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(end, dict) or not isinstance(latest, dict):
+        return None
+    lag = 0
+    for topic, partitions in latest.items():
+        for partition, offset in partitions.items():
+            lag += max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
+    return lag
+
+
+def _offsets(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def format_batch_line(
+    name: str,
+    batch_id: int,
+    rows_in: int,
+    rows_out: int,
+    quarantined: int,
+    rows_per_s: float,
+    duration_s: float,
+    lag: int | None,
+) -> str:
+    """The one progress line per committed batch.
+
+    >>> format_batch_line("orders", 3, 1000, 990, 10, 52000.4, 1.234, 0)
+    '[orders] batch 3 committed: 1000 rows in, 990 to sink, 10 quarantined, 52,000 rows/s, 1.2 s, kafka lag 0'
+    """
+    lag_text = "?" if lag is None else str(lag)
+    return (
+        f"[{name}] batch {batch_id} {BATCH_COMMITTED} {rows_in} rows in, {rows_out} to sink, "
+        f"{quarantined} quarantined, {rows_per_s:,.0f} rows/s, {duration_s:.1f} s, kafka lag {lag_text}"
+    )
+
+
+def _progress_listener(
+    spec: PipelineSpec,
+    sink: DeltaAppendSink,
+    summary: RunSummary,
+    emit: Callable[[str], None],
+    on_batch: Callable[[int], None],
+) -> Any:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class ProgressLines(StreamingQueryListener):
+        # Spark posts progress after it wrote commits/<batch>: the line means "durably done".
+        def onQueryStarted(self, event: Any) -> None:
+            emit(f"[{spec.name}] {QUERY_STARTED} (id {event.id}, run {event.runId})")
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = event.progress
+            result = sink.results.pop(progress.batchId, None)
+            rows_in = int(progress.numInputRows)
+            duration = (progress.batchDuration or 0) / 1000.0
+            sources = json.loads(progress.json).get("sources", [])
+            lag = kafka_lag(sources[0]) if sources else None
+            if result is None and rows_in == 0:
+                return  # an idle trigger: no batch ran
+            rows_out = result.rows_out if result else 0
+            quarantined = result.quarantined if result else 0
+            summary.batches += 1
+            summary.rows_in += rows_in
+            summary.rows_out += rows_out
+            summary.quarantined += quarantined
+            summary.batch_ids.append(progress.batchId)
+            rate = rows_in / duration if duration > 0 else 0.0
+            emit(format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag))
+            on_batch(progress.batchId)
+            faults.reached(faults.AFTER_CHECKPOINT_COMMIT, progress.batchId)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    return ProgressLines()
+
+
+def start_query(
+    spark: SparkSession, spec: PipelineSpec, sink: DeltaAppendSink, *, available_now: bool
+) -> StreamingQuery:
+    """Build and start the streaming query (exactly-once wiring: checkpoint + txn-keyed Delta writes)."""
+    parsed = parse_records(kafka_source.read_stream(spark, spec.source), spec.transform)
+    writer = (
+        parsed.writeStream.queryName(spec.name)
+        .option("checkpointLocation", str(spec.checkpoint_dir))
+        .foreachBatch(sink.write_batch)
+    )
+    if available_now or spec.trigger.available_now:
+        writer = writer.trigger(availableNow=True)
+    elif spec.trigger.processing_time:
+        writer = writer.trigger(processingTime=spec.trigger.processing_time)
+    return writer.start()
+
+
+def run(
+    spec: PipelineSpec,
+    *,
+    available_now: bool = False,
+    max_batches: int | None = None,
+    emit: Callable[[str], None] = lambda line: print(line, flush=True),
+) -> RunSummary:
+    """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT."""
+    faults.arm_from_environment()
+    kafka_source.require_topic(spec.source)
+    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
+    refuse_if_checkpoint_lost(spark, spec)
+    sink = DeltaAppendSink(spec)
+    summary = RunSummary(spec.name)
+    stop_requested = threading.Event()
+
+    def on_batch(_: int) -> None:
+        if max_batches is not None and summary.batches >= max_batches:
+            stop_requested.set()
+
+    listener = _progress_listener(spec, sink, summary, emit, on_batch)
+    spark.streams.addListener(listener)
+    previous = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    started = time.monotonic()
+    try:
+        query = start_query(spark, spec, sink, available_now=available_now)
+        _wait(query, stop_requested, summary)
+        error = query.exception()
+        if error is not None:
+            raise PipelineError(f"pipeline {spec.name!r} failed: {_first_line(str(error))}")
+        _wait_for_last_progress(query, summary)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        spark.streams.removeListener(listener)
+        summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _wait(query: StreamingQuery, stop_requested: threading.Event, summary: RunSummary) -> None:
+    while query.isActive:
+        if stop_requested.is_set():
+            summary.stopped_by = "signal or max-batches"
+            _stop_between_batches(query)
+            return
+        query.awaitTermination(0.5)
+
+
+def _wait_for_last_progress(query: StreamingQuery, summary: RunSummary, timeout_s: float = 30.0) -> None:
+    # Progress events reach the Python listener asynchronously; the last one may still be on its way
+    # when the query ends, and its batch line must not be lost.
+    last = query.lastProgress
+    if last is None or int(last["numInputRows"]) == 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while last["batchId"] not in summary.batch_ids and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _stop_between_batches(query: StreamingQuery, timeout_s: float = 300.0) -> None:
+    # query.stop() interrupts a running batch; exactly-once survives that, but a clean stop is cheaper.
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:500]
+    return text[:500]
