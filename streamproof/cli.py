@@ -27,8 +27,9 @@ app = typer.Typer(
 infra_app = typer.Typer(no_args_is_help=True, help="Local Apache Kafka (KRaft) for pipelines and tests.")
 app.add_typer(infra_app, name="infra")
 
-console = Console(highlight=False)
-error_console = Console(stderr=True, highlight=False)
+# Off a terminal (CI logs, pipes) rich would wrap at 80 columns and split the per-batch lines.
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 120)
+error_console = Console(stderr=True, highlight=False, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 
 StateDir = Annotated[Path | None, typer.Option("--state-dir", help="State folder (default .streamproof).")]
@@ -212,7 +213,7 @@ def prove(
     spec = load_pipeline(pipeline)
     state = _state_dir(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    crashes = run_with_random_kills(
+    harness = run_with_random_kills(
         pipeline,
         kills=random_kills,
         seed=seed,
@@ -221,7 +222,7 @@ def prove(
     )
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     report = verify_pipeline(spark, spec, manifest_dir=state / "generated")
-    report.crashes = [crash.to_dict() for crash in crashes]
+    report.crashes = [crash.to_dict() for crash in harness.crashes]
     print_report(console, report)
     if json_file:
         json_file.parent.mkdir(parents=True, exist_ok=True)

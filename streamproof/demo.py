@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from streamproof.infra import KafkaBroker, free_port, port_in_use
 from streamproof.verify import Report
 
 DEMO_PIPELINE = """\
@@ -59,6 +60,19 @@ def write_demo_pipeline(workdir: Path, topic: str, bootstrap: str, max_offsets: 
     return pipeline_file
 
 
+def _demo_broker(console: Console, state_dir: Path) -> KafkaBroker:
+    """The streamproof broker on 9092 if it runs or 9092 is free; else a demo broker on free ports."""
+    broker = KafkaBroker(state_dir)
+    if broker.running() or not any(port_in_use(p) for p in (broker.port, broker.controller_port)):
+        return broker
+    demo = KafkaBroker(state_dir / "demo-kafka", port=free_port(), controller_port=free_port())
+    console.print(
+        f"port {broker.port} or {broker.controller_port} is used by another program: "
+        f"the demo starts its own broker on {demo.bootstrap_servers}"
+    )
+    return demo
+
+
 def run_demo(
     console: Console,
     state_dir: Path,
@@ -72,16 +86,15 @@ def run_demo(
     """Run the demo and return its report (also written as JSON under ``state_dir/reports``)."""
     from streamproof.config import load_pipeline
     from streamproof.generator import generate
-    from streamproof.infra import KafkaBroker
     from streamproof.prove import run_with_random_kills
     from streamproof.report import print_report
     from streamproof.session import build_session
     from streamproof.verify import verify_pipeline
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    broker = KafkaBroker(state_dir)
-    started_here = not broker.running()
     console.rule("1. Kafka")
+    broker = _demo_broker(console, state_dir)
+    started_here = not broker.running()
     console.print(broker.up())
     try:
         topic = f"demo-orders-{stamp}"

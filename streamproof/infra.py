@@ -49,7 +49,8 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _port_open(port: int) -> bool:
+def port_in_use(port: int) -> bool:
+    """True if something accepts TCP connections on 127.0.0.1:``port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.5)
         return probe.connect_ex(("127.0.0.1", port)) == 0
@@ -208,7 +209,7 @@ class KafkaBroker:
             return f"Kafka already running at {self.bootstrap_servers} (pid {self._pid()})"
         check_java()
         for port in (self.port, self.controller_port):
-            if _port_open(port):
+            if port_in_use(port):
                 raise InfraError(
                     f"port {port} on 127.0.0.1 is taken by another process: stop it or choose --port/--controller-port"
                 )
@@ -231,7 +232,7 @@ class KafkaBroker:
                     f"Kafka exited with code {process.returncode} while starting; last lines of "
                     f"{self.log_file}:\n{_log_tail(self.log_file)}"
                 )
-            if _port_open(self.port) and self._answers(timeout_s=2.0):
+            if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return f"started Kafka (KRaft) at {self.bootstrap_servers} in {time.monotonic() - started:.1f} s"
             time.sleep(0.3)
         self._terminate(process.pid)
@@ -247,7 +248,7 @@ class KafkaBroker:
             return
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while time.monotonic() < deadline:
-            if not Path(f"/proc/{pid}").exists() or _is_zombie(pid):
+            if not process_alive(pid):
                 break
             time.sleep(0.2)
         else:
@@ -275,9 +276,10 @@ class KafkaBroker:
         return f"Kafka: running, pid {pid}, {self.bootstrap_servers}, {answers} (state {self.home})"
 
 
-def _is_zombie(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True if ``pid`` runs; an exited process waiting to be reaped (zombie) counts as stopped."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return False
 

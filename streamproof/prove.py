@@ -72,6 +72,7 @@ class HarnessResult:
     batches: int = 0
     wall_s: float = 0.0
     batch_seconds: float = 0.0
+    process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -243,6 +244,7 @@ def run_with_random_kills(
             if child.process.poll() is None:
                 child.kill_group()
         result.runs = len(children)
+        result.process_groups = [child.process.pid for child in children]
         result.rows_in = sum(child.rows_in for child in children)
         result.batches = sum(len(child.committed) for child in children)
         result.batch_seconds = sum(duration for child in children for _, _, duration in child.committed)
@@ -271,25 +273,28 @@ def _one_run(
                 f"kill {len(crashes) + 1}/{kills} missed: run {run_number} drained before committing "
                 f"{after} batches; use more data or a smaller source.max_offsets_per_trigger"
             )
-        batch_done_at, last_batch, last_duration = child.committed[-1]
-        delay = phase * max(last_duration, 0.2)
+        _, waited_batch, waited_duration = child.committed[-1]
+        delay = phase * max(waited_duration, 0.2)
         if not _sleep_forwarding(child, delay, emit):
             raise PipelineError(
                 f"kill {len(crashes) + 1}/{kills} missed: run {run_number} drained {delay:.2f} s after "
-                f"batch {last_batch}; use more data or a smaller source.max_offsets_per_trigger"
+                f"batch {waited_batch}; use more data or a smaller source.max_offsets_per_trigger"
             )
-        killed_at = time.monotonic()
-        emit(
-            f"kill {len(crashes) + 1}/{kills}: run {run_number} after {after} committed batches, "
-            f"+{delay:.2f} s into batch {last_batch + 1} (phase {phase:.2f}): SIGKILL pgid {child.process.pid}"
-        )
         child.kill_group()
+        killed_at = time.monotonic()
+        _drain_output(child, emit)  # a commit line printed just before the kill still counts
+        in_flight = child.committed[-1][1] + 1
+        emit(
+            f"kill {len(crashes) + 1}/{kills}: run {run_number}, {delay:.2f} s after batch {waited_batch} "
+            f"committed (after {after}, phase {phase:.2f}): SIGKILL pgid {child.process.pid}, "
+            f"batch {in_flight} in flight"
+        )
         crash = Crash(
             "random",
-            last_batch + 1,
+            in_flight,
             killed_at - child.started_at,
             run_number,
-            detail=f"after {after} batches, phase {phase:.2f}",
+            detail=f"{delay:.2f} s after batch {waited_batch} committed",
             killed_monotonic=killed_at,
         )
         crashes.append(crash)
@@ -301,6 +306,25 @@ def _one_run(
             f"{_log_tail(child.log_path)}"
         )
     return True
+
+
+def _drain_output(child: ChildRun, emit: Callable[[str], None], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (item := child.next_line(deadline - time.monotonic())) is not None and item[1] is not None:
+        _consume(child, item[1], item[0], emit)
+
+
+def surviving_processes(process_groups: list[int]) -> list[int]:
+    """Pids of live processes still in any of the given process groups (expected: none)."""
+    groups, alive = set(process_groups), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) in groups:
+            alive.append(int(stat.parent.name))
+    return alive
 
 
 def _note_restart(child: ChildRun, crash: Crash, emit: Callable[[str], None], timeout_s: float) -> None:

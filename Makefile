@@ -1,0 +1,38 @@
+# The two commands of the README, and what they stand on. Every step is idempotent and cached:
+# the virtualenv is rebuilt only when pyproject.toml changes, the jars only when a pom changes.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: demo test setup system-packages jars lint clean
+
+demo: setup
+	$(VENV)/bin/streamproof demo
+
+# pytest exits 5 when it collects no test: make stops on any non-zero code, so that fails too.
+test: setup
+	$(PY) -m pytest
+
+setup: system-packages $(INSTALLED) jars
+
+system-packages:
+	@scripts/ensure-system-packages.sh
+
+$(INSTALLED): pyproject.toml
+	@test -x $(PY) || $$(scripts/python311.sh) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+jars: $(INSTALLED)
+	@$(PY) -m streamproof.jars
+
+lint: setup
+	$(VENV)/bin/ruff check streamproof tests
+	$(VENV)/bin/ruff format --check streamproof
+	$(VENV)/bin/mypy streamproof
+
+clean:
+	rm -rf $(VENV) .streamproof .pytest_cache .mypy_cache .ruff_cache

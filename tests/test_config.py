@@ -1,0 +1,129 @@
+"""Pipeline file validation: good files load; every bad file fails with one line naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+from streamproof.config import load_pipeline, parse_pipeline, schema_field_names
+from streamproof.errors import ConfigError
+
+EXAMPLE = (REPO / "examples" / "orders_to_delta.toml").read_text()
+
+
+def test_example_pipeline_loads_with_design_defaults() -> None:
+    spec = load_pipeline(REPO / "examples" / "orders_to_delta.toml")
+    assert spec.name == "orders"
+    assert spec.guarantee == "exactly-once"
+    assert spec.sink.mode == "append"
+    assert spec.source.spark_options() == {
+        "kafka.bootstrap.servers": "127.0.0.1:9092",
+        "subscribe": "orders",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "true",
+        "includeHeaders": "false",
+        "maxOffsetsPerTrigger": "100000",
+    }
+    assert spec.transform.required == ["event_id", "order_id"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('mode = "append"', 'mode = "apend"', "sink.mode: 'apend' is not one of append, merge"),
+        (
+            'guarantee = "exactly-once"',
+            'guarantee = "twice"',
+            "guarantee: 'twice' is not one of exactly-once, at-least-once, at-most-once",
+        ),
+        ('topic = "orders"', "", "source.topic: missing (required)"),
+        (
+            "max_offsets_per_trigger = 100000",
+            "max_offsets_per_trigger = -5",
+            "source.max_offsets_per_trigger: -5: input should be greater than 0",
+        ),
+        (
+            "max_offsets_per_trigger = 100000",
+            'max_offsets_per_trigger = "lots"',
+            "source.max_offsets_per_trigger: 'lots': input should be a valid integer",
+        ),
+        ('kind = "delta"', 'kind = "deltaa"', "sink.kind: 'deltaa' is not one of delta"),
+        ('required = ["event_id", "order_id"]', 'required = ["evt"]', "transform.required: 'evt' is not a field"),
+        (
+            'processing_time = "2 seconds"',
+            'processing_time = "soon"',
+            "trigger.processing_time: 'soon' is not a duration like '2 seconds' or '1 hour'",
+        ),
+        ('mode = "append"', 'mode = "merge"', "sink.key: required when mode = 'merge'"),
+        ("[source]", '[source]\nstartingoffsets = "earliest"', "source.startingoffsets: unknown key"),
+        ('name = "orders"', 'name = "orders"\ncolour = "blue"', "colour: unknown key"),
+        ('starting_offsets = "earliest"', 'starting_offsets = "oldest"', "source.starting_offsets: 'oldest' is not"),
+        ('name = "orders"', 'name = "../etc"', "name: '../etc' must be letters, digits"),
+    ],
+)
+def test_bad_pipeline_fails_with_one_line_naming_the_key(old: str, new: str, message: str) -> None:
+    assert old in EXAMPLE
+    with pytest.raises(ConfigError) as raised:
+        parse_pipeline(EXAMPLE.replace(old, new, 1), source_name="p.toml")
+    text = str(raised.value)
+    assert text.startswith(f"p.toml: {message}"), text
+    assert "\n" not in text
+
+
+def test_invalid_toml_is_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^p.toml: not valid TOML: ") as raised:
+        parse_pipeline('name = "x"\n[source\n', source_name="p.toml")
+    assert "\n" not in str(raised.value)
+
+
+def test_environment_variables_are_interpolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SP_TEST_SERVERS", "broker-1:9093")
+    spec = parse_pipeline(EXAMPLE.replace('"127.0.0.1:9092"', '"${SP_TEST_SERVERS}"'))
+    assert spec.source.bootstrap_servers == "broker-1:9093"
+
+
+def test_missing_environment_variable_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SP_TEST_MISSING", raising=False)
+    with pytest.raises(ConfigError, match=r"source.bootstrap_servers: environment variable SP_TEST_MISSING is not set"):
+        parse_pipeline(EXAMPLE.replace('"127.0.0.1:9092"', '"${SP_TEST_MISSING}"'), source_name="p.toml")
+
+
+def test_kafka_options_pass_through_verbatim_and_spark_names_are_accepted() -> None:
+    text = EXAMPLE.replace(
+        "[source]",
+        '[source]\n"kafka.security.protocol" = "SASL_SSL"\n"kafka.request.timeout.ms" = 5000\nfailOnDataLoss = false',
+    ).replace("max_offsets_per_trigger", "maxOffsetsPerTrigger")
+    options = parse_pipeline(text).source.spark_options()
+    assert options["kafka.security.protocol"] == "SASL_SSL"
+    assert options["kafka.request.timeout.ms"] == "5000"
+    assert options["failOnDataLoss"] == "false"
+    assert options["maxOffsetsPerTrigger"] == "100000"
+
+
+def test_relative_paths_resolve_against_the_given_base(tmp_path: Path) -> None:
+    spec = parse_pipeline(EXAMPLE, base_dir=tmp_path)
+    assert spec.sink_path == tmp_path / ".streamproof/tables/orders"
+    assert spec.checkpoint_dir == tmp_path / ".streamproof/checkpoints/orders"
+
+
+def test_schema_field_names_handles_nested_types() -> None:
+    assert schema_field_names("a STRING, b DECIMAL(10, 2), c MAP<STRING, ARRAY<INT>>, `d` INT") == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="needs a name and a type"):
+        schema_field_names("a STRING, b")
+
+
+def test_cli_reports_a_bad_file_in_one_line_with_exit_code_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(EXAMPLE.replace('mode = "append"', 'mode = "apend"'))
+    done = run_cli("run", str(bad), timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {bad}: sink.mode: 'apend' is not one of append, merge"
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_cli_reports_a_missing_file_with_exit_code_2(tmp_path: Path) -> None:
+    done = run_cli("verify", str(tmp_path / "nope.toml"), timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"error: {tmp_path / 'nope.toml'}: no such pipeline file"

@@ -1,0 +1,78 @@
+"""Crash points: parsed strictly, armed only in a process that leads its group, and a real SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from streamproof.errors import ConfigError
+from streamproof.faults import ArmedCrash, parse_crash
+from streamproof.infra import process_alive
+
+
+def test_crash_spec_is_point_and_batch() -> None:
+    assert parse_crash("after-sink-commit@12") == ArmedCrash("after-sink-commit", 12)
+
+
+@pytest.mark.parametrize("text", ["after-sink-commit", "sometime@3", "mid-sink-write@x", "random@1"])
+def test_bad_crash_spec_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected <point>@<batch id>"):
+        parse_crash(text)
+
+
+_CHILD = """
+import os, time
+from streamproof import faults
+faults.arm_from_environment()
+child = os.fork()
+if child == 0:          # a grandchild in the same group, like the Spark JVM
+    os.close(1); os.close(2)   # not holding the test's pipes open
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+faults.reached("before-sink-write", 3)
+print("survived", flush=True)
+"""
+
+
+def test_reached_point_sigkills_the_whole_process_group() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        env={**os.environ, "STREAMPROOF_CRASH_AT": "before-sink-write@3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert "survived" not in done.stdout
+    assert not process_alive(int(done.stdout.split()[0]))
+
+
+def test_other_batches_and_points_do_not_crash() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD.replace('"before-sink-write", 3', '"before-sink-write", 2')],
+        env={**os.environ, "STREAMPROOF_CRASH_AT": "before-sink-write@3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+    )
+    assert done.returncode == 0 and "survived" in done.stdout
+    os.kill(int(done.stdout.split()[0]), signal.SIGKILL)
+
+
+def test_arming_outside_a_group_leader_is_refused() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "from streamproof import faults; faults.arm_from_environment()"],
+        env={**os.environ, "STREAMPROOF_CRASH_AT": "before-sink-write@3"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "does not lead its process group" in done.stderr

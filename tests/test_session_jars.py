@@ -1,0 +1,36 @@
+"""The Spark session gets Delta and the Kafka connector from the local jar cache (no download at run time)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamproof.generator import generate
+from streamproof.infra import KafkaBroker
+from streamproof.jars import cache_root
+
+pytestmark = pytest.mark.integration
+
+
+def test_session_writes_delta_and_reads_kafka_from_cached_jars(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    jars = spark.sparkContext.getConf().get("spark.jars").split(",")
+    assert jars and all(Path(jar).is_relative_to(cache_root() / "jars") for jar in jars)
+    assert not spark.sparkContext.getConf().contains("spark.jars.packages")  # nothing resolved at run time
+
+    spark.range(5).write.format("delta").save(str(tmp_path / "t"))
+    assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 5
+
+    generate(kafka_broker.bootstrap_servers, "jar-check", 25, partitions=2, seed=1)
+    rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+        .option("subscribe", "jar-check")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+        .count()
+    )
+    assert rows == 25

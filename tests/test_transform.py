@@ -1,0 +1,69 @@
+"""Classification of records by the transform: every record comes out exactly once, valid or with a reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamproof.config import Transform
+from streamproof.generator import order_events
+from streamproof.transform import parse_records, quarantined_records, valid_records
+
+TRANSFORM = Transform.model_validate(
+    {
+        "schema": "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, "
+        "event_time TIMESTAMP",
+        "required": ["event_id", "order_id"],
+    }
+)
+
+
+def _kafka_frame(spark: Any, values: list[bytes | None]) -> Any:
+    rows = [("t", 0, offset, None, value) for offset, value in enumerate(values)]
+    return spark.createDataFrame(rows, "topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, value BINARY")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b'{"event_id":"e","order_id":"o","amount":1.5,"event_time":"2026-01-01T00:00:00.000Z"}', None),
+        (b"", "empty"),
+        (None, "empty"),
+        (b"\xff\xfe\x00garbage", "not_utf8"),
+        (b'{"event_id":"e","order_id":"o"', "invalid_json"),
+        (b"[1,2]", "invalid_json"),
+        (b"42", "invalid_json"),
+        (b'{"event_id":"e","order_id":"o","amount":"twelve"}', "wrong_type"),
+        (b'{"event_id":"e","order_id":"o","event_time":"yesterday"}', "wrong_type"),
+        (b'{"order_id":"o"}', "missing_required:event_id"),
+        (b'{"event_id":"  ","order_id":"o"}', "missing_required:event_id"),
+        (b'{"event_id":"e","order_id":null}', "missing_required:order_id"),
+    ],
+)
+def test_reason_of_each_kind_of_record(spark: Any, value: bytes | None, reason: str | None) -> None:
+    row = parse_records(_kafka_frame(spark, [value]), TRANSFORM).collect()[0]
+    assert row["_reject_reason"] == reason
+
+
+def test_generated_malformed_records_all_land_in_quarantine_and_nothing_else(spark: Any) -> None:
+    events = list(order_events(3000, seed=21, malformed=0.1))
+    parsed = parse_records(_kafka_frame(spark, [value for _, _, value, _ in events]), TRANSFORM).cache()
+    quarantined = {row["_src_offset"] for row in quarantined_records(parsed).collect()}
+    valid = {row["_src_offset"] for row in valid_records(parsed).collect()}
+    expected_bad = {offset for offset, (_, _, _, kind) in enumerate(events) if kind}
+    assert quarantined == expected_bad
+    assert valid == set(range(3000)) - expected_bad
+    assert valid_records(parsed).columns == [
+        "event_id",
+        "order_id",
+        "customer_id",
+        "amount",
+        "status",
+        "event_time",
+        "_src_topic",
+        "_src_partition",
+        "_src_offset",
+        "_src_timestamp",
+    ]
+    parsed.unpersist()
