@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamproof import faults
+from streamproof.checkpoint import committed_batches, logged_batches
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.session import build_session
@@ -175,19 +177,22 @@ def run(
     refuse_if_checkpoint_lost(spark, spec)
     sink = DeltaAppendSink(spec)
     summary = RunSummary(spec.name)
-    stop_requested = threading.Event()
+    stop = StopRequest()
 
     def on_batch(_: int) -> None:
         if max_batches is not None and summary.batches >= max_batches:
-            stop_requested.set()
+            stop.request(f"after {max_batches} batches", finish_in_flight=False)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.request(f"{signal.Signals(signum).name}", finish_in_flight=True)
 
     listener = _progress_listener(spec, sink, summary, emit, on_batch)
     spark.streams.addListener(listener)
-    previous = {sig: signal.signal(sig, lambda *_: stop_requested.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
     try:
         query = start_query(spark, spec, sink, available_now=available_now)
-        _wait(query, stop_requested, summary)
+        _wait(query, stop, summary, spec.checkpoint_dir)
         error = query.exception()
         if error is not None:
             raise PipelineError(f"pipeline {spec.name!r} failed: {_first_line(str(error))}")
@@ -200,13 +205,45 @@ def run(
     return summary
 
 
-def _wait(query: StreamingQuery, stop_requested: threading.Event, summary: RunSummary) -> None:
+def _wait(query: StreamingQuery, stop: StopRequest, summary: RunSummary, checkpoint: Path) -> None:
     while query.isActive:
-        if stop_requested.is_set():
-            summary.stopped_by = "signal or max-batches"
-            _stop_between_batches(query)
+        if stop.event.wait(0.2):
+            summary.stopped_by = stop.reason
+            _stop_at_batch_boundary(query, checkpoint, finish_in_flight=stop.finish_in_flight)
             return
-        query.awaitTermination(0.5)
+
+
+@dataclass
+class StopRequest:
+    """Why the run should stop, and whether the batch being written should be finished first."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+    finish_in_flight: bool = True
+
+    def request(self, reason: str, *, finish_in_flight: bool) -> None:
+        if not self.event.is_set():
+            self.reason, self.finish_in_flight = reason, finish_in_flight
+            self.event.set()
+
+
+def _stop_at_batch_boundary(
+    query: StreamingQuery, checkpoint: Path, *, finish_in_flight: bool, timeout_s: float = 600.0
+) -> None:
+    """Stop the query; with ``finish_in_flight``, first let the batch being written commit.
+
+    Spark starts the next batch as soon as one commits when data keeps coming, so there is no idle moment
+    to wait for; the batch whose offsets were logged when the stop was asked is finished instead. A batch
+    interrupted by the stop has written nothing durable and is re-run on the next start (same offsets).
+    """
+    logged = logged_batches(checkpoint)
+    in_flight = logged[-1] if logged and logged[-1] not in committed_batches(checkpoint) else None
+    deadline = time.monotonic() + timeout_s
+    while finish_in_flight and in_flight is not None and query.isActive and time.monotonic() < deadline:
+        if (checkpoint / "commits" / str(in_flight)).exists():
+            break
+        time.sleep(0.05)
+    query.stop()
 
 
 def _wait_for_last_progress(query: StreamingQuery, summary: RunSummary, timeout_s: float = 30.0) -> None:
@@ -218,14 +255,6 @@ def _wait_for_last_progress(query: StreamingQuery, summary: RunSummary, timeout_
     deadline = time.monotonic() + timeout_s
     while last["batchId"] not in summary.batch_ids and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _stop_between_batches(query: StreamingQuery, timeout_s: float = 300.0) -> None:
-    # query.stop() interrupts a running batch; exactly-once survives that, but a clean stop is cheaper.
-    deadline = time.monotonic() + timeout_s
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    query.stop()
 
 
 def _first_line(text: str) -> str:
