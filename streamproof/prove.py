@@ -1,20 +1,29 @@
 """The chaos harness: run a pipeline as a child process, SIGKILL it, restart it, drain, reconcile.
 
 A child is ``python -m streamproof run PIPELINE --available-now`` started with ``setsid``, so that it
-leads a process group holding the Python driver and the Spark JVM; a kill is ``killpg(SIGKILL)`` of that
-group. The harness then restarts the child until one run drains the topic and exits 0, and finally
-reconciles with the same checker as ``streamproof verify``.
+leads a process group holding the Python driver and the Spark JVM; every crash is a SIGKILL of that whole
+group. The harness restarts the child until one run drains the topic and exits 0; the caller then
+reconciles with the same checker as ``streamproof verify``. Three ways to crash:
 
-Random kills are seeded and land *while batches are being written*: for each kill the harness draws
-``after`` (1 to 3 committed batches of the current run) and ``phase`` (uniform in [0, 1)), waits for the
-``after``-th committed-batch line, then sleeps ``phase`` times the duration of the batch just committed
-before killing, i.e. at a uniformly random point of the next batch. The moments are printed, so a
-failing run can be replayed with the same seed.
+* **named points** (:func:`run_with_crashes`): the child is armed with ``STREAMPROOF_CRASH_AT=point@batch``
+  for the second batch of its run and kills itself there (:mod:`streamproof.faults`). Right after the
+  death, before any restart, the harness records on disk what the crash left: whether the offset log,
+  Spark's commit log and the sink's log hold the batch.
+* **random kills** (:func:`run_with_random_kills`): seeded. For each kill the harness draws ``after``
+  (1 to 3 committed batches of the current run) and ``phase`` (uniform in [0, 1)), waits for the
+  ``after``-th committed-batch line, then sleeps ``phase`` times that batch's duration and kills:
+  a uniformly random point of a batch being written. The moments are printed, to replay a failure.
+* **the matrix** (:func:`run_matrix`): every guarantee x every named point, each cell on a fresh topic,
+  table and checkpoint holding the same generated data.
+
+A kill that cannot be delivered (the pipeline drained first) is an error, never a silent pass: a harness
+that skips its faults proves nothing.
 
 Example::
 
-    >>> crashes = run_with_random_kills(Path("orders.toml"), kills=2, seed=7)   # doctest: +SKIP
-    kill 1/2: run 1 after 2 committed batches, +0.61 s into batch 2 (phase 0.37): SIGKILL pgid 4242
+    >>> result = run_with_crashes(Path("orders.toml"), ["after-sink-commit"], log_dir=Path("logs"))  # doctest: +SKIP
+    >>> result.crashes[0].facts                                                                     # doctest: +SKIP
+    {'offsets_logged': True, 'checkpoint_committed': False, 'sink_has_batch': True, 'sink_txn': True}
 """
 
 from __future__ import annotations
@@ -29,37 +38,59 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
-from streamproof.errors import PipelineError
+from streamproof import faults
+from streamproof.checkpoint import batch_end_offsets, next_batch_to_run
+from streamproof.config import GUARANTEES, PipelineSpec, dump_pipeline, load_pipeline
+from streamproof.errors import ConfigError, PipelineError
 from streamproof.pipeline import BATCH_COMMITTED
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streamproof.verify import Report
 
 RUN_TIMEOUT_S = 900.0
 _BATCH_LINE = re.compile(r"batch (\d+) committed: (\d+) rows in, .*, ([\d.]+) s, kafka lag")
+Emit = Callable[[str], None]
 
 
 @dataclass
 class Crash:
-    """One SIGKILL delivered by the harness."""
+    """One SIGKILL of the pipeline's process group."""
 
     point: str
     batch_id: int
-    at_s: float
+    at_s: float  # seconds since the killed run started
     run: int
-    restarted_in_s: float | None = None
+    restarted_in_s: float | None = None  # kill -> first batch committed by the next run
     detail: str = ""
+    facts: dict[str, bool] = field(default_factory=dict)
     killed_monotonic: float = field(default=0.0, repr=False)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("killed_monotonic")
+        data["at_s"] = round(self.at_s, 2)
         if self.restarted_in_s is not None:
             data["restarted_in_s"] = round(self.restarted_in_s, 2)
-        data["at_s"] = round(self.at_s, 2)
         return data
+
+
+@dataclass
+class TimelineEvent:
+    """Something the harness saw, ``t`` seconds after it started: a run started, committed a batch,
+    was killed, or exited."""
+
+    t: float
+    run: int
+    kind: str  # start | batch | kill | exit
+    batch: int | None = None
+    label: str = ""
 
 
 @dataclass
@@ -67,8 +98,9 @@ class HarnessResult:
     """What the harness saw: the crashes it caused, and the work the pipeline reported."""
 
     crashes: list[Crash] = field(default_factory=list)
+    timeline: list[TimelineEvent] = field(default_factory=list)
     runs: int = 0
-    rows_in: int = 0  # summed over runs: a replayed batch counts each time it ran
+    rows_in: int = 0  # summed over runs from the batch lines
     batches: int = 0
     wall_s: float = 0.0
     batch_seconds: float = 0.0
@@ -79,12 +111,17 @@ class HarnessResult:
         """Rows per second of batch processing time (restarts and start-up excluded)."""
         return self.rows_in / self.batch_seconds if self.batch_seconds > 0 else 0.0
 
+    @property
+    def restart_seconds(self) -> list[float]:
+        return [c.restarted_in_s for c in self.crashes if c.restarted_in_s is not None]
+
 
 @dataclass
 class ChildRun:
     """A pipeline child process and the lines it printed, each with its arrival time."""
 
     process: subprocess.Popen[str]
+    number: int
     started_at: float
     log_path: Path
     lines: queue.Queue[tuple[float, str | None]] = field(default_factory=queue.Queue)
@@ -110,44 +147,137 @@ class ChildRun:
         return at, line
 
 
+class Harness:
+    """Starts, watches and kills pipeline children; keeps the timeline."""
+
+    def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, timeout_s: float = RUN_TIMEOUT_S) -> None:
+        self.pipeline_file = pipeline_file
+        self.log_dir = log_dir
+        self.emit = emit
+        self.timeout_s = timeout_s
+        self.result = HarnessResult()
+        self.children: list[ChildRun] = []
+        self.began = time.monotonic()
+        self._pending_restart: Crash | None = None
+
+    def _t(self, at: float) -> float:
+        return round(at - self.began, 3)
+
+    def start(self, crash: faults.ArmedCrash | None = None) -> ChildRun:
+        """Start ``streamproof run --available-now`` in its own session; stderr goes to the run's log."""
+        number = len(self.children) + 1
+        log_path = self.log_dir / f"run-{number}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop(faults.CRASH_ENV, None)
+        if crash is not None:
+            env[faults.CRASH_ENV] = crash.encode()
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "streamproof", "run", str(self.pipeline_file), "--available-now"],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                start_new_session=True, env=env,
+            )  # fmt: skip
+        child = ChildRun(process, number, time.monotonic(), log_path)
+        assert process.stdout is not None
+        threading.Thread(target=_pump, args=(process.stdout, child.lines), daemon=True).start()
+        self.children.append(child)
+        label = f"armed {crash.encode()}" if crash else ""
+        self.result.timeline.append(TimelineEvent(self._t(child.started_at), number, "start", label=label))
+        return child
+
+    def _consume(self, child: ChildRun, line: str, at: float) -> None:
+        self.emit(line)
+        match = _BATCH_LINE.search(line)
+        if match and BATCH_COMMITTED in line:
+            batch = int(match.group(1))
+            child.committed.append((at, batch, float(match.group(3))))
+            child.rows_in += int(match.group(2))
+            self.result.timeline.append(TimelineEvent(self._t(at), child.number, "batch", batch))
+            if self._pending_restart is not None:
+                self._pending_restart.restarted_in_s = at - self._pending_restart.killed_monotonic
+                self._pending_restart = None
+
+    def wait_for_batches(self, child: ChildRun, count: int) -> bool:
+        """Forward lines until the child committed ``count`` batches in this run; False if it exited first."""
+        deadline = time.monotonic() + self.timeout_s
+        while len(child.committed) < count:
+            item = child.next_line(deadline - time.monotonic())
+            if item is None:
+                child.kill_group()
+                raise PipelineError(f"no batch committed within {self.timeout_s:.0f} s (killed); log: {child.log_path}")
+            at, line = item
+            if line is None:
+                return False
+            self._consume(child, line, at)
+        return True
+
+    def sleep_forwarding(self, child: ChildRun, seconds: float) -> bool:
+        """Sleep while forwarding lines; False if the child exited during the sleep."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            item = child.next_line(left)
+            if item is None:
+                return True
+            at, line = item
+            if line is None:
+                return False
+            self._consume(child, line, at)
+        return child.process.poll() is None
+
+    def wait_for_exit(self, child: ChildRun) -> int:
+        """Forward the child's lines until it exits; kill it and raise if it outlives the timeout."""
+        deadline = child.started_at + self.timeout_s
+        while True:
+            item = child.next_line(deadline - time.monotonic())
+            if item is None:
+                child.kill_group()
+                raise PipelineError(
+                    f"pipeline run did not finish within {self.timeout_s:.0f} s (killed); log: {child.log_path}"
+                )
+            at, line = item
+            if line is None:
+                break
+            self._consume(child, line, at)
+        code = child.process.wait(timeout=120)
+        self.result.timeline.append(TimelineEvent(self._t(time.monotonic()), child.number, "exit", label=str(code)))
+        return code
+
+    def record_crash(self, child: ChildRun, crash: Crash) -> None:
+        self.result.crashes.append(crash)
+        self._pending_restart = crash
+        self.result.timeline.append(
+            TimelineEvent(self._t(crash.killed_monotonic), child.number, "kill", crash.batch_id, crash.point)
+        )
+
+    def drain(self) -> None:
+        """Run the pipeline unarmed until it exits 0 (it drains the topic: available-now)."""
+        child = self.start()
+        code = self.wait_for_exit(child)
+        if code != 0:
+            raise PipelineError(
+                f"pipeline run {child.number} exited with code {code}; last lines of {child.log_path}:\n"
+                f"{_log_tail(child.log_path)}"
+            )
+
+    def finish(self) -> HarnessResult:
+        for child in self.children:
+            if child.process.poll() is None:
+                child.kill_group()
+        result = self.result
+        result.runs = len(self.children)
+        result.process_groups = [child.process.pid for child in self.children]
+        result.rows_in = sum(child.rows_in for child in self.children)
+        result.batches = sum(len(child.committed) for child in self.children)
+        result.batch_seconds = sum(duration for child in self.children for _, _, duration in child.committed)
+        result.wall_s = time.monotonic() - self.began
+        return result
+
+
 def _pump(stream: IO[str], lines: queue.Queue[tuple[float, str | None]]) -> None:
     for line in stream:
         lines.put((time.monotonic(), line.rstrip("\n")))
     lines.put((time.monotonic(), None))
-
-
-def start_child(
-    pipeline_file: Path,
-    *,
-    log_path: Path,
-    extra_env: dict[str, str] | None = None,
-    extra_args: list[str] | None = None,
-) -> ChildRun:
-    """Start ``streamproof run --available-now`` in its own session; stderr goes to ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamproof",
-                "run",
-                str(pipeline_file),
-                "--available-now",
-                *(extra_args or []),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-            env=env,
-        )
-    child = ChildRun(process, time.monotonic(), log_path)
-    assert process.stdout is not None
-    threading.Thread(target=_pump, args=(process.stdout, child.lines), daemon=True).start()
-    return child
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -157,161 +287,97 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def _consume(child: ChildRun, line: str, at: float, emit: Callable[[str], None]) -> None:
-    emit(line)
-    match = _BATCH_LINE.search(line)
-    if match and BATCH_COMMITTED in line:
-        child.committed.append((at, int(match.group(1)), float(match.group(3))))
-        child.rows_in += int(match.group(2))
+def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, bool]:
+    """What a crash in ``batch_id`` left on disk: offset log, Spark commit log, sink log (and its txn id)."""
+    from streamproof.sinks.delta import commits_on_disk
+
+    checkpoint = spec.checkpoint_dir
+    logged = (checkpoint / "offsets" / str(batch_id)).exists()
+    facts = {"offsets_logged": logged, "checkpoint_committed": (checkpoint / "commits" / str(batch_id)).exists()}
+    # A batch id can recur (at-most-once restarts its numbering), so match the batch's offsets too.
+    end_offsets = batch_end_offsets(checkpoint, batch_id) if logged else None
+    matching = [
+        commit for commit in commits_on_disk(spec.sink_path, spec.name)
+        if commit["batch_id"] == batch_id and commit["end_offsets"] == end_offsets
+    ]  # fmt: skip
+    facts["sink_has_batch"] = bool(matching)
+    facts["sink_txn"] = any(commit["txn"] for commit in matching)
+    return facts
 
 
-def wait_for_exit(child: ChildRun, emit: Callable[[str], None], timeout_s: float = RUN_TIMEOUT_S) -> int:
-    """Forward the child's lines until it exits; kill it and raise if it outlives ``timeout_s``."""
-    deadline = child.started_at + timeout_s
-    while True:
-        item = child.next_line(deadline - time.monotonic())
-        if item is None:
-            child.kill_group()
-            raise PipelineError(f"pipeline run did not finish within {timeout_s:.0f} s (killed); log: {child.log_path}")
-        at, line = item
-        if line is None:
-            break
-        _consume(child, line, at, emit)
-    return child.process.wait(timeout=120)
-
-
-def _wait_for_batches(child: ChildRun, count: int, emit: Callable[[str], None], timeout_s: float) -> bool:
-    """Forward lines until the child committed ``count`` batches in this run; False if it exited first."""
-    deadline = time.monotonic() + timeout_s
-    while len(child.committed) < count:
-        item = child.next_line(deadline - time.monotonic())
-        if item is None:
-            child.kill_group()
-            raise PipelineError(f"no batch committed within {timeout_s:.0f} s (killed); log: {child.log_path}")
-        at, line = item
-        if line is None:
-            return False
-        _consume(child, line, at, emit)
-    return True
-
-
-def _sleep_forwarding(child: ChildRun, seconds: float, emit: Callable[[str], None]) -> bool:
-    """Sleep while forwarding lines; False if the child exited during the sleep."""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        item = child.next_line(left)
-        if item is None:
-            return True
-        at, line = item
-        if line is None:
-            return False
-        _consume(child, line, at, emit)
-    return child.process.poll() is None
-
-
-def run_with_random_kills(
-    pipeline_file: Path,
-    *,
-    kills: int,
-    seed: int,
-    log_dir: Path,
-    emit: Callable[[str], None] = print,
-    max_after_batches: int = 3,
-    timeout_s: float = RUN_TIMEOUT_S,
-) -> HarnessResult:
-    """Run the pipeline to the end of its topic through ``kills`` seeded SIGKILLs.
-
-    Raises :class:`PipelineError` if a kill could not be delivered because the pipeline drained first
-    (a harness that silently skips its faults would prove nothing), or if a run fails.
-    """
-    rng = random.Random(seed)
-    result = HarnessResult()
-    crashes = result.crashes
-    run_number = 0
-    pending_restart: Crash | None = None
-    began = time.monotonic()
-    children: list[ChildRun] = []
+def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
+                     timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
+    """Crash the pipeline once per named point (in order), each in the second batch of its run, then drain."""
+    spec = load_pipeline(pipeline_file)
+    harness = Harness(pipeline_file, log_dir, emit, timeout_s)
     try:
-        while True:
-            run_number += 1
-            child = start_child(pipeline_file, log_path=log_dir / f"run-{run_number}.log")
-            children.append(child)
-            if _one_run(child, run_number, rng, kills, max_after_batches, crashes, pending_restart, emit, timeout_s):
-                return result
-            pending_restart = crashes[-1]
+        for point in points:
+            if point not in faults.NAMED_POINTS:
+                raise ConfigError(f"--crash-at {point!r}: expected one of {', '.join(faults.NAMED_POINTS)}")
+            # The second batch of this run: the first may be a replay, the crash should hit a fresh one.
+            first = 0 if spec.guarantee == "at-most-once" else next_batch_to_run(spec.checkpoint_dir)
+            armed = faults.ArmedCrash(point, first + 1)
+            child = harness.start(armed)
+            code = harness.wait_for_exit(child)
+            killed_at = time.monotonic()
+            if code != -signal.SIGKILL:
+                raise PipelineError(
+                    f"crash {armed.encode()} missed: run {child.number} exited with code {code} instead of dying "
+                    f"by SIGKILL (too little data for two batches?); log: {child.log_path}"
+                )
+            crash = Crash(point, armed.batch_id, killed_at - child.started_at, child.number,
+                          facts=crash_facts(spec, armed.batch_id), killed_monotonic=killed_at)  # fmt: skip
+            emit(f"crash at {point} in batch {armed.batch_id} (run {child.number}): SIGKILL; on disk: {crash.facts}")
+            harness.record_crash(child, crash)
+        harness.drain()
     finally:
-        for child in children:
-            if child.process.poll() is None:
-                child.kill_group()
-        result.runs = len(children)
-        result.process_groups = [child.process.pid for child in children]
-        result.rows_in = sum(child.rows_in for child in children)
-        result.batches = sum(len(child.committed) for child in children)
-        result.batch_seconds = sum(duration for child in children for _, _, duration in child.committed)
-        result.wall_s = time.monotonic() - began
+        result = harness.finish()
+    return result
 
 
-def _one_run(
-    child: ChildRun,
-    run_number: int,
-    rng: random.Random,
-    kills: int,
-    max_after_batches: int,
-    crashes: list[Crash],
-    pending_restart: Crash | None,
-    emit: Callable[[str], None],
-    timeout_s: float,
-) -> bool:
-    """Drive one child: kill it if kills remain (False), else wait for it to drain (True)."""
-    if pending_restart is not None:
-        _note_restart(child, pending_restart, emit, timeout_s)
-    if len(crashes) < kills:
-        after = rng.randint(1, max_after_batches)
-        phase = rng.random()
-        if not _wait_for_batches(child, after, emit, timeout_s):
-            raise PipelineError(
-                f"kill {len(crashes) + 1}/{kills} missed: run {run_number} drained before committing "
-                f"{after} batches; use more data or a smaller source.max_offsets_per_trigger"
+def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir: Path, emit: Emit = print,
+                          max_after_batches: int = 3, timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
+    """Run the pipeline to the end of its topic through ``kills`` seeded random SIGKILLs (module docstring)."""
+    rng = random.Random(seed)
+    harness = Harness(pipeline_file, log_dir, emit, timeout_s)
+    try:
+        for number in range(1, kills + 1):
+            child = harness.start()
+            after, phase = rng.randint(1, max_after_batches), rng.random()
+            if not harness.wait_for_batches(child, after):
+                raise PipelineError(
+                    f"kill {number}/{kills} missed: run {child.number} drained before committing {after} batches; "
+                    "use more data or a smaller source.max_offsets_per_trigger"
+                )
+            _, waited_batch, waited_duration = child.committed[-1]
+            delay = phase * max(waited_duration, 0.2)
+            if not harness.sleep_forwarding(child, delay):
+                raise PipelineError(
+                    f"kill {number}/{kills} missed: run {child.number} drained {delay:.2f} s after batch "
+                    f"{waited_batch}; use more data or a smaller source.max_offsets_per_trigger"
+                )
+            child.kill_group()
+            killed_at = time.monotonic()
+            _drain_output(harness, child)  # a commit line printed just before the kill still counts
+            in_flight = child.committed[-1][1] + 1
+            emit(
+                f"kill {number}/{kills}: run {child.number}, {delay:.2f} s after batch {waited_batch} committed "
+                f"(after {after}, phase {phase:.2f}): SIGKILL pgid {child.process.pid}, batch {in_flight} in flight"
             )
-        _, waited_batch, waited_duration = child.committed[-1]
-        delay = phase * max(waited_duration, 0.2)
-        if not _sleep_forwarding(child, delay, emit):
-            raise PipelineError(
-                f"kill {len(crashes) + 1}/{kills} missed: run {run_number} drained {delay:.2f} s after "
-                f"batch {waited_batch}; use more data or a smaller source.max_offsets_per_trigger"
-            )
-        child.kill_group()
-        killed_at = time.monotonic()
-        _drain_output(child, emit)  # a commit line printed just before the kill still counts
-        in_flight = child.committed[-1][1] + 1
-        emit(
-            f"kill {len(crashes) + 1}/{kills}: run {run_number}, {delay:.2f} s after batch {waited_batch} "
-            f"committed (after {after}, phase {phase:.2f}): SIGKILL pgid {child.process.pid}, "
-            f"batch {in_flight} in flight"
-        )
-        crash = Crash(
-            "random",
-            in_flight,
-            killed_at - child.started_at,
-            run_number,
-            detail=f"{delay:.2f} s after batch {waited_batch} committed",
-            killed_monotonic=killed_at,
-        )
-        crashes.append(crash)
-        return False
-    code = wait_for_exit(child, emit, timeout_s)
-    if code != 0:
-        raise PipelineError(
-            f"pipeline run {run_number} exited with code {code}; last lines of {child.log_path}:\n"
-            f"{_log_tail(child.log_path)}"
-        )
-    return True
+            harness.record_crash(child, Crash(
+                faults.RANDOM, in_flight, killed_at - child.started_at, child.number,
+                detail=f"{delay:.2f} s after batch {waited_batch} committed", killed_monotonic=killed_at,
+            ))  # fmt: skip
+        harness.drain()
+    finally:
+        result = harness.finish()
+    return result
 
 
-def _drain_output(child: ChildRun, emit: Callable[[str], None], timeout_s: float = 10.0) -> None:
+def _drain_output(harness: Harness, child: ChildRun, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while (item := child.next_line(deadline - time.monotonic())) is not None and item[1] is not None:
-        _consume(child, item[1], item[0], emit)
+        harness._consume(child, item[1], item[0])
 
 
 def surviving_processes(process_groups: list[int]) -> list[int]:
@@ -327,9 +393,113 @@ def surviving_processes(process_groups: list[int]) -> list[int]:
     return alive
 
 
-def _note_restart(child: ChildRun, crash: Crash, emit: Callable[[str], None], timeout_s: float) -> None:
-    """Record seconds from the kill to the first batch the restarted run committed."""
-    if _wait_for_batches(child, 1, emit, timeout_s):
-        crash.restarted_in_s = child.committed[0][0] - crash.killed_monotonic
-    else:
-        crash.restarted_in_s = time.monotonic() - crash.killed_monotonic
+def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool) -> str:
+    """The damage a guarantee must show when killed at a point ("clean", "duplicated" or "lost").
+
+    A cell that should show damage and does not means the harness missed its fault (a blind harness),
+    which is a failure too. Under at-least-once a kill in the middle of the sink write duplicates the
+    batch's quarantined records: the quarantine table commits before the main table and is appended
+    again on replay.
+
+    >>> expected_damage("at-least-once", "mid-sink-write", has_invalid_records=False)
+    'clean'
+    """
+    quarantine_committed = point == faults.MID_SINK_WRITE and has_invalid_records
+    replayed_after_a_write = point == faults.AFTER_SINK_COMMIT or quarantine_committed
+    if guarantee == "at-least-once" and replayed_after_a_write:
+        return "duplicated"
+    if guarantee == "at-most-once" and point in (faults.BEFORE_SINK_WRITE, faults.MID_SINK_WRITE):
+        return "lost"
+    return "clean"
+
+
+@dataclass
+class MatrixCell:
+    """One guarantee x crash point run, reconciled."""
+
+    guarantee: str
+    sink: str
+    point: str
+    lost: int
+    duplicated: int
+    unexpected: int
+    crashes: list[dict[str, Any]]
+    restart_s: float | None
+    expected: str  # "clean", "duplicated" or "lost"
+    seconds: float
+    timeline: list[TimelineEvent] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """What the cell showed: clean, lost, duplicated, lost+duplicated (unexpected rows count as damage)."""
+        damage = [name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected))
+                  if count]  # fmt: skip
+        return "+".join(damage) or "clean"
+
+    @property
+    def as_expected(self) -> bool:
+        if self.expected == "clean":
+            return self.outcome == "clean"
+        if self.guarantee == "at-most-once":
+            return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
+        return getattr(self, self.expected) > 0 and self.lost == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
+            "duplicated": self.duplicated, "unexpected": self.unexpected, "crashes": self.crashes,
+            "restart_s": self.restart_s, "expected": self.expected, "outcome": self.outcome,
+            "as_expected": self.as_expected, "seconds": round(self.seconds, 1),
+            "timeline": [asdict(event) for event in self.timeline],
+        }  # fmt: skip
+
+
+def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max_offsets: int) -> PipelineSpec:
+    """The pipeline of one matrix cell: same transform and sink kind, its own topic, tables and checkpoint."""
+    return spec.model_copy(update={
+        "guarantee": guarantee,
+        "checkpoint": str(workdir / "checkpoint"),
+        "source": spec.source.model_copy(update={"topic": topic, "max_offsets_per_trigger": max_offsets}),
+        "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "tables" / "quarantine")}),
+        "sink": spec.sink.model_copy(update={"path": str(workdir / "tables" / "sink")}),
+    })  # fmt: skip
+
+
+def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
+               malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
+               points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print) -> list[MatrixCell]:  # fmt: skip
+    """Every guarantee x named crash point on fresh topic/table/checkpoint with the same generated data."""
+    from streamproof.config import parse_pipeline
+    from streamproof.generator import generate
+    from streamproof.verify import verify_pipeline
+
+    spec = load_pipeline(pipeline_file)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    max_offsets = max(100, -(-count // 3))  # three batches: one committed before the crash in batch 1, one after
+    cells = []
+    for guarantee in guarantees:
+        for point in points:
+            started = time.monotonic()
+            name = f"{guarantee}-{point}"
+            emit(f"── cell {name} ──")
+            cell_dir = workdir / name
+            topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
+            generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed)
+            cell_file = cell_dir / "pipeline.toml"
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, cell_dir, max_offsets)))
+            harness = run_with_crashes(cell_file, [point], log_dir=cell_dir / "logs", emit=emit)
+            report: Report = verify_pipeline(spark, parse_pipeline(cell_file.read_text(), source_name=str(cell_file)))
+            restarts = harness.restart_seconds
+            cell = MatrixCell(
+                guarantee=guarantee, sink=spec.sink.kind, point=point, lost=report.lost,
+                duplicated=report.duplicated, unexpected=report.unexpected,
+                crashes=[crash.to_dict() for crash in harness.crashes],
+                restart_s=round(restarts[0], 2) if restarts else None,
+                expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0),
+                seconds=time.monotonic() - started, timeline=harness.timeline,
+            )  # fmt: skip
+            emit(f"   {name}: lost {cell.lost}, duplicated {cell.duplicated}, unexpected {cell.unexpected} "
+                 f"-> {cell.outcome} (expected {cell.expected})")  # fmt: skip
+            cells.append(cell)
+    return cells

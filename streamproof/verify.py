@@ -65,6 +65,21 @@ class Report:
         return self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
 
     @property
+    def guarantee_held(self) -> bool:
+        """Whether the damage found is within what the guarantee promises.
+
+        exactly-once allows none; at-least-once allows duplicates, never loss; at-most-once allows loss,
+        never duplicates. Unexpected rows are never allowed.
+        """
+        if self.unexpected:
+            return False
+        if self.guarantee == "at-least-once":
+            return self.lost == 0
+        if self.guarantee == "at-most-once":
+            return self.duplicated == 0
+        return self.ok
+
+    @property
     def identity_holds(self) -> bool:
         return self.source_records == self.expected + self.quarantined + self.upstream_duplicates
 
@@ -73,6 +88,7 @@ class Report:
         if self.generated is None:
             data.pop("generated")
         data["ok"] = self.ok
+        data["guarantee_held"] = self.guarantee_held
         return data
 
     def to_json(self) -> str:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from streamproof.infra import KafkaBroker, free_port
+from streamproof.infra import KafkaBroker
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 600
@@ -65,24 +64,15 @@ def run_cli(
     )
 
 
+# The broker and Spark fixtures are the ones streamproof ships to its users (streamproof/testing.py),
+# so the project's own tests exercise the plugin too.
 @pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+def kafka_broker(streamproof_kafka: KafkaBroker) -> KafkaBroker:
     """A real Apache Kafka (KRaft) broker on free ports, stopped and wiped at the end of the session."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("state"), port=free_port(), controller_port=free_port())
-    broker.up()
-    try:
-        yield broker
-    finally:
-        broker.down(wipe=True)
+    return streamproof_kafka
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark(streamproof_spark: object) -> object:
     """The test process's SparkSession (streamproof defaults: cached jars, Delta, local[2])."""
-    from streamproof.session import build_session
-
-    session = build_session(app_name="streamproof-tests")
-    try:
-        yield session
-    finally:
-        session.stop()
+    return streamproof_spark

@@ -25,6 +25,9 @@ def test_example_pipeline_loads_with_design_defaults() -> None:
         "failOnDataLoss": "true",
         "includeHeaders": "false",
         "maxOffsetsPerTrigger": "100000",
+        "kafka.max.partition.fetch.bytes": "16777216",
+        "kafka.fetch.max.bytes": "67108864",
+        "kafka.max.poll.records": "20000",
     }
     assert spec.transform.required == ["event_id", "order_id"]
 
@@ -100,6 +103,11 @@ def test_kafka_options_pass_through_verbatim_and_spark_names_are_accepted() -> N
     assert options["kafka.request.timeout.ms"] == "5000"
     assert options["failOnDataLoss"] == "false"
     assert options["maxOffsetsPerTrigger"] == "100000"
+
+
+def test_kafka_options_of_the_file_win_over_streamproof_fetch_defaults() -> None:
+    text = EXAMPLE.replace("[source]", '[source]\n"kafka.max.poll.records" = 500')
+    assert parse_pipeline(text).source.spark_options()["kafka.max.poll.records"] == "500"
 
 
 def test_relative_paths_resolve_against_the_given_base(tmp_path: Path) -> None:

@@ -23,10 +23,16 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_S = 10.0
 
 
-def read_stream(spark: SparkSession, source: KafkaSource) -> DataFrame:
-    """A streaming DataFrame over the topic (Spark's Kafka columns: key, value, topic, partition, offset...)."""
+def read_stream(spark: SparkSession, source: KafkaSource, *, starting_offsets: str | None = None) -> DataFrame:
+    """A streaming DataFrame over the topic (Spark's Kafka columns: key, value, topic, partition, offset...).
+
+    ``starting_offsets`` overrides the file's (at-most-once restarts from its own progress).
+    """
     reader = spark.readStream.format("kafka")
-    for key, value in source.spark_options().items():
+    options = source.spark_options()
+    if starting_offsets is not None:
+        options["startingOffsets"] = starting_offsets
+    for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
 

@@ -1,0 +1,81 @@
+"""What each delivery guarantee means in streamproof, and the setups refused because they cannot honour it.
+
+A guarantee changes how a pipeline is *wired*, never what it computes:
+
+* ``exactly-once``: replayable source + Spark checkpoint + idempotent sink. Every batch is written with
+  Delta's SetTransaction ``(streamproof/<pipeline>, batch id)``, so a batch Spark replays after a crash
+  writes nothing the second time.
+* ``at-least-once``: replayable source + checkpoint + a *plain* append (no transaction id). A batch that
+  reached the sink but not Spark's commit log is written again on restart: duplicates, never loss.
+* ``at-most-once``: the batch's end offsets are recorded as done in a progress file *before* the write,
+  and every start begins from that file with a fresh checkpoint. A crash between the two loses the
+  batch; nothing is ever written twice.
+
+Example::
+
+    >>> wiring_for("at-least-once")
+    Wiring(guarantee='at-least-once', idempotent_sink=False, progress_before_write=False, replays_on_restart=True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamproof.errors import ConfigError
+
+REPLAYABLE_SOURCES = ("kafka",)
+NON_REPLAYABLE_SOURCES = ("socket", "rate")
+IDEMPOTENT_SINKS = ("delta",)
+NON_IDEMPOTENT_SINKS = ("console", "memory")
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """How a pipeline is put together for one guarantee."""
+
+    guarantee: str
+    idempotent_sink: bool  # batch writes keyed on (pipeline, batch id)
+    progress_before_write: bool  # at-most-once: offsets marked done before the sink write
+    replays_on_restart: bool  # a restart re-runs the batch that was in flight
+
+
+_WIRINGS = {
+    "exactly-once": Wiring("exactly-once", idempotent_sink=True, progress_before_write=False, replays_on_restart=True),
+    "at-least-once": Wiring(
+        "at-least-once", idempotent_sink=False, progress_before_write=False, replays_on_restart=True
+    ),
+    "at-most-once": Wiring("at-most-once", idempotent_sink=False, progress_before_write=True, replays_on_restart=False),
+}
+
+
+def wiring_for(guarantee: str) -> Wiring:
+    """The wiring of a guarantee name (``exactly-once``, ``at-least-once``, ``at-most-once``)."""
+    try:
+        return _WIRINGS[guarantee]
+    except KeyError:
+        raise ConfigError(f"guarantee: {guarantee!r} is not one of {', '.join(_WIRINGS)}") from None
+
+
+def refusal(guarantee: str, source_kind: str, sink_kind: str) -> str | None:
+    """Why this combination cannot honour its guarantee (one line), or None when it can.
+
+    >>> refusal("exactly-once", "socket", "delta")
+    "source.kind: 'socket' cannot replay a batch after a crash, so exactly-once is impossible; use kafka"
+    >>> refusal("at-least-once", "kafka", "delta") is None
+    True
+    """
+    if guarantee == "exactly-once" and source_kind in NON_REPLAYABLE_SOURCES:
+        return (
+            f"source.kind: {source_kind!r} cannot replay a batch after a crash, so exactly-once is impossible; "
+            f"use {', '.join(REPLAYABLE_SOURCES)}"
+        )
+    if guarantee == "exactly-once" and sink_kind in NON_IDEMPOTENT_SINKS:
+        return (
+            f"sink.kind: {sink_kind!r} cannot skip a replayed batch (no transaction id), so exactly-once is "
+            f"impossible; use {', '.join(IDEMPOTENT_SINKS)}, or guarantee = 'at-least-once'"
+        )
+    if source_kind not in REPLAYABLE_SOURCES:
+        return f"source.kind: {source_kind!r} is recognised but not supported by streamproof yet; use kafka"
+    if sink_kind not in IDEMPOTENT_SINKS:
+        return f"sink.kind: {sink_kind!r} is recognised but not supported by streamproof yet; use delta"
+    return None

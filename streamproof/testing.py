@@ -1,0 +1,171 @@
+"""pytest plugin: prove *your* pipeline exactly-once inside your own test suite.
+
+Installed with streamproof (entry point ``pytest11``), it gives three fixtures:
+
+* ``streamproof_kafka`` (session): a real local Kafka broker on free ports, stopped at the end;
+* ``streamproof_spark`` (session): the SparkSession streamproof uses (cached jars, Delta, local[2]);
+* ``streamproof_prover``: a :class:`Prover` whose :meth:`Prover.prove` puts your test data in a fresh
+  topic, runs your pipeline file under the crash harness (real SIGKILLs of the pipeline's process group
+  at the points you name, restarts until drained), reconciles record by record, and fails your test with
+  the exact counts when the pipeline's guarantee does not hold.
+
+Example (a test in your project)::
+
+    def test_orders_pipeline_is_exactly_once(streamproof_prover):
+        report = streamproof_prover.prove(
+            "pipelines/orders.toml",
+            records=[{"event_id": f"e{i}", "order_id": f"o{i % 7}"} for i in range(30_000)],
+            crash_at=["before-sink-write", "after-sink-commit"],
+        )
+        assert report.sink_records == 30_000
+
+Your pipeline file keeps its transform and sink kind; the prover points its source at the test broker
+and a fresh topic, and its checkpoint and tables at a temporary folder, so nothing of yours is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline, parse_pipeline
+from streamproof.infra import KafkaBroker, free_port
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streamproof.prove import HarnessResult
+    from streamproof.verify import Report
+
+
+class GuaranteeBroken(AssertionError):
+    """The pipeline lost, duplicated or invented records beyond what its guarantee allows."""
+
+
+def assert_guarantee_held(report: Report, where: Path | None = None) -> None:
+    """Raise :class:`GuaranteeBroken` with the exact counts when the report breaks its guarantee.
+
+    >>> from streamproof.verify import Report
+    >>> assert_guarantee_held(Report("p", "at-least-once", "delta", 10, 10, 0, 0, 12, 0, 2, 0))  # dups allowed
+    """
+    if report.guarantee_held:
+        return
+    crashes = [(crash["point"], crash["batch_id"]) for crash in report.crashes]
+    raise GuaranteeBroken(
+        f"{report.guarantee} broken for {report.pipeline}: lost {report.lost}, duplicated {report.duplicated}, "
+        f"unexpected {report.unexpected} of {report.expected} expected records; crashes {crashes}"
+        + (f"; files in {where}" if where else "")
+    )
+
+
+@dataclass
+class Prover:
+    """Runs pipelines under the crash harness against the test broker (see the module docstring)."""
+
+    broker: KafkaBroker
+    spark: SparkSession
+    workdir: Path
+    runs: list[tuple[Report, HarnessResult]] = field(default_factory=list)
+
+    def prove(
+        self,
+        pipeline: str | Path | PipelineSpec,
+        *,
+        records: Iterable[bytes | str | dict[str, Any]] | None = None,
+        events: int = 20_000,
+        malformed: float = 0.005,
+        crash_at: Iterable[str] = ("after-sink-commit",),
+        random_kills: int = 0,
+        seed: int = 1,
+        batch_size: int | None = None,
+    ) -> Report:
+        """Prove ``pipeline`` on ``records`` (or ``events`` generated orders); raise on a broken guarantee.
+
+        ``batch_size`` (default: a fifth of the data) sets ``max_offsets_per_trigger`` so that the run has
+        several batches for the crashes to land in.
+        """
+        from streamproof.generator import generate
+        from streamproof.prove import cell_spec, run_with_crashes, run_with_random_kills
+        from streamproof.verify import verify_pipeline
+
+        spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+        run_dir = self.workdir / f"proof-{len(self.runs) + 1}"
+        topic = f"streamproof-test-{time.strftime('%H%M%S')}-{len(self.runs) + 1}-{spec.name}"
+        if records is None:
+            generate(self.broker.bootstrap_servers, topic, events, partitions=4, malformed=malformed, seed=seed)
+            total = events
+        else:
+            total = self._produce(topic, records)
+        spec = spec.model_copy(
+            update={"source": spec.source.model_copy(update={"bootstrap_servers": self.broker.bootstrap_servers})}
+        )
+        proof_spec = cell_spec(spec, spec.guarantee, topic, run_dir, batch_size or max(100, total // 5))
+        pipeline_file = run_dir / "pipeline.toml"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        pipeline_file.write_text(dump_pipeline(proof_spec))
+        if random_kills:
+            harness = run_with_random_kills(pipeline_file, kills=random_kills, seed=seed, log_dir=run_dir / "logs")
+        else:
+            harness = run_with_crashes(pipeline_file, list(crash_at), log_dir=run_dir / "logs")
+        report = verify_pipeline(self.spark, parse_pipeline(pipeline_file.read_text(), source_name=str(pipeline_file)))
+        report.crashes = [crash.to_dict() for crash in harness.crashes]
+        self.runs.append((report, harness))
+        assert_guarantee_held(report, where=run_dir)
+        return report
+
+    def _produce(self, topic: str, records: Iterable[bytes | str | dict[str, Any]]) -> int:
+        from confluent_kafka import Producer
+
+        from streamproof.generator import ensure_topic
+        from streamproof.sources.kafka import client_config
+
+        ensure_topic(self.broker.bootstrap_servers, topic, 4)
+        producer = Producer(client_config(self.broker.bootstrap_servers, **{"enable.idempotence": True, "acks": "all"}))
+        count = 0
+        for count, record in enumerate(records, 1):
+            value = json.dumps(record).encode() if isinstance(record, dict) else record
+            value = value.encode() if isinstance(value, str) else value
+            while True:
+                try:
+                    producer.produce(topic, value=value, partition=count % 4)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(120):
+            raise RuntimeError(f"test records were not all acknowledged by {self.broker.bootstrap_servers}")
+        return count
+
+
+@pytest.fixture(scope="session")
+def streamproof_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Apache Kafka (KRaft) broker on free ports, stopped and wiped at the end of the session."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("streamproof-kafka"), port=free_port(), controller_port=free_port())
+    broker.up()
+    try:
+        yield broker
+    finally:
+        broker.down(wipe=True)
+
+
+@pytest.fixture(scope="session")
+def streamproof_spark() -> Iterator[SparkSession]:
+    """The SparkSession streamproof pipelines use (cached jars, Delta, local[2]), stopped at the end."""
+    from streamproof.session import build_session
+
+    session = build_session(app_name="streamproof-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def streamproof_prover(streamproof_kafka: KafkaBroker, streamproof_spark: SparkSession, tmp_path: Path) -> Prover:
+    """A :class:`Prover` on the session's broker and Spark, writing under the test's ``tmp_path``."""
+    return Prover(streamproof_kafka, streamproof_spark, tmp_path)
