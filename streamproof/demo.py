@@ -19,8 +19,8 @@ from streamproof.infra import KafkaBroker, free_port, port_in_use
 from streamproof.verify import Report
 
 DEMO_PIPELINE = """\
-# Written by `streamproof demo`; re-run the check with: streamproof verify {pipeline_file}
-name = "demo-orders"
+# Written by streamproof; re-run the check with: streamproof verify {pipeline_file}
+name = "{name}"
 guarantee = "exactly-once"
 checkpoint = "{workdir}/checkpoint"
 

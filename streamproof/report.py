@@ -115,10 +115,10 @@ def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
     runs = sorted({event.run for event in events})
     end = max(event.t for event in events) or 1.0
     scale = (width - 90) / end
-    lane = 26
+    lane = 30
     parts = [f'<svg width="{width}" height="{lane * len(runs) + 24}" xmlns="http://www.w3.org/2000/svg">']
     for index, run in enumerate(runs):
-        y = 8 + index * lane
+        y = 12 + index * lane
         mine = [event for event in events if event.run == run]
         start = min(event.t for event in mine)
         stop = max(event.t for event in mine)
@@ -130,14 +130,16 @@ def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
             title = html.escape(f"{event.kind} {event.batch if event.batch is not None else ''} {event.label}".strip())
             if event.kind == "batch":
                 parts.append(f'<line x1="{x:.1f}" y1="{y + 2}" x2="{x:.1f}" y2="{y + 18}" stroke="#2a7" '
-                             f'stroke-width="2"><title>{title} at {event.t:.1f} s</title></line>')  # fmt: skip
+                             f'stroke-width="2"><title>{title} at {event.t:.1f} s</title></line>'
+                             f'<text x="{x + 2:.1f}" y="{y + 2}" font-size="9" fill="#2a7">'
+                             f'{event.batch}</text>')  # fmt: skip
             elif event.kind == "kill":
                 parts.append(
                     f'<text x="{x - 4:.1f}" y="{y + 15}" fill="#c00" font-weight="bold">✕'
                     f"<title>SIGKILL at {event.label} in batch {event.batch}, {event.t:.1f} s</title></text>"
                 )
-            elif event.kind == "exit":
-                parts.append(f'<text x="{x + 2:.1f}" y="{y + 15}" fill="#2a7">✓<title>exit {title}</title></text>')
+            elif event.kind == "exit" and event.label == "0":  # a killed run already shows its ✕
+                parts.append(f'<text x="{x + 2:.1f}" y="{y + 15}" fill="#2a7">✓<title>drained, exit 0</title></text>')
     parts.append(f'<text x="60" y="{lane * len(runs) + 20}" class="small">0 s</text>')
     parts.append(f'<text x="{width - 60}" y="{lane * len(runs) + 20}" class="small">{end:.0f} s</text></svg>')
     return "".join(parts)

@@ -10,44 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from streamproof.demo import write_demo_pipeline
 from streamproof.infra import KafkaBroker
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 600
 
-PIPELINE_TEMPLATE = """\
-name = "{name}"
-guarantee = "exactly-once"
-checkpoint = "{workdir}/checkpoint"
-
-[source]
-kind = "kafka"
-bootstrap_servers = "{bootstrap}"
-topic = "{topic}"
-starting_offsets = "earliest"
-max_offsets_per_trigger = {max_offsets}
-
-[transform]
-format = "json"
-schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
-required = ["event_id", "order_id"]
-quarantine = "{workdir}/tables/quarantine"
-
-[sink]
-kind = "delta"
-path = "{workdir}/tables/orders"
-mode = "append"
-"""
-
 
 def write_pipeline(workdir: Path, *, name: str, topic: str, bootstrap: str, max_offsets: int) -> Path:
-    """A pipeline file whose checkpoint and tables live under ``workdir``."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "pipeline.toml"
-    path.write_text(
-        PIPELINE_TEMPLATE.format(name=name, workdir=workdir, bootstrap=bootstrap, topic=topic, max_offsets=max_offsets)
-    )
-    return path
+    """The demo's pipeline (the one users see first), with checkpoint and tables under ``workdir``."""
+    return write_demo_pipeline(workdir, topic, bootstrap, max_offsets, name=name)
 
 
 def run_cli(
