@@ -44,13 +44,17 @@ mode = "append"
 """
 
 
-def write_demo_pipeline(workdir: Path, topic: str, bootstrap: str, max_offsets: int) -> Path:
-    """Write the demo's pipeline file into ``workdir`` and return its path."""
+def write_demo_pipeline(workdir: Path, topic: str, bootstrap: str, max_offsets: int, name: str = "demo-orders") -> Path:
+    """Write the demo's pipeline (orders -> Delta, exactly-once) into ``workdir``; return its path.
+
+    Checkpoint and tables live under ``workdir``, so each call makes a pipeline of its own.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     pipeline_file = workdir / "pipeline.toml"
     pipeline_file.write_text(
         DEMO_PIPELINE.format(
             pipeline_file=pipeline_file,
+            name=name,
             workdir=workdir,
             bootstrap=bootstrap,
             topic=topic,
