@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -53,7 +54,29 @@ def _java_path() -> str:
     return f"{java_home}/bin{os.pathsep}{path}" if java_home else path
 
 
-def session_conf(settings: SparkSettings) -> dict[str, str]:
+def startup_archive() -> Path:
+    """Where the JVM class-data archive for this JDK, pyspark install and jar set lives (may not exist).
+
+    The archive holds the classes a streamproof session loads, pre-parsed: a JVM started with it reaches
+    a running SparkSession about 4 s sooner (measured 9.5 s -> 5.8 s on 2 cores), which every restart
+    after a crash pays. It is only valid for the exact JDK and classpath it was made with, hence the key.
+    """
+    import pyspark
+
+    from streamproof.jars import cache_root, jar_set
+
+    java_banner = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    key = hashlib.sha256(
+        "\n".join([java_banner, pyspark.__file__, pyspark.__version__, jar_set("spark").key()]).encode()
+    ).hexdigest()[:16]
+    return cache_root() / "jvm" / f"spark-{key}.jsa"
+
+
+# A stale or foreign archive is ignored by the JVM; these keep it from saying so on stdout.
+_QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = None) -> dict[str, str]:
     """Spark configuration streamproof starts every session with (user ``[spark.conf]`` wins)."""
     conf = {
         "spark.master": settings.master,
@@ -69,7 +92,9 @@ def session_conf(settings: SparkSettings) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}",
+        "spark.driver.extraJavaOptions": " ".join(
+            [f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}", _class_data_option(archive_classes_to), _QUIET_CDS]
+        ),
         "spark.sql.streaming.metricsEnabled": "true",
         "spark.sql.debug.maxToStringFields": "200",
         # A micro-batch is cached once to feed two writes (sink and quarantine) and dropped right after:
@@ -80,7 +105,16 @@ def session_conf(settings: SparkSettings) -> dict[str, str]:
     return conf
 
 
-def build_session(settings: SparkSettings | None = None, app_name: str = "streamproof") -> SparkSession:
+def _class_data_option(archive_classes_to: Path | None) -> str:
+    if archive_classes_to is not None:
+        return f"-XX:ArchiveClassesAtExit={archive_classes_to}"
+    archive = startup_archive()
+    return f"-XX:SharedArchiveFile={archive}" if archive.exists() else ""
+
+
+def build_session(
+    settings: SparkSettings | None = None, app_name: str = "streamproof", *, archive_classes_to: Path | None = None
+) -> SparkSession:
     """Start (or reuse) the process's SparkSession with streamproof's defaults."""
     check_java()
     settings = settings or SparkSettings()
@@ -90,8 +124,82 @@ def build_session(settings: SparkSettings | None = None, app_name: str = "stream
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(settings).items():
+    for key, value in session_conf(settings, archive_classes_to=archive_classes_to).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def prepare_startup_archive() -> Path:
+    """Set-up step: run one short session through the code paths a pipeline uses, and let the JVM write the
+    classes it loaded to :func:`startup_archive` when it exits. Idempotent: an existing archive is kept.
+    """
+    import tempfile
+
+    archive = startup_archive()
+    if archive.exists():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    spark = build_session(app_name="streamproof-setup", archive_classes_to=partial)
+    with tempfile.TemporaryDirectory() as scratch:
+        _exercise_pipeline_code_paths(spark, Path(scratch))
+    gateway_process = spark.sparkContext._gateway.proc  # type: ignore[attr-defined]
+    spark.stop()
+    # The JVM writes the archive as it exits: close its stdin (PySpark's exit signal) and wait for it.
+    gateway_process.stdin.close()
+    gateway_process.wait(timeout=600)
+    if not partial.exists():
+        raise SetupError(f"the JVM did not write its class-data archive to {partial}")
+    partial.rename(archive)
+    return archive
+
+
+def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
+    from streamproof.config import Transform
+    from streamproof.transform import parse_records, quarantined_records, valid_records
+
+    transform = Transform.model_validate({"schema": "event_id STRING, amount DOUBLE, event_time TIMESTAMP",
+                                          "required": ["event_id"]})  # fmt: skip
+    records = [
+        (b'{"event_id":"e1","amount":1.5,"event_time":"2026-01-01T00:00:00Z"}', "t", 0, 0),
+        (b'{"event_id":"e2","amount":"x"}', "t", 0, 1),
+        (b"\xff", "t", 0, 2),
+    ]
+    raw = spark.createDataFrame(records, "value BINARY, topic STRING, partition INT, offset LONG").selectExpr(
+        "value", "topic", "partition", "offset", "current_timestamp() AS timestamp"
+    )
+    parsed = parse_records(raw, transform).cache()
+    for batch_id, table in enumerate(("sink", "quarantine")):
+        frame = valid_records(parsed) if table == "sink" else quarantined_records(parsed)
+        (frame.write.format("delta").mode("append").option("txnAppId", "streamproof/setup")
+         .option("txnVersion", batch_id).option("userMetadata", "{}").save(str(scratch / table)))  # fmt: skip
+    spark.read.format("delta").load(str(scratch / "sink")).count()
+    # The Kafka connector's classes, without a broker: resolving the relation's schema connects to nothing.
+    kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:1").option("subscribe", "x")
+    assert "offset" in kafka.load().schema.fieldNames()
+    # A streaming query with foreachBatch, as a pipeline runs one.
+    (scratch / "in").mkdir()
+    (scratch / "in" / "1.txt").write_text('{"event_id":"e3","amount":2.0}\n')
+    stream = spark.readStream.format("text").load(str(scratch / "in")).selectExpr(
+        "CAST(value AS BINARY) AS value", "'t' AS topic", "0 AS partition", "0L AS offset",
+        "current_timestamp() AS timestamp",
+    )  # fmt: skip
+    query = (
+        parse_records(stream, transform).writeStream.option("checkpointLocation", str(scratch / "checkpoint"))
+        .foreachBatch(lambda batch, batch_id: valid_records(batch).write.format("delta").mode("append")
+                      .option("txnAppId", "streamproof/setup-stream").option("txnVersion", batch_id)
+                      .save(str(scratch / "stream-sink")))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    query.awaitTermination(300)
+
+
+if __name__ == "__main__":
+    try:
+        print(f"JVM start-up archive: {prepare_startup_archive()}")
+    except SetupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

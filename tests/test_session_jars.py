@@ -34,3 +34,29 @@ def test_session_writes_delta_and_reads_kafka_from_cached_jars(
         .count()
     )
     assert rows == 25
+
+
+def test_sessions_start_from_the_class_data_archive_made_at_setup() -> None:
+    from streamproof.config import SparkSettings
+    from streamproof.session import session_conf, startup_archive
+
+    assert startup_archive().exists(), "make setup did not produce the JVM class-data archive"
+    options = session_conf(SparkSettings())["spark.driver.extraJavaOptions"]
+    assert f"-XX:SharedArchiveFile={startup_archive()}" in options
+
+
+def test_an_unusable_archive_falls_back_silently(tmp_path: Path) -> None:
+    import subprocess
+
+    from streamproof.session import _QUIET_CDS
+
+    garbage = tmp_path / "stale.jsa"
+    garbage.write_bytes(b"not an archive" * 100)
+    done = subprocess.run(
+        ["java", f"-XX:SharedArchiveFile={garbage}", *_QUIET_CDS.split(), "-version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert done.stdout == "" and "warning" not in done.stderr
