@@ -9,6 +9,8 @@ have() { command -v "$1" >/dev/null 2>&1; }
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
 if ! have java || [ "$(java_major)" -lt 17 ]; then missing+=(openjdk-17-jdk-headless); fi
 have mvn || missing+=(maven)
+[ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql-15)
+have kcat || missing+=(kcat)  # the tests' independent read_committed check of a Kafka sink
 if ! have python3.11 && ! python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
   missing+=(python3.11 python3.11-venv)
 fi

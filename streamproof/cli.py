@@ -73,33 +73,43 @@ def _state_dir(state_dir: Path | None) -> Path:
 def infra_up(
     port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1.")] = 9092,
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    postgres: Annotated[bool, typer.Option("--postgres", help="Also start a local PostgreSQL 15.")] = False,
+    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5432,
     state_dir: StateDir = None,
 ) -> None:
-    """Start the local Kafka broker (idempotent: a running one is reused)."""
-    from streamproof.infra import KafkaBroker
+    """Start the local Kafka broker, and PostgreSQL with --postgres (idempotent: running ones are reused)."""
+    from streamproof.infra import KafkaBroker, PostgresServer
 
     console.print(KafkaBroker(_state_dir(state_dir), port, controller_port).up())
+    if postgres:
+        console.print(PostgresServer(_state_dir(state_dir), pg_port).up())
 
 
 @infra_app.command("down")
 @friendly_errors
 def infra_down(
-    wipe: Annotated[bool, typer.Option(help="Also delete the broker's data.")] = False,
+    wipe: Annotated[bool, typer.Option(help="Also delete the broker's (and database's) data.")] = False,
     state_dir: StateDir = None,
 ) -> None:
-    """Stop the broker that `infra up` started (only that one)."""
-    from streamproof.infra import KafkaBroker
+    """Stop the broker (and PostgreSQL) that `infra up` started (only those)."""
+    from streamproof.infra import KafkaBroker, PostgresServer
 
     console.print(KafkaBroker(_state_dir(state_dir)).down(wipe=wipe))
+    server = PostgresServer(_state_dir(state_dir))
+    if server.home.exists():
+        console.print(server.down(wipe=wipe))
 
 
 @infra_app.command("status")
 @friendly_errors
 def infra_status(state_dir: StateDir = None) -> None:
-    """Show whether the local broker runs and answers."""
-    from streamproof.infra import KafkaBroker
+    """Show whether the local broker (and PostgreSQL) run and answer."""
+    from streamproof.infra import KafkaBroker, PostgresServer
 
     console.print(KafkaBroker(_state_dir(state_dir)).status())
+    server = PostgresServer(_state_dir(state_dir))
+    if server.home.exists():
+        console.print(server.status())
 
 
 def _fraction(name: str) -> Callable[[float], float]:
@@ -184,17 +194,17 @@ def verify(
 ) -> None:
     """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
     from streamproof.config import load_pipeline
-    from streamproof.report import print_report, report_html
+    from streamproof.report import print_reports, report_html
     from streamproof.session import build_session
-    from streamproof.verify import verify_pipeline
+    from streamproof.verify import reports_document, verify_pipeline
 
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
-    report = verify_pipeline(spark, spec, manifest_dir=_state_dir(state_dir) / "generated")
-    print_report(console, report)
-    _write(json_file, report.to_json())
-    _write(html_file, report_html(report, command="streamproof verify " + " ".join(sys.argv[2:])))
-    if not report.ok:
+    reports = verify_pipeline(spark, spec, manifest_dir=_state_dir(state_dir) / "generated")
+    print_reports(console, reports)
+    _write(json_file, json.dumps(reports_document(reports), indent=2))
+    _write(html_file, report_html(reports, command="streamproof verify " + " ".join(sys.argv[2:])))
+    if not all(report.ok for report in reports):
         raise typer.Exit(1)
 
 
@@ -205,7 +215,12 @@ def prove(
     matrix: Annotated[bool, typer.Option("--matrix", help="Every guarantee x every crash point.")] = False,
     crash_at: Annotated[
         list[str] | None,
-        typer.Option("--crash-at", help="Crash point(s), repeatable or comma-separated: " + ", ".join(NAMED_POINTS)),
+        typer.Option(
+            "--crash-at",
+            help="Crash point(s), repeatable or comma-separated: "
+            + ", ".join(NAMED_POINTS)
+            + "; mid-sink-write:<sink label> picks a sink of a fan-out",
+        ),
     ] = None,
     random_kills: Annotated[int | None, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the kill moments and of the matrix data.")] = 1,
@@ -236,8 +251,8 @@ def prove(
         _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command)
         return
     from streamproof.prove import run_with_crashes, run_with_random_kills
-    from streamproof.report import print_report, report_html
-    from streamproof.verify import verify_pipeline
+    from streamproof.report import print_reports, report_html
+    from streamproof.verify import reports_document, verify_pipeline
 
     log_dir = state / "logs" / stamp
     if crash_at is not None:
@@ -247,12 +262,13 @@ def prove(
         kills = 2 if random_kills is None else random_kills
         harness = run_with_random_kills(pipeline, kills=kills, seed=seed, log_dir=log_dir, emit=emit)
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
-    report = verify_pipeline(spark, spec, manifest_dir=state / "generated")
-    report.crashes = [crash.to_dict() for crash in harness.crashes]
-    print_report(console, report)
-    _write(json_file, report.to_json())
-    _write(html_file, report_html(report, harness.timeline, command))
-    if not report.ok:
+    reports = verify_pipeline(spark, spec, manifest_dir=state / "generated")
+    for report in reports:
+        report.crashes = [crash.to_dict() for crash in harness.crashes]
+    print_reports(console, reports)
+    _write(json_file, json.dumps(reports_document(reports), indent=2))
+    _write(html_file, report_html(reports, harness.timeline, command))
+    if not all(report.ok for report in reports):
         raise typer.Exit(1)
 
 

@@ -34,7 +34,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AliasChoices,
@@ -71,6 +71,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+def _kafka_passthrough(data: Any) -> Any:
+    """Move ``"kafka.*"`` keys (other than the bootstrap servers) into ``kafka_options``, verbatim as text.
+
+    STYLE: PySpark option names; SASL/SSL settings and timeouts reach the Kafka client unchanged.
+    """
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    passthrough = {
+        key: data.pop(key)
+        for key in list(data)
+        if isinstance(key, str) and key.startswith("kafka.") and key != "kafka.bootstrap.servers"
+    }
+    for key, value in passthrough.items():
+        if not isinstance(value, str | int | float | bool):
+            raise ValueError(f"{key}: must be a string, number or boolean")
+    data["kafka_options"] = {
+        **data.get("kafka_options", {}),
+        **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in passthrough.items()},
+    }
+    return data
+
+
 class KafkaSource(_Strict):
     """``[source] kind = "kafka"``: Spark's Kafka connector; coordinates are topic, partition, offset."""
 
@@ -90,24 +113,7 @@ class KafkaSource(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _collect_kafka_passthrough(cls, data: Any) -> Any:
-        # "kafka.*" keys other than the bootstrap servers go to Spark verbatim (STYLE: PySpark option names).
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        passthrough = {
-            key: data.pop(key)
-            for key in list(data)
-            if isinstance(key, str) and key.startswith("kafka.") and key != "kafka.bootstrap.servers"
-        }
-        for key, value in passthrough.items():
-            if not isinstance(value, str | int | float | bool):
-                raise ValueError(f"{key}: must be a string, number or boolean")
-        data.setdefault("kafka_options", {})
-        data["kafka_options"] = {
-            **data["kafka_options"],
-            **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in passthrough.items()},
-        }
-        return data
+        return _kafka_passthrough(data)
 
     @field_validator("starting_offsets")
     @classmethod
@@ -169,19 +175,144 @@ class Transform(_Strict):
         return self
 
 
-class DeltaSink(_Strict):
-    """``[sink] kind = "delta"``: append (exactly-once through Delta's SetTransaction) or merge."""
+def _identifier(value: str) -> str:
+    if not _IDENTIFIER.match(value) or len(value) > 63:
+        raise ValueError(f"{value!r} is not a plain SQL identifier (letters, digits, '_'; at most 63)")
+    return value
+
+
+def _topic_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", value):
+        raise ValueError(f"{value!r} is not a Kafka topic name (letters, digits, '.', '_', '-')")
+    return value
+
+
+class _SinkSpec(_Strict):
+    """What every sink has: its kind, and a label that names it in reports (default: the kind)."""
+
+    label: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+    @property
+    def name(self) -> str:
+        return self.label or str(self.kind)
+
+
+class DeltaSinkSpec(_SinkSpec):
+    """``[sink] kind = "delta"``: append (exactly-once through Delta's SetTransaction) or merge on a key."""
 
     kind: Literal["delta"]
     path: str = Field(min_length=1)
     mode: Literal["append", "merge"] = "append"
     key: str | None = None
+    order_by: str = "event_time"  # merge: the latest record of a key by this column wins
 
     @model_validator(mode="after")
-    def _merge_needs_key(self) -> DeltaSink:
+    def _merge_needs_key(self) -> DeltaSinkSpec:
         if self.mode == "merge" and not self.key:
             raise ValueError("key: required when mode = 'merge' (the business key to upsert on)")
         return self
+
+
+class PostgresSinkSpec(_SinkSpec):
+    """``[sink] kind = "postgres"``: one transaction per batch partition with a ledger row (exactly-once).
+
+    The password can only come from the environment (``password = "${PGPASSWORD}"``), never the file.
+    """
+
+    kind: Literal["postgres"]
+    host: str = "127.0.0.1"
+    port: int = Field(5432, gt=0, lt=65536)
+    database: str = "streamproof"
+    user: str = "streamproof"
+    password_env: str | None = None  # the variable holding the password (``password = "${NAME}"`` in the file)
+    db_schema: str = Field("public", validation_alias=AliasChoices("schema", "db_schema"))
+    table: str
+    mode: Literal["append", "upsert", "accumulate"] = "append"
+    key: str | None = None  # upsert: the business key
+    order_by: str = "event_time"  # upsert: the latest record of a key by this column wins
+    by: str | None = None  # accumulate: the group column (e.g. customer_id)
+    sum: list[str] = Field(default_factory=list)  # accumulate: columns added up per group
+    ledger_table: str = "streamproof_ledger"
+
+    @field_validator("db_schema", "table", "ledger_table", "key", "order_by", "by", "user")
+    @classmethod
+    def _sql_identifier(cls, value: str | None) -> str | None:
+        # Names are interpolated into SQL (quoted too); only plain identifiers pass, so no injection.
+        return value if value is None else _identifier(value)
+
+    @field_validator("sum")
+    @classmethod
+    def _sum_identifiers(cls, value: list[str]) -> list[str]:
+        return [_identifier(column) for column in value]
+
+    @model_validator(mode="after")
+    def _mode_needs_its_columns(self) -> PostgresSinkSpec:
+        if self.mode == "upsert" and not self.key:
+            raise ValueError("key: required when mode = 'upsert' (the business key)")
+        if self.mode == "accumulate" and (not self.by or not self.sum):
+            raise ValueError("by: mode = 'accumulate' needs by = <group column> and sum = [<columns>]")
+        return self
+
+    def password(self) -> str | None:
+        """The password, read from its environment variable now (never stored in the spec)."""
+        return os.environ.get(self.password_env) if self.password_env else None
+
+    def conninfo(self, password: str | None = None) -> str:
+        """libpq connection string (holds the password: never print it); by default the password is
+        :meth:`password`, on executors the one the driver resolved."""
+        from psycopg.conninfo import make_conninfo
+
+        password = password if password is not None else self.password()
+        return make_conninfo(
+            host=self.host, port=self.port, dbname=self.database, user=self.user, password=password,
+            connect_timeout=10, application_name="streamproof",
+        )  # fmt: skip
+
+    def redacted(self) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+
+
+class KafkaSinkSpec(_SinkSpec):
+    """``[sink] kind = "kafka"``: transactional producer per task, commit markers in a marker topic."""
+
+    kind: Literal["kafka"]
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", validation_alias=AliasChoices("bootstrap_servers", "kafka.bootstrap.servers")
+    )
+    topic: str
+    marker_topic: str | None = None
+    key: str | None = None  # column whose value becomes the Kafka record key
+    kafka_options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("topic", "marker_topic")
+    @classmethod
+    def _topic(cls, value: str | None) -> str | None:
+        return value if value is None else _topic_name(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_kafka_passthrough(cls, data: Any) -> Any:
+        return _kafka_passthrough(data)
+
+    def producer_options(self) -> dict[str, str]:
+        """librdkafka settings from the ``"kafka.*"`` keys (prefix dropped)."""
+        return {key.removeprefix("kafka."): value for key, value in self.kafka_options.items()}
+
+    @property
+    def markers(self) -> str:
+        return self.marker_topic or f"{self.topic}.streamproof-markers"
+
+
+class FilesSinkSpec(_SinkSpec):
+    """``[sink] kind = "files"``: a Parquet folder written by Spark's file sink (``_spark_metadata`` log)."""
+
+    kind: Literal["files"]
+    path: str = Field(min_length=1)
+    format: Literal["parquet"] = "parquet"
+
+
+SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec, Field(discriminator="kind")]
+SINK_KINDS = ("delta", "postgres", "kafka", "files")
 
 
 class Trigger(_Strict):
@@ -204,14 +335,15 @@ class SparkSettings(_Strict):
 
 
 class PipelineSpec(_Strict):
-    """A whole pipeline file."""
+    """A whole pipeline file: one ``[sink]``, or several ``[[sinks]]`` fed from the same stream (fan-out)."""
 
     name: str = Field(min_length=1)
     guarantee: Guarantee = "exactly-once"
     checkpoint: str | None = None
     source: KafkaSource
     transform: Transform
-    sink: DeltaSink
+    sink: SinkSpec | None = None
+    sinks: list[SinkSpec] = Field(default_factory=list)
     trigger: Trigger = Trigger()
     spark: SparkSettings = SparkSettings()
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -221,15 +353,17 @@ class PipelineSpec(_Strict):
     def _refuse_what_cannot_honour_the_guarantee(cls, data: Any) -> Any:
         # Runs before field validation so that "socket under exactly-once" explains itself, instead of
         # reading as a mere unknown kind.
-        from streamproof.guarantees import refusal
+        from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, refusal
 
-        if isinstance(data, dict):
-            source, sink = data.get("source"), data.get("sink")
-            guarantee = data.get("guarantee", "exactly-once")
-            if isinstance(source, dict) and isinstance(sink, dict) and isinstance(guarantee, str):
+        if not isinstance(data, dict):
+            return data
+        source, guarantee = data.get("source"), data.get("guarantee", "exactly-once")
+        sinks = [data["sink"]] if isinstance(data.get("sink"), dict) else []
+        sinks += [item for item in data.get("sinks") or [] if isinstance(item, dict)]
+        if isinstance(source, dict) and isinstance(guarantee, str):
+            for sink in sinks:
                 reason = refusal(guarantee, str(source.get("kind")), str(sink.get("kind")))
-                known = ("kafka", "socket", "rate", "delta", "console", "memory")
-                if reason and source.get("kind") in known and sink.get("kind") in known:
+                if reason and source.get("kind") in KNOWN_SOURCES and sink.get("kind") in KNOWN_SINKS:
                     raise ValueError(reason)
         return data
 
@@ -239,6 +373,35 @@ class PipelineSpec(_Strict):
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
             raise ValueError(f"{value!r} must be letters, digits, '_', '.' or '-' (it names files and ids)")
         return value
+
+    @model_validator(mode="after")
+    def _sinks_are_consistent(self) -> PipelineSpec:
+        if (self.sink is None) == (not self.sinks):
+            raise ValueError("sink: give exactly one of [sink] (one destination) or [[sinks]] (several)")
+        labels = [sink.name for sink in self.sink_specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"sinks: two sinks are named {labels!r}: give each a distinct label")
+        fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
+        where = "sink" if self.sink is not None else "sinks"
+        for sink in self.sink_specs:
+            for column in _sink_columns(sink):
+                if column not in fields:
+                    raise ValueError(f"{where}.{_column_key(sink, column)}: {column!r} is not a field of the schema")
+            # A record without its key or group cannot be upserted or totalled: it must be quarantined instead.
+            for name in ("key", "by"):
+                column = getattr(sink, name, None)
+                stateful = not isinstance(sink, KafkaSinkSpec) and _sink_columns(sink)
+                if column and stateful and column not in self.transform.required:
+                    raise ValueError(
+                        f"{where}.{name}: {column!r} must be listed in transform.required (a record without it "
+                        "has nowhere to go but quarantine)"
+                    )
+        return self
+
+    @property
+    def sink_specs(self) -> list[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec]:
+        """Every sink of the pipeline, in file order."""
+        return [self.sink] if self.sink is not None else list(self.sinks)
 
     def resolve_path(self, path: str) -> Path:
         """A path of the file, relative to the folder the pipeline file is in (URIs pass unchanged)."""
@@ -252,12 +415,33 @@ class PipelineSpec(_Strict):
         return self.resolve_path(self.checkpoint or f".streamproof/checkpoints/{self.name}")
 
     @property
-    def sink_path(self) -> Path:
-        return self.resolve_path(self.sink.path)
-
-    @property
     def quarantine_path(self) -> Path:
-        return self.resolve_path(self.transform.quarantine or f"{self.sink.path}_quarantine")
+        if self.transform.quarantine:
+            return self.resolve_path(self.transform.quarantine)
+        first = self.sink_specs[0]
+        if isinstance(first, DeltaSinkSpec | FilesSinkSpec):
+            return self.resolve_path(f"{first.path}_quarantine")
+        return self.resolve_path(f".streamproof/tables/{self.name}_quarantine")
+
+
+def _sink_columns(sink: DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec) -> list[str]:
+    """Schema columns a sink's settings name (checked against the transform's schema)."""
+    if isinstance(sink, DeltaSinkSpec) and sink.mode == "merge":
+        return [column for column in (sink.key, sink.order_by) if column]
+    if isinstance(sink, PostgresSinkSpec) and sink.mode == "upsert":
+        return [column for column in (sink.key, sink.order_by) if column]
+    if isinstance(sink, PostgresSinkSpec) and sink.mode == "accumulate":
+        return [column for column in (sink.by, *sink.sum) if column]
+    if isinstance(sink, KafkaSinkSpec) and sink.key:
+        return [sink.key]
+    return []
+
+
+def _column_key(sink: DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec, column: str) -> str:
+    for key in ("key", "order_by", "by"):
+        if getattr(sink, key, None) == column:
+            return key
+    return "sum"
 
 
 def schema_field_names(schema_ddl: str) -> list[str]:
@@ -314,12 +498,32 @@ def _interpolate_env(value: Any, where: str) -> Any:
     return value
 
 
+def _location(parts: tuple[int | str, ...]) -> str:
+    """``("sinks", 1, "postgres", "table")`` -> ``sinks[1].table``: validator names and union tags dropped."""
+    text = ""
+    for index, part in enumerate(parts):
+        if str(part).startswith("function-after"):
+            continue
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part in SINK_KINDS and index > 0 and (parts[index - 1] == "sink" or isinstance(parts[index - 1], int)):
+            continue  # the discriminator of the sink union, not a key of the file
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
 def _first_error_line(error: ValidationError) -> str:
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"] if not str(part).startswith("function-after"))
+    location = _location(first["loc"])
     kind, message = first["type"], first["msg"]
     given = first.get("input")
-    if kind == "literal_error":
+    if kind == "union_tag_invalid":
+        location = f"{location}.kind"
+        message = f"{first.get('ctx', {}).get('tag')!r} is not one of {', '.join(SINK_KINDS)}"
+    elif kind == "union_tag_not_found":
+        location, message = f"{location}.kind", f"missing (one of {', '.join(SINK_KINDS)})"
+    elif kind == "literal_error":
         allowed = first.get("ctx", {}).get("expected", "")
         allowed = allowed.replace("'", "").replace(" or ", ", ")
         message = f"{given!r} is not one of {allowed}"
@@ -360,19 +564,53 @@ def _toml_key(key: str) -> str:
 def dump_pipeline(spec: PipelineSpec) -> str:
     """The pipeline as TOML text that :func:`parse_pipeline` reads back to an equal spec.
 
-    Paths are written as resolved absolute paths, so the file works from any directory.
+    Paths are written as resolved absolute paths, so the file works from any directory. Secrets stay
+    references to environment variables (``password_env``): the text never holds one.
     """
-    data = spec.model_dump(exclude_none=True)
+    data = spec.model_dump(exclude_none=True, exclude={"sink", "sinks"})
     data["checkpoint"] = str(spec.checkpoint_dir)
-    data["sink"]["path"] = str(spec.sink_path)
     data["transform"]["schema"] = data["transform"].pop("schema_")
     data["transform"]["quarantine"] = str(spec.quarantine_path)
     data["source"].update(data["source"].pop("kafka_options", {}))
     lines = [f"{key} = {_toml_value(data[key])}" for key in ("name", "guarantee", "checkpoint")]
-    for table in ("source", "transform", "sink", "trigger", "spark"):
-        lines += ["", f"[{table}]"]
-        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in data[table].items()]
+    for table in ("source", "transform", "trigger", "spark"):
+        lines += ["", f"[{table}]", *_toml_pairs(data[table])]
+    for sink in spec.sink_specs:
+        sink_data = sink.model_dump(exclude_none=True)
+        if "path" in sink_data:
+            sink_data["path"] = str(spec.resolve_path(sink_data["path"]))
+        sink_data.update(sink_data.pop("kafka_options", {}))
+        lines += ["", "[sink]" if spec.sink is not None else "[[sinks]]", *_toml_pairs(sink_data)]
     return "\n".join(lines) + "\n"
+
+
+def _toml_pairs(table: dict[str, Any]) -> list[str]:
+    return [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items()]
+
+
+_PASSWORD_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def _password_from_environment_only(raw: dict[str, Any]) -> None:
+    """Turn ``password = "${NAME}"`` into ``password_env = "NAME"``; refuse a literal password.
+
+    The spec then never holds the secret itself, so no log line, report or dumped file can leak it; the
+    sink reads the variable when it connects.
+    """
+    tables = [("sink", raw.get("sink"))] + [(f"sinks[{i}]", t) for i, t in enumerate(raw.get("sinks") or [])]
+    for where, table in tables:
+        if not isinstance(table, dict) or "password" not in table:
+            continue
+        reference = _PASSWORD_REFERENCE.match(str(table["password"]))
+        if reference is None:
+            raise ConfigError(
+                f"{where}.password: passwords are read from the environment only: write password = "
+                '"${PGPASSWORD}" and export PGPASSWORD'
+            )
+        if reference.group(1) not in os.environ:
+            raise ConfigError(f"{where}.password: environment variable {reference.group(1)} is not set")
+        del table["password"]
+        table["password_env"] = reference.group(1)
 
 
 def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path | None = None) -> PipelineSpec:
@@ -382,6 +620,7 @@ def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source_name}: not valid TOML: {error}") from None
     try:
+        _password_from_environment_only(raw)
         raw = _interpolate_env(raw, "")
     except ConfigError as error:
         raise ConfigError(f"{source_name}: {error}") from None

@@ -91,7 +91,7 @@ def run_demo(
     from streamproof.config import load_pipeline
     from streamproof.generator import generate
     from streamproof.prove import run_with_random_kills
-    from streamproof.report import print_report
+    from streamproof.report import print_reports
     from streamproof.session import build_session
     from streamproof.verify import verify_pipeline
 
@@ -131,11 +131,11 @@ def run_demo(
         spec = load_pipeline(pipeline_file)
         spark = build_session(spec.spark, app_name="streamproof-demo-verify")
         try:
-            report = verify_pipeline(spark, spec, manifest_dir=state_dir / "generated")
+            (report,) = verify_pipeline(spark, spec, manifest_dir=state_dir / "generated")
         finally:
             spark.stop()
         report.crashes = [crash.to_dict() for crash in harness.crashes]
-        print_report(console, report)
+        print_reports(console, [report])
         restarts = harness.restart_seconds
         console.print(
             f"pipeline: {harness.runs} runs, {harness.batches} batches, {harness.batch_rows_per_second:,.0f} rows/s "

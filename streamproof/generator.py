@@ -133,12 +133,20 @@ def _spoil(event: str, kind: str, rng: random.Random) -> str | bytes:
     return b"\xff\xfe" + rng.randbytes(rng.randrange(4, 64))
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s: float = 30.0) -> int:
-    """Create the topic with ``partitions`` partitions if missing; return its partition count."""
+def ensure_topic(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    timeout_s: float = 30.0,
+    config: dict[str, str] | None = None,
+    client_settings: dict[str, object] | None = None,
+) -> int:
+    """Create the topic with ``partitions`` partitions (and topic ``config``) if missing; return its
+    partition count. ``client_settings`` add librdkafka settings (security) to the admin client."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient(client_config(bootstrap_servers))
+    admin = AdminClient(client_config(bootstrap_servers, **(client_settings or {})))
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException:
@@ -146,7 +154,9 @@ def ensure_topic(bootstrap_servers: str, topic: str, partitions: int, timeout_s:
     existing = metadata.topics.get(topic)
     if existing is not None and existing.error is None:
         return len(existing.partitions)
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=config or {})]  # broker default
+    )
     try:
         futures[topic].result(timeout=timeout_s)
     except KafkaException as error:

@@ -2,11 +2,15 @@
 
 A guarantee changes how a pipeline is *wired*, never what it computes:
 
-* ``exactly-once``: replayable source + Spark checkpoint + idempotent sink. Every batch is written with
-  Delta's SetTransaction ``(streamproof/<pipeline>, batch id)``, so a batch Spark replays after a crash
-  writes nothing the second time.
-* ``at-least-once``: replayable source + checkpoint + a *plain* append (no transaction id). A batch that
-  reached the sink but not Spark's commit log is written again on restart: duplicates, never loss.
+* ``exactly-once``: replayable source + Spark checkpoint + idempotent or transactional sink, keyed on
+  (pipeline, batch id): Delta's SetTransaction, a PostgreSQL ledger row in the same transaction as the
+  rows, a Kafka commit marker in the same producer transaction as the records, Spark's file-sink log.
+  A batch Spark replays after a crash writes nothing the second time.
+* ``at-least-once``: replayable source + checkpoint + a *plain* write (no batch key: Delta append without
+  transaction id, PostgreSQL insert without ledger check, Spark's own Kafka writer, a plain Parquet
+  append). A batch that reached the sink but not Spark's commit log is written again on restart:
+  duplicates, never loss. (An upsert on a business key absorbs the replay by itself; an accumulating
+  upsert such as ``total = total + EXCLUDED.total`` counts it twice.)
 * ``at-most-once``: the batch's end offsets are recorded as done in a progress file *before* the write,
   and every start begins from that file with a fresh checkpoint. A crash between the two loses the
   batch; nothing is ever written twice.
@@ -25,8 +29,11 @@ from streamproof.errors import ConfigError
 
 REPLAYABLE_SOURCES = ("kafka",)
 NON_REPLAYABLE_SOURCES = ("socket", "rate")
-IDEMPOTENT_SINKS = ("delta",)
+IDEMPOTENT_SINKS = ("delta", "postgres", "kafka", "files")
 NON_IDEMPOTENT_SINKS = ("console", "memory")
+# Kinds a pipeline file may name; the others are refused with a reason rather than "unknown kind".
+KNOWN_SOURCES = REPLAYABLE_SOURCES + NON_REPLAYABLE_SOURCES
+KNOWN_SINKS = IDEMPOTENT_SINKS + NON_IDEMPOTENT_SINKS
 
 
 @dataclass(frozen=True)
@@ -77,5 +84,8 @@ def refusal(guarantee: str, source_kind: str, sink_kind: str) -> str | None:
     if source_kind not in REPLAYABLE_SOURCES:
         return f"source.kind: {source_kind!r} is recognised but not supported by streamproof yet; use kafka"
     if sink_kind not in IDEMPOTENT_SINKS:
-        return f"sink.kind: {sink_kind!r} is recognised but not supported by streamproof yet; use delta"
+        return (
+            f"sink.kind: {sink_kind!r} is recognised but not supported by streamproof yet; "
+            f"use one of {', '.join(IDEMPOTENT_SINKS)}"
+        )
     return None

@@ -27,7 +27,8 @@ from streamproof.checkpoint import committed_batches, logged_batches
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.session import build_session
-from streamproof.sinks.delta import DeltaSink, refuse_if_checkpoint_lost
+from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
+from streamproof.sinks.batch import BatchWriter
 from streamproof.sources import kafka as kafka_source
 from streamproof.transform import parse_records
 
@@ -104,7 +105,7 @@ def format_batch_line(
 
 def _progress_listener(
     spec: PipelineSpec,
-    sink: DeltaSink,
+    writer: BatchWriter,
     summary: RunSummary,
     emit: Callable[[str], None],
     on_batch: Callable[[int], None],
@@ -118,7 +119,7 @@ def _progress_listener(
 
         def onQueryProgress(self, event: Any) -> None:
             progress = event.progress
-            result = sink.results.pop(progress.batchId, None)
+            result = writer.results.pop(progress.batchId, None)
             rows_in = int(progress.numInputRows)
             duration = (progress.batchDuration or 0) / 1000.0
             sources = json.loads(progress.json).get("sources", [])
@@ -134,8 +135,10 @@ def _progress_listener(
             summary.batch_ids.append(progress.batchId)
             rate = rows_in / duration if duration > 0 else 0.0
             line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
+            if result is not None and len(result.sink_seconds) > 1:
+                line += "; " + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.sink_seconds.items())
             if result is not None and result.replay_skipped:
-                line += " (replayed batch: the sink already held it, Delta skipped the write)"
+                line += " (replayed batch: the sink already held it and skipped the write)"
             emit(line)
             on_batch(progress.batchId)
 
@@ -148,24 +151,26 @@ def _progress_listener(
     return ProgressLines()
 
 
-def start_query(spark: SparkSession, spec: PipelineSpec, sink: DeltaSink, *, available_now: bool) -> StreamingQuery:
+def start_query(
+    spark: SparkSession, spec: PipelineSpec, batches: BatchWriter, *, available_now: bool
+) -> StreamingQuery:
     """Build and start the streaming query, wired for the pipeline's guarantee."""
     starting_offsets = None
-    if sink.progress is not None:  # at-most-once: never replay; start after the last batch marked done
-        sink.progress.wipe_spark_logs()
-        starting_offsets = sink.progress.starting_offsets()
+    if batches.progress is not None:  # at-most-once: never replay; start after the last batch marked done
+        batches.progress.wipe_spark_logs()
+        starting_offsets = batches.progress.starting_offsets()
     stream = kafka_source.read_stream(spark, spec.source, starting_offsets=starting_offsets)
     parsed = parse_records(stream, spec.transform)
-    writer = (
+    stream_writer = (
         parsed.writeStream.queryName(spec.name)
         .option("checkpointLocation", str(spec.checkpoint_dir))
-        .foreachBatch(sink.write_batch)
+        .foreachBatch(batches)
     )
     if available_now or spec.trigger.available_now:
-        writer = writer.trigger(availableNow=True)
+        stream_writer = stream_writer.trigger(availableNow=True)
     elif spec.trigger.processing_time:
-        writer = writer.trigger(processingTime=spec.trigger.processing_time)
-    return writer.start()
+        stream_writer = stream_writer.trigger(processingTime=spec.trigger.processing_time)
+    return stream_writer.start()
 
 
 def run(
@@ -179,8 +184,11 @@ def run(
     faults.arm_from_environment()
     kafka_source.require_topic(spec.source)
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
-    refuse_if_checkpoint_lost(spark, spec)
-    sink = DeltaSink(spec)
+    sinks = open_sinks(spec)
+    refuse_if_checkpoint_lost(spark, spec, sinks)
+    for sink in sinks:
+        sink.prepare(spark)
+    writer = BatchWriter(spec, sinks)
     summary = RunSummary(spec.name)
     stop = StopRequest()
 
@@ -191,12 +199,12 @@ def run(
     def on_signal(signum: int, _frame: object) -> None:
         stop.request(f"{signal.Signals(signum).name}", finish_in_flight=True)
 
-    listener = _progress_listener(spec, sink, summary, emit, on_batch)
+    listener = _progress_listener(spec, writer, summary, emit, on_batch)
     spark.streams.addListener(listener)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
     try:
-        query = start_query(spark, spec, sink, available_now=available_now)
+        query = start_query(spark, spec, writer, available_now=available_now)
         _wait(query, stop, summary, spec.checkpoint_dir)
         error = query.exception()
         if error is not None:

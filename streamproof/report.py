@@ -29,17 +29,21 @@ def report_table(report: Report) -> Table:
     def bad(value: int) -> str:
         return f"[bold red]{value:,}[/]" if value else f"[green]{value:,}[/]"
 
+    unit = "" if report.unit == "records" else f" ({report.unit})"
     table.add_row("source records", f"{report.source_records:,}")
-    table.add_row("expected in sink", f"{report.expected:,}")
+    table.add_row(f"expected in sink{unit}", f"{report.expected:,}")
     table.add_row("quarantined", f"{report.quarantined:,}")
     if report.upstream_duplicates:
         table.add_row("upstream duplicates", f"{report.upstream_duplicates:,}")
-    table.add_row("sink records", f"{report.sink_records:,}")
-    table.add_row("lost", bad(report.lost))
-    table.add_row("duplicated", bad(report.duplicated))
+    if report.superseded:
+        table.add_row("superseded (folded into a later state)", f"{report.superseded:,}")
+    table.add_row("sink rows", f"{report.sink_records:,}")
+    table.add_row(f"lost{unit}", bad(report.lost))
+    table.add_row(f"duplicated{unit}", bad(report.duplicated))
     table.add_row("unexpected", bad(report.unexpected))
     identity = "holds" if report.identity_holds else "[bold red]does NOT hold[/]"
-    table.add_row("source = expected + quarantined + upstream dups", identity)
+    terms = "expected + quarantined + upstream dups" + (" + superseded" if report.superseded else "")
+    table.add_row(f"source = {terms}", identity)
     if report.generated:
         generated = report.generated
         match = "=" if generated.get("malformed") == report.quarantined else "[bold red]!=[/]"
@@ -65,8 +69,10 @@ def _verdict(report: Report) -> str:
     return f"[dark_orange]{allowed} found, as {report.guarantee} allows[/]"
 
 
-def print_report(console: Console, report: Report) -> None:
-    console.print(report_table(report))
+def print_reports(console: Console, reports: Sequence[Report]) -> None:
+    """One table per sink."""
+    for report in reports:
+        console.print(report_table(report))
 
 
 _OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", "lost+duplicated": "magenta"}
@@ -185,16 +191,19 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
     return _PAGE.format(title="streamproof matrix", body=body)
 
 
-def report_html(report: Report, events: Sequence[TimelineEvent] = (), command: str = "") -> str:
-    """A page for one verification or proof: the figures, and the timeline when there was a harness run."""
-    figures = report.to_dict()
-    rows = "".join(
-        f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
-        for key, value in figures.items() if key not in ("crashes", "quarantine_reasons")
-    )  # fmt: skip
-    verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
+def report_html(reports: Sequence[Report], events: Sequence[TimelineEvent] = (), command: str = "") -> str:
+    """A page for one verification or proof: the figures per sink, and the timeline of a harness run."""
+    sections = []
+    for report in reports:
+        rows = "".join(
+            f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
+            for key, value in report.to_dict().items() if key not in ("crashes", "quarantine_reasons")
+        )  # fmt: skip
+        verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
+        heading = f"<h2>{html.escape(report.sink)}: {html.escape(verdict)}</h2>"
+        sections.append(f"{heading}<table class='grid'>{rows}</table>")
     body = (
-        f"<p class='small'>{html.escape(command)}</p><h2>{html.escape(verdict)}</h2>"
-        f"<table class='grid'>{rows}</table>" + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
-    )
-    return _PAGE.format(title=f"streamproof report: {html.escape(report.pipeline)}", body=body)
+        f"<p class='small'>{html.escape(command)}</p>" + "".join(sections)
+        + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
+    )  # fmt: skip
+    return _PAGE.format(title=f"streamproof report: {html.escape(reports[0].pipeline)}", body=body)

@@ -27,7 +27,7 @@ from streamproof.errors import SetupError
 from streamproof.jars import cached_jars
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 
@@ -177,6 +177,7 @@ def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
         (frame.write.format("delta").mode("append").option("txnAppId", "streamproof/setup")
          .option("txnVersion", batch_id).option("userMetadata", "{}").save(str(scratch / table)))  # fmt: skip
     spark.read.format("delta").load(str(scratch / "sink")).count()
+    _exercise_sinks(spark, valid_records(parsed), scratch)
     # The Kafka connector's classes, without a broker: resolving the relation's schema connects to nothing.
     kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:1").option("subscribe", "x")
     assert "offset" in kafka.load().schema.fieldNames()
@@ -195,6 +196,33 @@ def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
         .trigger(availableNow=True).start()
     )  # fmt: skip
     query.awaitTermination(300)
+
+
+def _exercise_sinks(spark: SparkSession, rows: DataFrame, scratch: Path) -> None:
+    """Delta MERGE and Spark's file sink, through the sinks' own code (their classes are many, and cold)."""
+    from streamproof.config import parse_pipeline
+    from streamproof.sinks.base import Batch, open_sinks
+
+    spec = parse_pipeline(f"""
+name = "setup"
+[source]
+kind = "kafka"
+topic = "setup"
+[transform]
+schema = "event_id STRING, amount DOUBLE, event_time TIMESTAMP"
+required = ["event_id"]
+[[sinks]]
+kind = "delta"
+path = "{scratch / "merge"}"
+mode = "merge"
+key = "event_id"
+[[sinks]]
+kind = "files"
+path = "{scratch / "files"}"
+""")
+    for sink in open_sinks(spec):
+        for batch_id in (0, 1):
+            sink.write(rows, Batch("setup", batch_id, {"setup": {"0": batch_id}}, keyed=True, rows=1))
 
 
 if __name__ == "__main__":

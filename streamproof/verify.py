@@ -15,7 +15,17 @@ extra valid records are ``upstream_duplicates``).
 * ``duplicated``: extra rows for one record (or key), in the sink or in quarantine;
 * ``unexpected``: rows no source record explains (unknown coordinates, a valid record in quarantine,
   an invalid record in the sink);
-* ``source_records = expected + quarantined + upstream_duplicates`` holds whenever ``ok``.
+* ``source_records = expected + quarantined + upstream_duplicates + superseded`` holds whenever ``ok``.
+
+Sinks that hold a *state* rather than one row per record are compared with the state the source implies
+(:class:`streamproof.sinks.base.Check`), and count in keys or groups (``unit`` in the report):
+
+* ``latest`` (Delta merge, PostgreSQL upsert): one row per key holding the key's latest valid record;
+  a key whose row is an older record of it counts as ``lost`` (its latest update is missing); the other
+  valid records of a key are ``superseded``;
+* ``totals`` (PostgreSQL accumulate): one row per group with the sums and the record count ``events``;
+  a group counted more times than the source has records is ``duplicated`` (an increment applied
+  twice), fewer is ``lost``, equal counts with different sums is ``duplicated`` (a value mismatch).
 
 Example::
 
@@ -32,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamproof.config import PipelineSpec
+from streamproof.sinks.base import Check
 from streamproof.sources import kafka as kafka_source
 from streamproof.transform import COORDINATES, REJECT_REASON, parse_records
 
@@ -56,6 +67,8 @@ class Report:
     lost: int
     duplicated: int
     unexpected: int
+    superseded: int = 0
+    unit: str = "records"  # what expected/lost/duplicated count: records, keys (latest) or groups (totals)
     crashes: list[dict[str, Any]] = field(default_factory=list)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     generated: dict[str, Any] | None = None
@@ -81,7 +94,7 @@ class Report:
 
     @property
     def identity_holds(self) -> bool:
-        return self.source_records == self.expected + self.quarantined + self.upstream_duplicates
+        return self.source_records == self.expected + self.quarantined + self.upstream_duplicates + self.superseded
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -105,22 +118,144 @@ class Counts:
     lost: int
     duplicated: int
     unexpected: int
+    superseded: int = 0
 
 
 def reconcile(
     source: DataFrame, sink: DataFrame, quarantine: DataFrame, key_columns: list[str] | None = None
 ) -> Counts:
-    """Exact counts from three datasets.
+    """Exact counts from three datasets, one sink row expected per valid record.
 
     ``source``: one row per source record with the coordinate columns and a boolean ``_valid``
     (plus ``key_columns`` when deduplicating). ``sink``: the coordinate columns (or ``key_columns``).
     ``quarantine``: the coordinate columns.
     """
+    side = _quarantine_side(source, quarantine)
+    sink_side = _identity_side(source, sink, key_columns)
+    return _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
+
+
+def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, key: str, order_by: str) -> Counts:
+    """Exact counts for a sink holding the latest valid record of each ``key`` (merge, upsert).
+
+    ``source`` needs the coordinates, ``_valid``, ``key`` and ``order_by``; ``sink`` the coordinates and ``key``.
+    The latest record of a key is the greatest by ``order_by`` (null oldest), then topic, partition, offset:
+    the same order the sinks apply.
+
+    >>> reconcile_latest(source, sink, quarantine, "order_id", "event_time").lost    # doctest: +SKIP
+    0
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     coords = list(COORDINATES)
-    sink_side = _identity_side(source, sink, key_columns)
-    quarantine_side = (
+    valid = source.where(F.col(VALID)).select(key, *coords, order_by)
+    newest_first = Window.partitionBy(key).orderBy(F.col(order_by).desc_nulls_last(), *(F.desc(c) for c in coords))
+    winners = (
+        valid.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
+        .select(key, *(F.col(c).alias(f"_w{c}") for c in coords))
+    )  # fmt: skip
+    known = valid.select(key, *coords).withColumn("_known", F.lit(True))
+    rows = sink.select(key, *coords).join(known, [key, *coords], "left").join(winners, key, "left")
+    is_winner = F.lit(True)
+    for column in coords:
+        is_winner = is_winner & F.coalesce(F.col(column) == F.col(f"_w{column}"), F.lit(False))
+    per_key = rows.groupBy(key).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.sum(F.col("_known").isNotNull().cast("int")).alias("known"),
+        F.max(is_winner.cast("int")).alias("has_winner"),
+    )
+    row = (
+        winners.select(key, F.lit(True).alias("_expected"))
+        .join(per_key, key, "full_outer")
+        .agg(
+            F.sum(F.col("_expected").isNotNull().cast("int")).alias("expected"),
+            F.sum(F.when(F.col("_expected").isNotNull() & (F.coalesce("has_winner", F.lit(0)) == 0), 1).otherwise(0))
+            .alias("lost"),
+            F.sum(F.when(F.col("known") > 1, F.col("known") - 1).otherwise(0)).alias("dup"),
+            F.sum(F.coalesce(F.col("n") - F.col("known"), F.lit(0))).alias("unexpected"),
+            F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+        )
+        .first()
+    )  # fmt: skip
+    side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
+    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+
+
+def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, by: str, sums: list[str]) -> Counts:
+    """Exact counts for a sink holding per-``by`` totals of ``sums`` and a record count ``events``.
+
+    Sums are compared as ``DECIMAL(38, 10)`` on both sides, so no float rounding hides or invents a difference.
+
+    >>> reconcile_totals(source, sink, quarantine, "customer_id", ["amount"]).duplicated    # doctest: +SKIP
+    0
+    """
+    from pyspark.sql import functions as F
+
+    exact = "DECIMAL(38, 10)"
+    expected_totals = (
+        source.where(F.col(VALID)).groupBy(by)
+        .agg(F.count(F.lit(1)).alias("_x_events"),
+             *(F.sum(F.coalesce(F.col(c).cast(exact), F.lit(0).cast(exact))).alias(f"_x_{c}") for c in sums))
+    )  # fmt: skip
+    held = sink.select(by, F.col("events").alias("_s_events"), *(F.col(c).cast(exact).alias(f"_s_{c}") for c in sums))
+    per_group = held.groupBy(by).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("_s_events").alias("_s_events"),
+        *(F.sum(f"_s_{c}").alias(f"_s_{c}") for c in sums),
+    )  # fmt: skip
+    same_sums = F.lit(True)
+    for column in sums:
+        same_sums = same_sums & (F.col(f"_s_{column}") == F.col(f"_x_{column}"))
+    both = F.col("_x_events").isNotNull() & F.col("n").isNotNull()
+    row = (
+        expected_totals.join(per_group, by, "full_outer")
+        .agg(
+            F.sum(F.col("_x_events").isNotNull().cast("int")).alias("expected"),
+            F.sum(F.when(F.col("_x_events").isNotNull() & F.col("n").isNull(), 1)
+                  .when(both & (F.col("_s_events") < F.col("_x_events")), 1).otherwise(0)).alias("lost"),
+            F.sum(F.when(both & (F.col("_s_events") > F.col("_x_events")), 1)
+                  .when(both & (F.col("_s_events") == F.col("_x_events")) & ~same_sums, 1).otherwise(0)).alias("dup"),
+            F.sum(F.when(F.col("_x_events").isNull(), F.col("n")).otherwise(0)).alias("unexpected"),
+            F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+        )
+        .first()
+    )  # fmt: skip
+    side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
+    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+
+
+def _sink_side(row: Any) -> dict[str, int]:
+    """The sink half of the counts from one aggregated row (columns expected, lost, dup, unexpected, sink_records)."""
+    return {
+        "expected": int(row["expected"] or 0),
+        "lost": int(row["lost"] or 0),
+        "duplicated": int(row["dup"] or 0),
+        "unexpected": int(row["unexpected"] or 0),
+        "sink_records": int(row["sink_records"] or 0),
+    }
+
+
+def _counts(side: dict[str, int], sink_side: dict[str, int], *, upstream_duplicates: int = 0,
+            superseded: int = 0) -> Counts:  # fmt: skip
+    return Counts(
+        source_records=side["source_records"],
+        expected=sink_side["expected"],
+        quarantined=side["quarantined"],
+        upstream_duplicates=upstream_duplicates,
+        sink_records=sink_side["sink_records"],
+        lost=sink_side["lost"] + side["lost"],
+        duplicated=sink_side["duplicated"] + side["duplicated"],
+        unexpected=sink_side["unexpected"] + side["unexpected"],
+        superseded=superseded,
+    )
+
+
+def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, int]:
+    """Invalid source records against the quarantine table (matched on coordinates), and source totals."""
+    from pyspark.sql import functions as F
+
+    coords = list(COORDINATES)
+    row = (
         source.select(*coords, F.col(VALID))
         .join(quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer")
         .agg(
@@ -133,18 +268,14 @@ def reconcile(
         )
         .first()
     )
-    valid_records = int(quarantine_side["valid_records"] or 0)
-    expected = sink_side["expected"]
-    return Counts(
-        source_records=int(quarantine_side["source_records"] or 0),
-        expected=expected,
-        quarantined=int(quarantine_side["quarantined"] or 0),
-        upstream_duplicates=valid_records - expected,
-        sink_records=sink_side["sink_records"],
-        lost=sink_side["lost"] + int(quarantine_side["lost"] or 0),
-        duplicated=sink_side["duplicated"] + int(quarantine_side["dup"] or 0),
-        unexpected=sink_side["unexpected"] + int(quarantine_side["u"] or 0),
-    )
+    return {
+        "unexpected": int(row["u"] or 0),
+        "lost": int(row["lost"] or 0),
+        "duplicated": int(row["dup"] or 0),
+        "quarantined": int(row["quarantined"] or 0),
+        "source_records": int(row["source_records"] or 0),
+        "valid_records": int(row["valid_records"] or 0),
+    }
 
 
 def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | None) -> dict[str, int]:
@@ -170,67 +301,104 @@ def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | 
         )
         .first()
     )
-    return {
-        "expected": int(row["expected"] or 0),
-        "lost": int(row["lost"] or 0),
-        "duplicated": int(row["dup"] or 0),
-        "unexpected": int(row["unexpected"] or 0),
-        "sink_records": int(row["sink_records"] or 0),
-    }
+    return _sink_side(row)
 
 
-def read_datasets(spark: SparkSession, spec: PipelineSpec) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Read (source, sink, quarantine) for :func:`reconcile`: the topic through the same transform as
-    the pipeline (read_committed, earliest to latest), and the two Delta tables as they are now."""
+def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> DataFrame:
+    """The topic through the same transform as the pipeline (read_committed, earliest to latest): one row
+    per source record with its coordinates, ``_valid`` and ``columns``."""
     from pyspark.sql import functions as F
 
     parsed = parse_records(kafka_source.read_batch(spark, spec.source), spec.transform)
-    keys = spec.transform.dedup.columns if spec.transform.dedup else []
-    source = parsed.select(*COORDINATES, *keys, F.col(REJECT_REASON).isNull().alias(VALID))
-    sink = _read_delta_or_empty(spark, spec.sink_path, [*COORDINATES, *keys], source)
-    quarantine = _read_delta_or_empty(spark, spec.quarantine_path, list(COORDINATES), source)
-    return source, sink, quarantine
+    return parsed.select(*COORDINATES, *columns, F.col(REJECT_REASON).isNull().alias(VALID))
 
 
-def _read_delta_or_empty(spark: SparkSession, path: Path, columns: list[str], like: DataFrame) -> DataFrame:
-    from delta.tables import DeltaTable
-
-    if DeltaTable.isDeltaTable(spark, str(path)):
-        return spark.read.format("delta").load(str(path)).select(*columns)
-    # A sink that was never written holds nothing: every expected record counts as lost.
-    return like.select(*columns).limit(0)
+def _check_columns(check: Check) -> list[str]:
+    return [c for c in (check.key, check.order_by, check.by, *check.sums) if c and c not in COORDINATES]
 
 
-def quarantine_reasons(spark: SparkSession, spec: PipelineSpec) -> dict[str, int]:
+def compare(check: Check, source: DataFrame, sink: DataFrame | None, quarantine: DataFrame,
+            dedup_keys: list[str] | None = None) -> Counts:  # fmt: skip
+    """Run the checker that fits the sink's :class:`Check` (a sink that does not exist yet is empty)."""
+    from pyspark.sql import functions as F
+
+    if check.kind == "totals":
+        assert check.by is not None
+        columns = [check.by, *check.sums]
+        held = sink if sink is not None else source.select(*columns).withColumn("events", F.lit(0)).limit(0)
+        return reconcile_totals(source, held, quarantine, check.by, list(check.sums))
+    if check.kind == "latest":
+        assert check.key is not None and check.order_by is not None
+        held = sink if sink is not None else source.select(check.key, *COORDINATES).limit(0)
+        return reconcile_latest(source, held, quarantine, check.key, check.order_by)
+    identity = [*COORDINATES, *(dedup_keys or [])]
+    held = sink.select(*identity) if sink is not None else source.select(*identity).limit(0)
+    return reconcile(source, held, quarantine, key_columns=dedup_keys)
+
+
+def quarantine_reasons(quarantine: DataFrame | None) -> dict[str, int]:
     """Quarantined rows per reason, as stored in the quarantine table."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, str(spec.quarantine_path)):
+    if quarantine is None:
         return {}
-    rows = spark.read.format("delta").load(str(spec.quarantine_path)).groupBy("reason").count().collect()
+    rows = quarantine.groupBy("reason").count().collect()
     return {row["reason"]: int(row["count"]) for row in sorted(rows, key=lambda r: r["reason"])}
 
 
-def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None = None) -> Report:
-    """Read everything the pipeline touched and reconcile it (the ``streamproof verify`` command)."""
-    source, sink, quarantine = read_datasets(spark, spec)
-    source = source.cache()
+def _read_delta(spark: SparkSession, path: Path) -> DataFrame | None:
+    from delta.tables import DeltaTable
+
+    return spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
+
+
+def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None = None) -> list[Report]:
+    """Read everything the pipeline touched and reconcile it, one report per sink (``streamproof verify``).
+
+    >>> [report.ok for report in verify_pipeline(spark, load_pipeline("orders.toml"))]   # doctest: +SKIP
+    [True]
+    """
+    from streamproof.sinks.base import open_sinks
+
+    sinks = open_sinks(spec)
+    dedup_keys = spec.transform.dedup.columns if spec.transform.dedup else None
+    columns = list(dict.fromkeys([*(dedup_keys or []), *(c for sink in sinks for c in _check_columns(sink.check))]))
+    source = read_source(spark, spec, columns).cache()
+    quarantine_table = _read_delta(spark, spec.quarantine_path)
+    quarantine = (
+        quarantine_table.select(*COORDINATES) if quarantine_table is not None
+        else source.select(*COORDINATES).limit(0)
+    )  # fmt: skip
+    reasons = quarantine_reasons(quarantine_table)
+    generated = _generated(manifest_dir, spec.source.topic)
+    reports = []
     try:
-        keys = spec.transform.dedup.columns if spec.transform.dedup else None
-        counts = reconcile(source, sink, quarantine, key_columns=keys)
+        for sink in sinks:
+            counts = compare(sink.check, source, sink.read(spark), quarantine, dedup_keys)
+            unit = {"records": "records", "latest": "keys", "totals": "groups"}[sink.check.kind]
+            reports.append(Report(
+                pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
+                quarantine_reasons=reasons, generated=generated,
+            ))  # fmt: skip
     finally:
         source.unpersist()
-    report = Report(
-        pipeline=spec.name,
-        guarantee=spec.guarantee,
-        sink=spec.sink.kind,
-        **asdict(counts),
-        quarantine_reasons=quarantine_reasons(spark, spec),
-    )
-    if manifest_dir is not None:
-        from streamproof.generator import load_manifest
+    return reports
 
-        manifest = load_manifest(manifest_dir, spec.source.topic)
-        if manifest:
-            report.generated = {"records": manifest["records"], "malformed": manifest["malformed"]}
-    return report
+
+def _generated(manifest_dir: Path | None, topic: str) -> dict[str, Any] | None:
+    if manifest_dir is None:
+        return None
+    from streamproof.generator import load_manifest
+
+    manifest = load_manifest(manifest_dir, topic)
+    return {"records": manifest["records"], "malformed": manifest["malformed"]} if manifest else None
+
+
+def reports_document(reports: list[Report]) -> dict[str, Any]:
+    """The JSON document of ``verify --json``: DESIGN's report for one sink; per sink for a fan-out."""
+    if len(reports) == 1:
+        return reports[0].to_dict()
+    return {
+        "pipeline": reports[0].pipeline,
+        "guarantee": reports[0].guarantee,
+        "sinks": [report.to_dict() for report in reports],
+        "ok": all(report.ok for report in reports),
+    }

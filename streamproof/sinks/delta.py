@@ -1,49 +1,45 @@
-"""Delta Lake sink, append mode, wired for the pipeline's guarantee (:mod:`streamproof.guarantees`).
+"""Delta Lake sink: append, or MERGE (upsert) on a business key, keyed on the batch for exactly-once.
 
-Idempotency rule (exactly-once), stated once: every batch is written with Delta's SetTransaction
-``(txnAppId = "streamproof/<pipeline>", txnVersion = <batch id>)``. Delta records the highest version
-per appId in the table's log, in the same atomic commit as the data, and skips a write whose version is
-not higher. So a batch replayed after a crash (Spark re-runs the batch id it logged but did not commit)
-writes nothing the second time, and a crash before the commit leaves only unreferenced files that
-readers never see. The quarantine table is written the same way, before the main table.
+Idempotency rule, stated once: a keyed batch is committed with Delta's SetTransaction
+``(appId = "streamproof/<pipeline>", version = <batch id>)``. Delta records the highest version per appId
+in the table's log, in the same atomic commit as the data, and skips a write whose version is not
+higher: a batch replayed after a crash writes nothing the second time, and a crash before the commit
+leaves only unreferenced files that readers never see.
 
-Under at-least-once the same writes carry no transaction id (a replayed batch is appended again), and
-under at-most-once the batch's offsets are marked done in a progress file before anything is written.
+* append: the writer options ``txnAppId`` / ``txnVersion``;
+* merge: MERGE ignores those options and honours only the session confs
+  ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``; they are set on the batch's own session for
+  the one MERGE and removed after it. Several records of one key in a batch are reduced to the latest
+  by ``order_by`` (ties broken by topic, partition, offset), so MERGE never sees two matches, and a
+  matched row is only replaced by a newer record: the final state is the latest record of each key
+  whatever the order of batches.
 
-Each commit also carries ``userMetadata`` = ``{"streamproof": {"pipeline", "batch_id", "end_offsets"}}``:
-the source offsets the table holds up to, used to detect and recover a lost checkpoint, and by the
-harness to see on disk which batches reached the table.
+Unkeyed writes (at-least-once, at-most-once) carry no transaction id. Every commit carries
+``userMetadata = {"streamproof": {"pipeline", "batch_id", "end_offsets"}}``.
 
 Example (inside your own ``foreachBatch``)::
 
-    >>> sink = DeltaSink(spec)                                                # doctest: +SKIP
-    >>> query = parsed.writeStream.foreachBatch(sink.write_batch).start()    # doctest: +SKIP
+    >>> sink = DeltaSink(spec, spec.sink_specs[0])                                   # doctest: +SKIP
+    >>> sink.write(valid_rows, Batch("orders", batch_id, end_offsets, keyed=True))   # doctest: +SKIP
+    SinkWrite(rows_out=99900, replay_skipped=False)
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamproof import faults
-from streamproof.checkpoint import ProgressFile, batch_end_offsets, is_empty
-from streamproof.config import PipelineSpec
-from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
-from streamproof.transform import REJECT_REASON, quarantined_records, valid_records
+from streamproof.config import DeltaSinkSpec, PipelineSpec
+from streamproof.sinks.base import Batch, Check, Sink, SinkCommit, SinkWrite, holds_batch
+from streamproof.transform import COORDINATES
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
-
-@dataclass
-class BatchResult:
-    batch_id: int
-    rows_out: int
-    quarantined: int
-    replay_skipped: bool = False  # a replayed batch the sink already held: Delta wrote nothing
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def app_id(pipeline: str) -> str:
@@ -51,69 +47,119 @@ def app_id(pipeline: str) -> str:
     return f"streamproof/{pipeline}"
 
 
-class DeltaSink:
-    """Writes parsed batches: valid records to the sink table, invalid ones to the quarantine table."""
+def append_batch(frame: DataFrame, path: str, batch: Batch) -> None:
+    """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``."""
+    writer = frame.write.format("delta").mode("append").option("userMetadata", batch.commit_metadata())
+    if batch.keyed:
+        writer = writer.option("txnAppId", app_id(batch.pipeline)).option("txnVersion", batch.batch_id)
+    writer.save(path)
 
-    def __init__(self, spec: PipelineSpec) -> None:
-        self.spec = spec
-        self.app_id = app_id(spec.name)
-        self.wiring = wiring_for(spec.guarantee)
-        self.progress = ProgressFile(spec.checkpoint_dir) if self.wiring.progress_before_write else None
-        self.results: dict[int, BatchResult] = {}
-        self._first_batch_of_run = True
 
-    def _append(self, frame: DataFrame, path: str, batch_id: int, metadata: str) -> None:
-        writer = frame.write.format("delta").mode("append").option("userMetadata", metadata)
-        if self.wiring.idempotent_sink:
-            writer = writer.option("txnAppId", self.app_id).option("txnVersion", batch_id)
-        writer.save(path)
+def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
+    """One row per ``key``: the latest by ``order_by`` (nulls oldest), ties broken by topic, partition, offset.
 
-    def write_batch(self, parsed: DataFrame, batch_id: int) -> None:
-        """``foreachBatch`` function: write one batch as the guarantee says (see the module docstring)."""
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
+    Deterministic for a given set of rows, so a replayed batch reduces to the same rows.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
-        faults.batch_starting(batch_id)
-        end_offsets = batch_end_offsets(self.spec.checkpoint_dir, batch_id)
-        if self.progress is not None:
-            self.progress.mark_done(end_offsets, batch_id)  # at-most-once: done before written
-        replay_skipped = self._already_written(batch_id, end_offsets)
-        faults.reached(faults.BEFORE_SINK_WRITE, batch_id)
-        metadata = json.dumps(
-            {"streamproof": {"pipeline": self.spec.name, "batch_id": batch_id, "end_offsets": end_offsets}},
-            sort_keys=True,
-        )
-        # Two writes read the batch: cache it so Kafka is fetched and JSON parsed once.
-        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-        try:
-            counts = {
-                row["valid"]: row["count"]
-                for row in parsed.groupBy(F.col(REJECT_REASON).isNull().alias("valid")).count().collect()
-            }
-            quarantined = counts.get(False, 0)
-            if quarantined:
-                self._append(quarantined_records(parsed), str(self.spec.quarantine_path), batch_id, metadata)
-            faults.kill_when_write_job_runs(batch_id, parsed.sparkSession.sparkContext)
-            self._append(valid_records(parsed), str(self.spec.sink_path), batch_id, metadata)
-        finally:
-            parsed.unpersist()
-        faults.reached(faults.AFTER_SINK_COMMIT, batch_id)
-        faults.kill_when_batch_committed(batch_id, self.spec.checkpoint_dir / "commits" / str(batch_id))
-        rows_out = 0 if replay_skipped else counts.get(True, 0)
-        self.results[batch_id] = BatchResult(batch_id, rows_out, quarantined, replay_skipped)
+    newest_first = Window.partitionBy(key).orderBy(
+        F.col(order_by).desc_nulls_last(), *(F.col(column).desc() for column in COORDINATES)
+    )
+    return rows.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1").drop("_rank")
 
-    def _already_written(self, batch_id: int, end_offsets: dict[str, dict[str, int]]) -> bool:
-        """True for a replayed batch the sink table already committed (so Delta's txn check skips it).
 
-        Only the first batch of a run can be a replay, so the log is read once per run, not per batch.
-        """
-        if not self._first_batch_of_run or not self.wiring.idempotent_sink:
+def newer_than(source: str, target: str, order_by: str) -> Column:
+    """``source`` row is newer than ``target`` row: by ``order_by`` (a null is oldest), then coordinates."""
+    from pyspark.sql import functions as F
+
+    def rank(alias: str) -> Column:
+        return F.struct(
+            F.col(f"{alias}.`{order_by}`").isNotNull(), F.col(f"{alias}.`{order_by}`"),
+            *(F.col(f"{alias}.{column}") for column in COORDINATES),
+        )  # fmt: skip
+
+    return rank(source) > rank(target)
+
+
+class DeltaSink(Sink):
+    """Valid records to a Delta table: append, or merge on ``key`` (see the module docstring)."""
+
+    kind = "delta"
+    spec: DeltaSinkSpec
+
+    def __init__(self, pipeline: PipelineSpec, spec: DeltaSinkSpec) -> None:
+        super().__init__(pipeline, spec)
+        self.path = pipeline.resolve_path(spec.path)
+        self._first_write_of_run = True
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def check(self) -> Check:
+        if self.spec.mode == "merge":
+            return Check("latest", key=self.spec.key, order_by=self.spec.order_by)
+        return Check("records")
+
+    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
+        replay = self._is_replay(batch)
+        if self.spec.mode == "merge":
+            self._merge(rows, batch)
+        else:
+            append_batch(rows, str(self.path), batch)
+        return SinkWrite(0 if replay else batch.rows, replay)
+
+    def _is_replay(self, batch: Batch) -> bool:
+        # Only the first batch of a run can be a replay, so the log is read once per run, not per batch.
+        if not self._first_write_of_run or not batch.keyed:
             return False
-        self._first_batch_of_run = False
-        return any(
-            commit["batch_id"] == batch_id and commit["end_offsets"] == end_offsets and commit["txn"]
-            for commit in commits_on_disk(self.spec.sink_path, self.spec.name)
-        )
+        self._first_write_of_run = False
+        return holds_batch(self, batch)
+
+    def _merge(self, rows: DataFrame, batch: Batch) -> None:
+        from delta.tables import DeltaTable
+
+        spark = rows.sparkSession
+        latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
+        DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema).execute()
+        confs = {USER_METADATA_CONF: batch.commit_metadata()}
+        if batch.keyed:
+            confs.update({TXN_APP_ID_CONF: app_id(batch.pipeline), TXN_VERSION_CONF: str(batch.batch_id)})
+        for name, value in confs.items():
+            spark.conf.set(name, value)
+        try:
+            (
+                DeltaTable.forPath(spark, str(self.path)).alias("t")
+                .merge(latest.alias("s"), f"t.`{self.spec.key}` = s.`{self.spec.key}`")
+                .whenMatchedUpdateAll(condition=newer_than("s", "t", self.spec.order_by))
+                .whenNotMatchedInsertAll()
+                .execute()
+            )  # fmt: skip
+        finally:
+            for name in confs:
+                spark.conf.unset(name)
+
+    def commits(self) -> list[SinkCommit]:
+        return [
+            SinkCommit(commit["batch_id"], commit["end_offsets"], commit["txn"])
+            for commit in commits_on_disk(self.path, self.pipeline.name)
+        ]
+
+    def last_commit(self, spark: SparkSession) -> SinkCommit | None:
+        # Through Spark (not the local log files), so that a table on object storage is checked too.
+        commits = pipeline_commits(spark, str(self.path), self.pipeline.name, limit=5)
+        if not commits:
+            return None
+        return SinkCommit(commits[0]["batch_id"], commits[0]["end_offsets"], keyed=True)
+
+    def read(self, spark: SparkSession) -> DataFrame | None:
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, str(self.path)):
+            return None
+        return spark.read.format("delta").load(str(self.path))
 
 
 def pipeline_commits(spark: SparkSession, table_path: str, pipeline: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -132,25 +178,6 @@ def pipeline_commits(spark: SparkSession, table_path: str, pipeline: str, limit:
         if record and record.get("pipeline") == pipeline:
             commits.append({**record, "table_version": row["version"]})
     return commits
-
-
-def refuse_if_checkpoint_lost(spark: SparkSession, spec: PipelineSpec) -> None:
-    """Refuse to start an exactly-once pipeline whose checkpoint is empty while its sink holds its batches.
-
-    With a stable appId, a fresh checkpoint would number batches from 0 again and Delta would skip them
-    as already written: silent loss. (Delta's own sink uses a per-checkpoint id instead, which turns the
-    same mistake into silent duplicates.) Neither is acceptable, so the start is refused.
-    """
-    if not wiring_for(spec.guarantee).idempotent_sink or not is_empty(spec.checkpoint_dir):
-        return
-    commits = pipeline_commits(spark, str(spec.sink_path), spec.name, limit=5)
-    if commits:
-        last = commits[0]
-        raise PipelineError(
-            f"checkpoint {spec.checkpoint_dir} is empty but {spec.sink_path} already holds batches of "
-            f"pipeline {spec.name!r} up to batch {last['batch_id']} (offsets {json.dumps(last['end_offsets'])}): "
-            "the checkpoint was lost; restore it, or write to a new sink path"
-        )
 
 
 def commits_on_disk(table_path: Path, pipeline: str) -> list[dict[str, Any]]:

@@ -106,3 +106,16 @@ def require_topic(source: KafkaSource) -> dict[int, tuple[int, int]]:
         return watermarks
     finally:
         consumer.close()
+
+
+def topic_exists(bootstrap_servers: str, topic: str, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """Whether ``topic`` exists on the cluster (a clear error if the cluster does not answer)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient(client_config(bootstrap_servers)).list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        raise PipelineError(f"cannot reach Kafka at {bootstrap_servers} within {timeout_s:.0f} s") from None
+    found = metadata.topics.get(topic)
+    return found is not None and found.error is None

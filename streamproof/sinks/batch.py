@@ -1,0 +1,96 @@
+"""The function Spark calls for every micro-batch (``foreachBatch``): the phases of a batch, in order.
+
+1. at-most-once only: the batch's end offsets are marked done (progress file), before anything is written;
+2. crash point ``before-sink-write``;
+3. the parsed batch is cached, so Kafka is fetched and JSON parsed once for all the writes that follow;
+4. invalid records go to the quarantine Delta table (keyed on the batch like the sinks);
+5. the ``mid-sink-write`` watcher is armed, then every sink writes the valid records, each keyed on its
+   own (fan-out: a sink that already holds a replayed batch skips it, the others write it);
+6. crash point ``after-sink-commit``; then Spark writes ``commits/<batch>`` once this function returns
+   (the ``after-checkpoint-commit`` watcher kills right after that file appears).
+
+Example::
+
+    >>> writer = BatchWriter(spec, open_sinks(spec))                          # doctest: +SKIP
+    >>> parsed.writeStream.foreachBatch(writer).start()                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from streamproof import faults
+from streamproof.checkpoint import ProgressFile, batch_end_offsets
+from streamproof.config import PipelineSpec
+from streamproof.guarantees import wiring_for
+from streamproof.sinks.base import Batch, Sink
+from streamproof.sinks.delta import append_batch
+from streamproof.transform import REJECT_REASON, quarantined_records, valid_records
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass
+class BatchResult:
+    """What one batch did: rows to the sinks (per sink), rows to quarantine, replays skipped."""
+
+    batch_id: int
+    rows_out: int
+    quarantined: int
+    replay_skipped: bool = False  # every sink already held this replayed batch: nothing was written
+    sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink, time of its write
+
+
+class BatchWriter:
+    """The ``foreachBatch`` function of a pipeline: quarantine, then every sink, with the crash hooks."""
+
+    def __init__(self, spec: PipelineSpec, sinks: list[Sink]) -> None:
+        self.spec = spec
+        self.sinks = sinks
+        self.wiring = wiring_for(spec.guarantee)
+        self.progress = ProgressFile(spec.checkpoint_dir) if self.wiring.progress_before_write else None
+        self.results: dict[int, BatchResult] = {}
+
+    def __call__(self, parsed: DataFrame, batch_id: int) -> None:
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        faults.batch_starting(batch_id)
+        end_offsets = batch_end_offsets(self.spec.checkpoint_dir, batch_id)
+        if self.progress is not None:
+            self.progress.mark_done(end_offsets, batch_id)  # at-most-once: done before written
+        faults.reached(faults.BEFORE_SINK_WRITE, batch_id)
+        parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+        try:
+            counts = {
+                row["valid"]: row["count"]
+                for row in parsed.groupBy(F.col(REJECT_REASON).isNull().alias("valid")).count().collect()
+            }
+            quarantined = counts.get(False, 0)
+            batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts.get(True, 0))
+            if quarantined:
+                append_batch(quarantined_records(parsed), str(self.spec.quarantine_path), batch)
+            valid = valid_records(parsed)
+            writes, seconds = {}, {}
+            context = parsed.sparkSession.sparkContext
+            for index, sink in enumerate(self.sinks):
+                kill_in_task = faults.mid_write_armed(batch_id, sink.name, first_sink=index == 0)
+                started = time.monotonic()
+                with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0,
+                                       in_tasks=sink.writes_in_python_tasks):  # fmt: skip
+                    writes[sink.name] = sink.write(valid, replace(batch, kill_mid_write=kill_in_task))
+                seconds[sink.name] = time.monotonic() - started
+        finally:
+            parsed.unpersist()
+        faults.reached(faults.AFTER_SINK_COMMIT, batch_id)
+        faults.kill_when_batch_committed(batch_id, self.spec.checkpoint_dir / "commits" / str(batch_id))
+        self.results[batch_id] = BatchResult(
+            batch_id,
+            rows_out=max((write.rows_out for write in writes.values()), default=0),
+            quarantined=quarantined,
+            replay_skipped=all(write.replay_skipped for write in writes.values()),
+            sink_seconds=seconds,
+        )

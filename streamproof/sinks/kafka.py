@@ -1,0 +1,324 @@
+"""Kafka -> Kafka sink: a transactional producer per task, with a commit marker in the same transaction.
+
+Idempotency rule, stated once: under exactly-once, Spark partition ``i`` of a batch is written by a
+producer with the deterministic ``transactional.id`` ``streamproof.<pipeline>.<topic>.<i>``. Its
+``init_transactions`` fences any earlier producer with that id (a zombie of a killed run) and aborts the
+zombie's open transaction. In one transaction it writes the partition's records to the output topic and a
+commit marker ``{pipeline, topic, partition_id, batch_id, end_offsets, source_ranges, rows}`` to the marker
+topic (key ``<pipeline>/<topic>/<i>``, compacted). Before writing, it reads the last committed marker of its
+key with ``read_committed``:
+
+* first write: no marker for this batch: the records and the marker commit together;
+* replay: the marker's batch id is this batch's or later: the partition writes nothing;
+* inconsistency: a marker of this batch whose source ranges differ from the replayed partition's is a
+  precise error.
+
+The marker is trusted only once every transaction open on the marker topic when the task started has
+been decided (its last stable offset reached the high watermark seen at the start); before the first
+batch of a run, the driver fences every partition's id, so a zombie's transaction cannot hold that up.
+Readers must use ``isolation.level=read_committed`` (verification does), or they also see aborted records.
+
+Unkeyed writes (at-least-once, at-most-once) use Spark's own Kafka writer, which is at-least-once by its
+documentation: a replayed batch is produced again.
+
+Example::
+
+    >>> sink = KafkaSink(spec, spec.sink_specs[0])                                   # doctest: +SKIP
+    >>> sink.write(valid_rows, Batch("orders", 3, end_offsets, keyed=True))          # doctest: +SKIP
+    SinkWrite(rows_out=16583, replay_skipped=False)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from streamproof.config import KafkaSinkSpec, PipelineSpec
+from streamproof.errors import PipelineError
+from streamproof.guarantees import wiring_for
+from streamproof.sinks.base import Batch, CrashInTask, Sink, SinkCommit, SinkWrite, SourceRanges
+from streamproof.sources.kafka import client_config
+from streamproof.transform import COORDINATES, SOURCE_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from pyspark.sql import DataFrame, SparkSession
+
+DECIDED_TIMEOUT_S = 120.0
+MARKER_WINDOW = 2000
+TRANSACTION_TIMEOUT_MS = "60000"
+
+
+def transactional_id(pipeline: str, topic: str, partition_id: int) -> str:
+    """The producer id of Spark partition ``partition_id``: the same on every attempt of it, so a restarted
+    task fences its zombie.
+
+    >>> transactional_id("orders", "orders-out", 3)
+    'streamproof.orders.orders-out.3'
+    """
+    return f"streamproof.{pipeline}.{topic}.{partition_id}"
+
+
+def marker_key(pipeline: str, topic: str, partition_id: int) -> str:
+    return f"{pipeline}/{topic}/{partition_id}"
+
+
+def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
+    from confluent_kafka import Producer
+
+    settings = {
+        "transactional.id": transactional_id(pipeline, spec.topic, partition_id),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 20,
+        "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+        **spec.producer_options(),
+    }
+    return Producer(client_config(spec.bootstrap_servers, **settings))
+
+
+def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S) -> int:
+    """Wait until no transaction that was open on the marker topic when called is still open; return the
+    high watermark it waited for (everything below it is committed or aborted)."""
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
+    partition = TopicPartition(spec.markers, 0)
+
+    def latest(level: IsolationLevel) -> int:
+        futures = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level, request_timeout=30)
+        return int(futures[partition].result().offset)
+
+    high_watermark = latest(IsolationLevel.READ_UNCOMMITTED)
+    deadline = time.monotonic() + timeout_s
+    while latest(IsolationLevel.READ_COMMITTED) < high_watermark:
+        if time.monotonic() > deadline:
+            raise PipelineError(
+                f"marker topic {spec.markers}: a transaction stayed open for {timeout_s:.0f} s; a producer of "
+                "another application may use it, or the broker's transaction timeout is too long"
+            )
+        time.sleep(0.1)
+    return high_watermark
+
+
+def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Committed markers at offsets ``[start, end)`` of the marker topic (read_committed)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    if end <= start:
+        return
+    consumer = Consumer(client_config(spec.bootstrap_servers, **{
+        **spec.producer_options(), "group.id": f"streamproof-markers-{uuid.uuid4()}", "enable.auto.commit": False,
+        "isolation.level": "read_committed", "enable.partition.eof": True,
+        "fetch.wait.max.ms": 10,  # the markers are few and small: do not let the broker hold the fetch 500 ms
+    }))  # fmt: skip
+    try:
+        consumer.assign([TopicPartition(spec.markers, 0, start)])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:  # the last stable offset is reached
+                    return
+                raise PipelineError(f"reading marker topic {spec.markers}: {error}")
+            offset = int(message.offset() or 0)
+            if offset >= end:
+                return
+            yield offset, json.loads(message.value() or b"{}")
+        raise PipelineError(f"reading marker topic {spec.markers} took more than 60 s")
+    finally:
+        consumer.close()
+
+
+def last_marker(spec: KafkaSinkSpec, key: str) -> dict[str, Any] | None:
+    """The last committed marker with ``key``, reading backwards from the end in windows."""
+    end = wait_until_decided(spec)
+    start = max(0, end - MARKER_WINDOW)
+    while True:
+        found = None
+        for _, marker in read_markers(spec, start, end):
+            if marker_key(marker["pipeline"], marker["topic"], marker["partition_id"]) == key:
+                found = marker
+        if found is not None or start == 0:
+            return found
+        end, start = start, max(0, start - 2 * (end - start))
+
+
+@dataclass(frozen=True)
+class TransactionalWriter:
+    """Writes one partition in one Kafka transaction with its marker (pickled to the executors)."""
+
+    spec: KafkaSinkSpec
+    pipeline: str
+    columns: tuple[str, ...]  # key, value, then the coordinates
+    batch_id: int
+    end_offsets: dict[str, dict[str, int]]
+    crash: CrashInTask | None = None  # crash harness only
+
+    def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
+        """Write partition ``index``; yield ``(index, records written, skipped as a replay)``."""
+        from confluent_kafka import KafkaException
+
+        producer = _producer(self.spec, self.pipeline, index)
+        producer.init_transactions(60)  # fences a zombie with this id and aborts its open transaction
+        last = last_marker(self.spec, marker_key(self.pipeline, self.spec.topic, index))
+        ranges = SourceRanges(self.columns)
+        if last is not None and int(last["batch_id"]) >= self.batch_id:
+            if int(last["batch_id"]) == self.batch_id:
+                for row in rows:
+                    ranges.add(row)
+                self._check_replay(index, last, ranges)
+            yield index, 0, True
+            return
+        producer.begin_transaction()
+        try:
+            for row in rows:
+                self._produce(producer, self.spec.topic, row[0], row[1])
+                ranges.add(row)
+            if self.crash is not None:
+                producer.flush(60)  # the records are on the broker, in a transaction that will never commit
+                self.crash.reached(index)
+            marker = {
+                "pipeline": self.pipeline, "topic": self.spec.topic, "partition_id": index, "batch_id": self.batch_id,
+                "end_offsets": self.end_offsets, "source_ranges": ranges.as_json(), "rows": ranges.count,
+            }  # fmt: skip
+            self._produce(producer, self.spec.markers, marker_key(self.pipeline, self.spec.topic, index),
+                          json.dumps(marker, sort_keys=True))  # fmt: skip
+            producer.commit_transaction(60)
+        except KafkaException:
+            producer.abort_transaction(60)
+            raise
+        yield index, ranges.count, False
+
+    @staticmethod
+    def _produce(producer: Any, topic: str, key: str | None, value: str) -> None:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+
+    def _check_replay(self, index: int, marker: dict[str, Any], ranges: SourceRanges) -> None:
+        if marker.get("source_ranges") == ranges.as_json():
+            return
+        raise PipelineError(
+            f"marker topic {self.spec.markers}: batch {self.batch_id} partition {index} was committed with source "
+            f"ranges {json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: "
+            "the checkpoint or the source partitioning changed since the batch was written"
+        )
+
+
+class KafkaSink(Sink):
+    """Valid records, as JSON, to a Kafka topic (see the module docstring)."""
+
+    kind = "kafka"
+    partial_writes_visible = True  # unkeyed, Spark's writer produces records as it goes
+    spec: KafkaSinkSpec
+
+    def __init__(self, pipeline: PipelineSpec, spec: KafkaSinkSpec) -> None:
+        super().__init__(pipeline, spec)
+        self._fenced = False
+        # Transactional writes run in Python tasks; Spark's own (unkeyed) writer runs in the JVM.
+        self.writes_in_python_tasks = wiring_for(pipeline.guarantee).idempotent_sink  # type: ignore[misc]
+
+    @property
+    def location(self) -> str:
+        return f"kafka://{self.spec.bootstrap_servers}/{self.spec.topic}"
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Create the output topic (as many partitions as the source's) and the compacted marker topic."""
+        from streamproof.generator import ensure_topic
+        from streamproof.sources.kafka import admin_config, require_topic
+
+        partitions = len(require_topic(self.pipeline.source))
+        settings = {k: v for k, v in admin_config(self.pipeline.source).items() if k != "bootstrap.servers"}
+        ensure_topic(self.spec.bootstrap_servers, self.spec.topic, partitions, client_settings=settings)
+        ensure_topic(self.spec.bootstrap_servers, self.spec.markers, 1, config={"cleanup.policy": "compact"},
+                     client_settings=settings)  # fmt: skip
+
+    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
+        records = _as_records(rows, self.spec.key)
+        if not batch.keyed:
+            spark_writer = records.select("key", "value").write.format("kafka")
+            for name, value in {"kafka.bootstrap.servers": self.spec.bootstrap_servers, "topic": self.spec.topic,
+                                **self.spec.kafka_options}.items():  # fmt: skip
+                spark_writer = spark_writer.option(name, value)
+            spark_writer.save()
+            return SinkWrite(batch.rows)
+        partitions = records.rdd.map(tuple)
+        count = partitions.getNumPartitions()
+        if not self._fenced:
+            self._fence_zombies(count)
+        writer = TransactionalWriter(self.spec, batch.pipeline, tuple(records.columns), batch.batch_id,
+                                     batch.end_offsets, CrashInTask.for_batch(batch, count))  # fmt: skip
+        results = partitions.mapPartitionsWithIndex(writer).collect()
+        written = sum(count for _, count, _ in results)
+        return SinkWrite(written, replay_skipped=bool(results) and all(skip for _, _, skip in results))
+
+    def _fence_zombies(self, partitions: int) -> None:
+        """Before the first batch of a run: abort what producers of a killed run left open, so that no
+        task waits on another partition's zombie transaction. (In parallel: each waits on the broker.)"""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def fence(index: int) -> None:
+            _producer(self.spec, self.pipeline.name, index).init_transactions(60)
+
+        with ThreadPoolExecutor(max_workers=min(8, max(1, partitions))) as pool:
+            list(pool.map(fence, range(partitions)))
+        self._fenced = True
+
+    def commits(self) -> list[SinkCommit]:
+        """Batches with a committed marker of this pipeline and topic (any partition), oldest first."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(client_config(self.spec.bootstrap_servers, **{"group.id": "streamproof-preflight"}))
+        try:
+            topics = consumer.list_topics(self.spec.markers, timeout=10).topics
+            if self.spec.markers not in topics or topics[self.spec.markers].error is not None:
+                return []
+            _, end = consumer.get_watermark_offsets(TopicPartition(self.spec.markers, 0), timeout=10)
+        finally:
+            consumer.close()
+        batches: dict[int, dict[str, dict[str, int]]] = {}
+        for _, marker in read_markers(self.spec, 0, end):
+            if marker["pipeline"] == self.pipeline.name and marker["topic"] == self.spec.topic:
+                batches[int(marker["batch_id"])] = marker["end_offsets"]
+        return [SinkCommit(batch_id, offsets, keyed=True) for batch_id, offsets in sorted(batches.items())]
+
+    def read(self, spark: SparkSession) -> DataFrame | None:
+        """The output topic as a ``read_committed`` consumer sees it, parsed back into columns."""
+        from pyspark.sql import functions as F
+
+        from streamproof.sources.kafka import topic_exists
+
+        if not topic_exists(self.spec.bootstrap_servers, self.spec.topic):
+            return None
+        reader = spark.read.format("kafka")
+        options = {"kafka.bootstrap.servers": self.spec.bootstrap_servers, "subscribe": self.spec.topic,
+                   "startingOffsets": "earliest", "endingOffsets": "latest",
+                   **self.spec.kafka_options, "kafka.isolation.level": "read_committed"}  # fmt: skip
+        for name, value in options.items():
+            reader = reader.option(name, value)
+        schema = (f"{self.pipeline.transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, "
+                  "_src_timestamp TIMESTAMP")  # fmt: skip
+        return reader.load().select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
+
+
+def _as_records(rows: DataFrame, key: str | None) -> DataFrame:
+    """``key`` (the chosen column as text, or null), ``value`` (the row as JSON), then the coordinates."""
+    from pyspark.sql import functions as F
+
+    data = [c for c in rows.columns if c not in SOURCE_COLUMNS]
+    record_key = F.col(key).cast("string") if key else F.lit(None).cast("string")
+    value = F.to_json(F.struct(*data, *SOURCE_COLUMNS))
+    return rows.select(record_key.alias("key"), value.alias("value"), *COORDINATES)

@@ -1,0 +1,347 @@
+"""PostgreSQL sink: one database transaction per batch partition, keyed on it by a ledger row.
+
+Idempotency rule, stated once: under exactly-once, each Spark partition of a batch is written in one
+transaction that first inserts the ledger row ``(pipeline, sink_table, batch_id, partition_id)``, then
+COPYs the rows into a temporary table and moves them into the target, then records in the ledger row the
+batch's end offsets and the source ranges it wrote; the transaction commits all of it or nothing.
+
+* first write: the ledger insert succeeds and the rows follow it;
+* replay (Spark re-runs a batch after a crash): the ledger insert finds the row (a concurrent zombie
+  attempt waits on it, then finds it) and the partition writes nothing;
+* inconsistency: a ledger row whose recorded source ranges differ from the replayed partition's is a
+  precise error (the checkpoint or the partitioning changed), never a silent skip.
+
+Modes: ``append`` (``INSERT``), ``upsert`` (``INSERT .. ON CONFLICT (key) DO UPDATE`` only by a newer
+record of the key: by ``order_by``, then topic, partition, offset), ``accumulate`` (per-``by`` running
+totals, ``total = total + EXCLUDED.total``, which only the ledger keeps from counting a replay twice).
+Without the ledger (at-least-once, at-most-once) the same statements run unkeyed.
+
+Table and column names are validated identifiers (:mod:`streamproof.config`) and quoted; values only
+travel through COPY and query parameters. The password is read from its environment variable when a
+connection opens and is never logged.
+
+Example::
+
+    >>> sink = PostgresSink(spec, spec.sink_specs[0])                               # doctest: +SKIP
+    >>> sink.prepare(spark); sink.write(valid_rows, Batch("orders", 4, offsets, keyed=True))   # doctest: +SKIP
+    SinkWrite(rows_out=16583, replay_skipped=False)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamproof.config import PipelineSpec, PostgresSinkSpec
+from streamproof.errors import PipelineError
+from streamproof.sinks.base import Batch, Check, CrashInTask, Sink, SinkCommit, SinkWrite, SourceRanges
+from streamproof.transform import COORDINATES, SOURCE_COLUMNS
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import DataType
+
+EXACT_NUMERIC = "numeric(38, 10)"
+
+
+def quoted(*names: str) -> str:
+    """A (schema-qualified) identifier, quoted: ``quoted("public", "orders")`` -> ``"public"."orders"``."""
+    return ".".join('"' + name.replace('"', '""') + '"' for name in names)
+
+
+def postgres_type(data_type: DataType) -> str:
+    """The PostgreSQL column type for a Spark type (nested types as jsonb)."""
+    name = data_type.simpleString()
+    simple = {
+        "string": "text", "double": "double precision", "float": "real", "bigint": "bigint", "int": "integer",
+        "smallint": "smallint", "tinyint": "smallint", "boolean": "boolean", "timestamp": "timestamptz",
+        "timestamp_ntz": "timestamp", "date": "date", "binary": "bytea",
+    }  # fmt: skip
+    if name in simple:
+        return simple[name]
+    if name.startswith("decimal"):
+        return name.replace("decimal", "numeric")
+    return "jsonb"
+
+
+@dataclass(frozen=True)
+class PartitionWriter:
+    """Everything a Python worker needs to write one partition (pickled to the executors)."""
+
+    spec: PostgresSinkSpec
+    pipeline: str
+    columns: tuple[str, ...]  # of the rows it receives, in order
+    target_columns: tuple[str, ...]  # stage -> target for append/upsert
+    batch_id: int
+    end_offsets: str  # JSON
+    keyed: bool
+    crash: CrashInTask | None = None  # crash harness only
+    # Resolved on the driver: executors on a cluster do not share its environment. Travels inside the
+    # task like Spark's own JDBC writer's password; excluded from repr so that no log line prints it.
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def target(self) -> str:
+        return quoted(self.spec.db_schema, self.spec.table)
+
+    @property
+    def ledger(self) -> str:
+        return quoted(self.spec.db_schema, self.spec.ledger_table)
+
+    def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
+        """Write partition ``index``; yield ``(index, rows written, skipped as a replay)``."""
+        import psycopg
+
+        with psycopg.connect(self.spec.conninfo(self.password)) as connection:  # commit, or roll back on error
+            cursor = connection.cursor()
+            if self.keyed and not self._claim(cursor, index):
+                recorded = cursor.execute(
+                    f"SELECT source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+                    "AND batch_id = %s AND partition_id = %s",
+                    (self.pipeline, self.spec.table, self.batch_id, index),
+                ).fetchone()
+                connection.rollback()
+                ranges = SourceRanges(self.columns)
+                for row in rows:
+                    ranges.add(row)
+                self._check_replay(index, recorded[0] if recorded else None, ranges)
+                yield index, 0, True
+                return
+            ranges = self._stage(cursor, rows)
+            if self.crash is not None:
+                self.crash.reached(index)  # rows staged, nothing committed: the mid-sink-write point
+            cursor.execute(self._move_statement())
+            if self.keyed:
+                cursor.execute(
+                    f"UPDATE {self.ledger} SET source_ranges = %s, rows = %s WHERE pipeline = %s AND sink_table = %s "
+                    "AND batch_id = %s AND partition_id = %s",
+                    (json.dumps(ranges.as_json()), ranges.count, self.pipeline, self.spec.table, self.batch_id, index),
+                )
+        yield index, ranges.count, False
+
+    def _claim(self, cursor: Any, index: int) -> bool:
+        """Insert the ledger row; False when it exists already (the partition was committed before)."""
+        cursor.execute(
+            f"INSERT INTO {self.ledger} (pipeline, sink_table, batch_id, partition_id, end_offsets) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (self.pipeline, self.spec.table, self.batch_id, index, self.end_offsets),
+        )
+        return bool(cursor.rowcount == 1)
+
+    def _check_replay(self, index: int, recorded: Any, ranges: SourceRanges) -> None:
+        if recorded is None or recorded == ranges.as_json():
+            return
+        raise PipelineError(
+            f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} partition {index} "
+            f"records source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: "
+            "the checkpoint or the source partitioning changed since the batch was written"
+        )
+
+    def _stage(self, cursor: Any, rows: Iterable[tuple[Any, ...]]) -> SourceRanges:
+        stage_columns = ", ".join(quoted(column) for column in self.columns)
+        cursor.execute(
+            f"CREATE TEMPORARY TABLE _streamproof_stage ON COMMIT DROP AS SELECT {self._stage_select()} LIMIT 0"
+        )
+        ranges = SourceRanges(self.columns)
+        with cursor.copy(f"COPY _streamproof_stage ({stage_columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+                ranges.add(row)
+        return ranges
+
+    def _stage_select(self) -> str:
+        # The stage has the rows' columns with the target's types (coordinates typed as the ledger needs).
+        if self.spec.mode == "accumulate":
+            sums = [f"NULL::{EXACT_NUMERIC} AS {quoted(column)}" for column in self.spec.sum]
+            coordinates = ["NULL::text AS _src_topic", "NULL::integer AS _src_partition", "NULL::bigint AS _src_offset"]
+            return ", ".join([f"NULL::text AS {quoted(str(self.spec.by))}", *sums, *coordinates])
+        return f"{', '.join(quoted(c) for c in self.columns)} FROM {self.target}"
+
+    def _move_statement(self) -> str:
+        spec, target = self.spec, self.target
+        if spec.mode == "accumulate":
+            by, sums = quoted(str(spec.by)), [quoted(column) for column in spec.sum]
+            totals = ", ".join(f"sum({column})" for column in sums)
+            updates = ", ".join(f"{c} = t.{c} + EXCLUDED.{c}" for c in [*sums, '"events"'])
+            return (
+                f"INSERT INTO {target} AS t ({by}, {', '.join(sums)}, events) "
+                f"SELECT {by}, {totals}, count(*) FROM _streamproof_stage GROUP BY {by} ORDER BY {by} "
+                f"ON CONFLICT ({by}) DO UPDATE SET {updates}"
+            )
+        columns = ", ".join(quoted(column) for column in self.target_columns)
+        if spec.mode == "append":
+            return f"INSERT INTO {target} ({columns}) SELECT {columns} FROM _streamproof_stage"
+        key, order = quoted(str(spec.key)), quoted(spec.order_by)
+        coordinates = [quoted(column) for column in COORDINATES]
+        newest_first = ", ".join([f"{order} DESC NULLS LAST", *(f"{c} DESC" for c in coordinates)])
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in (quoted(c) for c in self.target_columns) if c != key)
+        # Only a newer record replaces a key's row; the lock order (by key) keeps concurrent partitions
+        # from deadlocking on shared keys.
+        return (
+            f"INSERT INTO {target} AS t ({columns}) SELECT {columns} FROM (SELECT DISTINCT ON ({key}) * "
+            f"FROM _streamproof_stage ORDER BY {key}, {newest_first}) AS latest ORDER BY {key} "
+            f"ON CONFLICT ({key}) DO UPDATE SET {updates} WHERE {newer_than('EXCLUDED', 't', order)}"
+        )
+
+
+def newer_than(source: str, target: str, order: str) -> str:
+    """SQL: the ``source`` row is newer than ``target``: by ``order`` (null oldest), then coordinates
+    (topic compared bytewise, as Spark does)."""
+    same_order = f"{source}.{order} IS NOT DISTINCT FROM {target}.{order}"
+    by_coordinates = (
+        f'({source}._src_topic COLLATE "C", {source}._src_partition, {source}._src_offset) > '
+        f'({target}._src_topic COLLATE "C", {target}._src_partition, {target}._src_offset)'
+    )
+    return (
+        f"CASE WHEN {same_order} THEN {by_coordinates} WHEN {source}.{order} IS NULL THEN false "
+        f"WHEN {target}.{order} IS NULL THEN true ELSE {source}.{order} > {target}.{order} END"
+    )
+
+
+class PostgresSink(Sink):
+    """Valid records to a PostgreSQL table (see the module docstring)."""
+
+    kind = "postgres"
+    partial_writes_visible = True  # unkeyed, each partition commits on its own
+    writes_in_python_tasks = True
+    spec: PostgresSinkSpec
+
+    def __init__(self, pipeline: PipelineSpec, spec: PostgresSinkSpec) -> None:
+        super().__init__(pipeline, spec)
+        self.target = quoted(spec.db_schema, spec.table)
+        self.ledger = quoted(spec.db_schema, spec.ledger_table)
+
+    @property
+    def location(self) -> str:
+        return f"{self.spec.redacted()}/{self.spec.db_schema}.{self.spec.table}"
+
+    @property
+    def check(self) -> Check:
+        if self.spec.mode == "upsert":
+            return Check("latest", key=self.spec.key, order_by=self.spec.order_by)
+        if self.spec.mode == "accumulate":
+            return Check("totals", by=self.spec.by, sums=tuple(self.spec.sum))
+        return Check("records")
+
+    def _connect(self, autocommit: bool = False) -> Any:
+        import psycopg
+
+        try:
+            return psycopg.connect(self.spec.conninfo(), autocommit=autocommit)
+        except psycopg.OperationalError as error:
+            first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+            raise PipelineError(
+                f"cannot connect to {self.spec.redacted()}: {first}; start it with `streamproof infra up --postgres` "
+                "or fix the sink's host, port, user and password variable"
+            ) from None
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Create the schema, target table and ledger if missing; check an existing table has the columns."""
+        from pyspark.sql.types import StructType
+
+        fields = StructType.fromDDL(self.pipeline.transform.schema_).fields
+        columns = self._table_columns({field.name: postgres_type(field.dataType) for field in fields})
+        definition = ", ".join(f"{quoted(name)} {kind}" for name, kind in columns.items())
+        primary = {"upsert": self.spec.key, "accumulate": self.spec.by}.get(self.spec.mode)
+        if primary:
+            definition += f", PRIMARY KEY ({quoted(primary)})"
+        with self._connect(autocommit=True) as connection:
+            connection.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(self.spec.db_schema)}")
+            connection.execute(f"CREATE TABLE IF NOT EXISTS {self.target} ({definition})")
+            connection.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.ledger} (pipeline text NOT NULL, sink_table text NOT NULL, "
+                "batch_id bigint NOT NULL, partition_id integer NOT NULL, end_offsets jsonb NOT NULL, "
+                "source_ranges jsonb, rows bigint, committed_at timestamptz NOT NULL DEFAULT now(), "
+                "PRIMARY KEY (pipeline, sink_table, batch_id, partition_id))"
+            )
+            existing = {
+                row[0] for row in connection.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                    (self.spec.db_schema, self.spec.table),
+                )
+            }  # fmt: skip
+        missing = [name for name in columns if name not in existing]
+        if missing:
+            raise PipelineError(
+                f"{self.location} exists without column(s) {', '.join(missing)}: add them, or write to a new table"
+            )
+
+    def _table_columns(self, schema_types: dict[str, str]) -> dict[str, str]:
+        if self.spec.mode == "accumulate":
+            return {str(self.spec.by): "text", **{c: EXACT_NUMERIC for c in self.spec.sum}, "events": "bigint"}
+        coordinates = {"_src_topic": "text", "_src_partition": "integer", "_src_offset": "bigint",
+                       "_src_timestamp": "timestamptz"}  # fmt: skip
+        return {**schema_types, **coordinates}
+
+    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
+        text_rows = _as_copy_text(self._rows_for_mode(rows))
+        columns = tuple(text_rows.columns)
+        partitions = text_rows.rdd.map(tuple)
+        writer = PartitionWriter(
+            self.spec, batch.pipeline, columns,
+            tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,
+            json.dumps(batch.end_offsets, sort_keys=True), batch.keyed,
+            CrashInTask.for_batch(batch, partitions.getNumPartitions()), self.spec.password(),
+        )  # fmt: skip
+        results = partitions.mapPartitionsWithIndex(writer).collect()
+        written = sum(count for _, count, _ in results)
+        skipped = bool(results) and all(skip for _, _, skip in results)
+        return SinkWrite(written, replay_skipped=skipped)
+
+    def _rows_for_mode(self, rows: DataFrame) -> DataFrame:
+        if self.spec.mode == "accumulate":
+            return rows.select(str(self.spec.by), *self.spec.sum, *COORDINATES)
+        return rows.select(*(c for c in rows.columns if c not in SOURCE_COLUMNS), *SOURCE_COLUMNS)
+
+    def commits(self) -> list[SinkCommit]:
+        import psycopg
+
+        try:
+            with self._connect() as connection:
+                rows = connection.execute(
+                    f"SELECT batch_id, end_offsets FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+                    "GROUP BY batch_id, end_offsets ORDER BY batch_id",
+                    (self.pipeline.name, self.spec.table),
+                ).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return []
+        return [SinkCommit(int(batch_id), offsets, keyed=True) for batch_id, offsets in rows]
+
+    def read(self, spark: SparkSession) -> DataFrame | None:
+        """The table through Spark's JDBC reader (PostgreSQL's driver is in the cached jars)."""
+        if not self._table_exists():
+            return None
+        password = self.spec.password() or ""
+        return (
+            spark.read.format("jdbc")
+            .option("url", f"jdbc:postgresql://{self.spec.host}:{self.spec.port}/{self.spec.database}")
+            .option("dbtable", self.target).option("user", self.spec.user).option("password", password)
+            .option("driver", "org.postgresql.Driver").load()
+        )  # fmt: skip
+
+    def _table_exists(self) -> bool:
+        with self._connect() as connection:
+            found = connection.execute("SELECT to_regclass(%s)", (f"{self.spec.db_schema}.{self.spec.table}",))
+            return found.fetchone()[0] is not None
+
+
+def _as_copy_text(rows: DataFrame) -> DataFrame:
+    """Every column as the text PostgreSQL's COPY reads: timestamps with their UTC offset, nested values as
+    JSON, bytes as ``\\x`` hex; nulls stay null."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType, TimestampType
+
+    columns = []
+    for column_field in rows.schema.fields:
+        column, data_type = F.col(column_field.name), column_field.dataType
+        if isinstance(data_type, TimestampType):
+            column = F.date_format(column, "yyyy-MM-dd HH:mm:ss.SSSSSSXXX")
+        elif isinstance(data_type, ArrayType | MapType | StructType):
+            column = F.to_json(column)
+        elif isinstance(data_type, BinaryType):
+            column = F.concat(F.lit("\\x"), F.lower(F.hex(column)))
+        columns.append(column.cast("string").alias(column_field.name))
+    return rows.select(*columns)
