@@ -1,15 +1,17 @@
 """Named crash points of a micro-batch, and the SIGKILL that realises them.
 
-A crash is a SIGKILL of the pipeline's whole process group (the Python driver and the Spark JVM it
-started), never a Python exception: nothing gets to clean up, flush or roll back, exactly like a power
-cut or an OOM kill. The harness (:mod:`streamproof.prove`) arms one point for one batch through the
-environment variable ``STREAMPROOF_CRASH_AT`` (``"<point>@<batch_id>"``) of the child it starts; sinks
-call :func:`reached` at each phase and the process dies there if armed.
+A crash is a SIGKILL of the pipeline's whole process tree (the Python driver, the Spark JVM it started,
+and PySpark's Python workers, which PySpark puts in a process group of their own), never a Python
+exception: nothing gets to clean up, flush or roll back, exactly like a power cut. The harness
+(:mod:`streamproof.prove`) arms one point for one batch through the environment variable
+``STREAMPROOF_CRASH_AT`` (``"<point>@<batch_id>"``) of the child it starts; sinks call :func:`reached`
+at each phase and the process dies there if armed.
 
 Points (DESIGN.md):
 
 * ``before-sink-write``: the offset log holds the batch, nothing of it is written;
-* ``mid-sink-write``: while the sink's write job runs (data files partly written, no commit);
+* ``mid-sink-write``: while the sink's write job runs (data files partly written, no commit); in a
+  fan-out, ``mid-sink-write:<sink label>`` picks the sink (default: the first);
 * ``after-sink-commit``: the sink transaction is durable, Spark's ``commits/<batch>`` is not written;
 * ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``, and the next batch has written nothing;
 * ``random``: killed from outside at a uniformly random moment (the harness does it; no hook).
@@ -22,12 +24,16 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from streamproof.errors import ConfigError
 
@@ -45,23 +51,40 @@ CRASH_POINTS = (*NAMED_POINTS, RANDOM)
 class ArmedCrash:
     point: str
     batch_id: int
+    sink: str | None = None  # mid-sink-write only: the label of the sink whose write is killed
 
     def encode(self) -> str:
-        return f"{self.point}@{self.batch_id}"
+        return f"{self.point}{':' + self.sink if self.sink else ''}@{self.batch_id}"
+
+
+def split_point(text: str) -> tuple[str, str | None]:
+    """``"mid-sink-write:kafka"`` -> ``("mid-sink-write", "kafka")``; a sink is only allowed for mid-sink-write.
+
+    >>> split_point("after-sink-commit")
+    ('after-sink-commit', None)
+    """
+    point, _, sink = text.partition(":")
+    if point not in NAMED_POINTS or (sink and point != MID_SINK_WRITE):
+        raise ConfigError(
+            f"crash point {text!r}: expected one of {', '.join(NAMED_POINTS)} (or mid-sink-write:<sink label>)"
+        )
+    return point, sink or None
 
 
 def parse_crash(text: str) -> ArmedCrash:
     """``"after-sink-commit@3"`` -> ``ArmedCrash("after-sink-commit", 3)``.
 
-    >>> parse_crash("mid-sink-write@2")
-    ArmedCrash(point='mid-sink-write', batch_id=2)
+    >>> parse_crash("mid-sink-write:postgres@2")
+    ArmedCrash(point='mid-sink-write', batch_id=2, sink='postgres')
     """
-    point, _, batch = text.partition("@")
-    if point not in NAMED_POINTS or not batch.isdigit():
-        raise ConfigError(
-            f"{CRASH_ENV}={text!r}: expected <point>@<batch id> with point one of {', '.join(NAMED_POINTS)}"
-        )
-    return ArmedCrash(point, int(batch))
+    where, _, batch = text.partition("@")
+    if not batch.isdigit():
+        raise ConfigError(f"{CRASH_ENV}={text!r}: expected <point>@<batch id>, e.g. after-sink-commit@1")
+    try:
+        point, sink = split_point(where)
+    except ConfigError as error:
+        raise ConfigError(f"{CRASH_ENV}={text!r}: {error}") from None
+    return ArmedCrash(point, int(batch), sink)
 
 
 def armed_crash() -> ArmedCrash | None:
@@ -79,10 +102,52 @@ def armed_crash() -> ArmedCrash | None:
     return crash
 
 
+def process_tree_groups(root: int) -> list[int]:
+    """Process groups of ``root`` and of all its descendants, ``root``'s own group last.
+
+    PySpark's daemon (a child of the JVM) leads a group of its own with the Python workers in it, so
+    killing the driver's group alone would leave workers running, able to finish a write after the crash.
+    """
+    parents: dict[int, int] = {}
+    groups: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        parents[pid], groups[pid] = int(fields[1]), int(fields[2])
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    own = groups.get(root, root)
+    return sorted({groups[pid] for pid in tree if pid in groups} - {own}) + [own]
+
+
+def kill_process_tree(root: int) -> None:
+    """SIGKILL every process group of ``root``'s tree (see :func:`process_tree_groups`); the caller's own
+    group last, since the caller may be in the tree (a driver, or a PySpark worker) and dies with it."""
+    groups = process_tree_groups(root)
+    own = os.getpgrp()
+    for group in [g for g in groups if g != own] + [g for g in groups if g == own]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+
+
 def kill_own_process_group() -> None:
-    """SIGKILL this process's group: the Python driver and its Spark JVM die together, now."""
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    """SIGKILL this process's tree: the Python driver, its Spark JVM and the Python workers die together, now."""
+    kill_process_tree(os.getpid())
     time.sleep(60)  # unreachable in practice: the signal is delivered before the next bytecode
+
+
+def kill_from_task(driver_pid: int) -> None:
+    """For a write running in a PySpark worker: kill the driver's whole tree (this worker included)."""
+    print(f"[streamproof] crash point {MID_SINK_WRITE} reached in a write task: SIGKILL", file=sys.stderr, flush=True)
+    kill_process_tree(driver_pid)
+    time.sleep(60)
 
 
 def reached(point: str, batch_id: int) -> None:
@@ -93,29 +158,49 @@ def reached(point: str, batch_id: int) -> None:
         kill_own_process_group()
 
 
-def kill_when_write_job_runs(batch_id: int, spark_context: object) -> threading.Thread | None:
-    """For ``mid-sink-write``: a watcher thread that kills the group once the write job has tasks running.
-
-    Returns the thread (already started) when armed for this batch, else None.
-    """
+def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> bool:
+    """Whether ``mid-sink-write`` is armed for this batch and sink (a crash without a sink means the first)."""
     crash = _ARMED
     if crash is None or crash.point != MID_SINK_WRITE or crash.batch_id != batch_id:
-        return None
+        return False
+    return crash.sink == sink or (crash.sink is None and first_sink)
 
-    def watch() -> None:
-        tracker = spark_context.statusTracker()  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            for stage_id in tracker.getActiveStageIds():
+
+@contextlib.contextmanager
+def sink_write(batch_id: int, spark_context: Any, sink: str, *, first_sink: bool, in_tasks: bool) -> Iterator[None]:
+    """Wrap one sink's write of a batch: its Spark jobs run in their own job group (``streamproof-<batch>-<sink>``).
+
+    When ``mid-sink-write`` is armed for it and the sink writes from the JVM (Delta, files), a watcher
+    kills the process tree while a job of that group has tasks running, and only then: it stops when the
+    write returns, so a write too short to be caught is a missed crash (the harness reports it), never a
+    kill that lands somewhere else. A sink that writes from Python tasks (``in_tasks``: PostgreSQL, Kafka)
+    is killed by its task instead, at a fixed point of its write (:func:`kill_from_task`).
+    """
+    group = f"streamproof-{batch_id}-{sink}"
+    spark_context.setJobGroup(group, f"streamproof: batch {batch_id} -> {sink}")
+    done = threading.Event()
+    if mid_write_armed(batch_id, sink, first_sink=first_sink) and not in_tasks:
+        watcher = threading.Thread(target=_kill_while_group_runs, args=(spark_context, group, batch_id, done),
+                                   name="streamproof-mid-write-crash", daemon=True)  # fmt: skip
+        watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            spark_context.setLocalProperty(key, None)
+
+
+def _kill_while_group_runs(spark_context: Any, group: str, batch_id: int, done: threading.Event) -> None:
+    tracker = spark_context.statusTracker()
+    while not done.is_set():
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else ():
                 stage = tracker.getStageInfo(stage_id)
-                if stage is not None and stage.numActiveTasks > 0:
-                    time.sleep(0.05)  # let the tasks open their output files
+                if stage is not None and stage.numActiveTasks > 0 and not done.is_set():
                     reached(MID_SINK_WRITE, batch_id)
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=watch, name="streamproof-mid-write-crash", daemon=True)
-    thread.start()
-    return thread
+        time.sleep(0.002)
 
 
 def kill_when_batch_committed(batch_id: int, commit_file: Path) -> threading.Thread | None:

@@ -28,7 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import random
@@ -45,13 +44,22 @@ from typing import IO, TYPE_CHECKING, Any
 
 from streamproof import faults
 from streamproof.checkpoint import batch_end_offsets, next_batch_to_run
-from streamproof.config import GUARANTEES, PipelineSpec, dump_pipeline, load_pipeline
+from streamproof.config import (
+    GUARANTEES,
+    DeltaSinkSpec,
+    FilesSinkSpec,
+    PipelineSpec,
+    PostgresSinkSpec,
+    dump_pipeline,
+    load_pipeline,
+)
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.pipeline import BATCH_COMMITTED
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from streamproof.sinks.base import AnySinkSpec
     from streamproof.verify import Report
 
 RUN_TIMEOUT_S = 900.0
@@ -69,7 +77,7 @@ class Crash:
     run: int
     restarted_in_s: float | None = None  # kill -> first batch committed by the next run
     detail: str = ""
-    facts: dict[str, bool] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
     killed_monotonic: float = field(default=0.0, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,8 +138,8 @@ class ChildRun:
     closed_at: float | None = None
 
     def kill_group(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        """SIGKILL the run's whole process tree: driver, JVM and PySpark's workers (their own group)."""
+        faults.kill_process_tree(self.process.pid)
         self.process.wait(timeout=60)
 
     def next_line(self, timeout_s: float) -> tuple[float, str | None] | None:
@@ -287,21 +295,31 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, bool]:
-    """What a crash in ``batch_id`` left on disk: offset log, Spark commit log, sink log (and its txn id)."""
-    from streamproof.sinks.delta import commits_on_disk
+def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, Any]:
+    """What a crash in ``batch_id`` left: offset log, Spark commit log, and whether every sink holds the batch
+    (and holds it keyed on the batch: txn id, ledger row, commit marker); for a fan-out, also ``held_by``,
+    the labels of the sinks that hold it."""
+    from streamproof.sinks.base import open_sinks
 
     checkpoint = spec.checkpoint_dir
     logged = (checkpoint / "offsets" / str(batch_id)).exists()
-    facts = {"offsets_logged": logged, "checkpoint_committed": (checkpoint / "commits" / str(batch_id)).exists()}
+    facts: dict[str, Any] = {
+        "offsets_logged": logged,
+        "checkpoint_committed": (checkpoint / "commits" / str(batch_id)).exists(),
+    }
     # A batch id can recur (at-most-once restarts its numbering), so match the batch's offsets too.
     end_offsets = batch_end_offsets(checkpoint, batch_id) if logged else None
-    matching = [
-        commit for commit in commits_on_disk(spec.sink_path, spec.name)
-        if commit["batch_id"] == batch_id and commit["end_offsets"] == end_offsets
-    ]  # fmt: skip
-    facts["sink_has_batch"] = bool(matching)
-    facts["sink_txn"] = any(commit["txn"] for commit in matching)
+    held = {}
+    for sink in open_sinks(spec):
+        matching = [
+            commit for commit in sink.commits()
+            if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
+        ]  # fmt: skip
+        held[sink.name] = (bool(matching), any(commit.keyed for commit in matching))
+    facts["sink_has_batch"] = all(has for has, _ in held.values())
+    facts["sink_txn"] = all(keyed for _, keyed in held.values())
+    if len(held) > 1:
+        facts["held_by"] = [name for name, (has, _) in held.items() if has]
     return facts
 
 
@@ -311,12 +329,16 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
     spec = load_pipeline(pipeline_file)
     harness = Harness(pipeline_file, log_dir, emit, timeout_s)
     try:
-        for point in points:
-            if point not in faults.NAMED_POINTS:
-                raise ConfigError(f"--crash-at {point!r}: expected one of {', '.join(faults.NAMED_POINTS)}")
+        labels = [sink.name for sink in spec.sink_specs]
+        for where in points:
+            point, sink = faults.split_point(where)
+            if sink is not None and sink not in labels:
+                raise ConfigError(
+                    f"--crash-at {where!r}: the pipeline has no sink labelled {sink!r} ({', '.join(labels)})"
+                )
             # The second batch of this run: the first may be a replay, the crash should hit a fresh one.
             first = 0 if spec.guarantee == "at-most-once" else next_batch_to_run(spec.checkpoint_dir)
-            armed = faults.ArmedCrash(point, first + 1)
+            armed = faults.ArmedCrash(point, first + 1, sink)
             child = harness.start(armed)
             code = harness.wait_for_exit(child)
             killed_at = time.monotonic()
@@ -325,9 +347,9 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                     f"crash {armed.encode()} missed: run {child.number} exited with code {code} instead of dying "
                     f"by SIGKILL (too little data for two batches?); log: {child.log_path}"
                 )
-            crash = Crash(point, armed.batch_id, killed_at - child.started_at, child.number,
+            crash = Crash(where, armed.batch_id, killed_at - child.started_at, child.number,
                           facts=crash_facts(spec, armed.batch_id), killed_monotonic=killed_at)  # fmt: skip
-            emit(f"crash at {point} in batch {armed.batch_id} (run {child.number}): SIGKILL; on disk: {crash.facts}")
+            emit(f"crash at {where} in batch {armed.batch_id} (run {child.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(child, crash)
         harness.drain()
     finally:
@@ -393,23 +415,34 @@ def surviving_processes(process_groups: list[int]) -> list[int]:
     return alive
 
 
-def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool) -> str:
-    """The damage a guarantee must show when killed at a point ("clean", "duplicated" or "lost").
+def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, check: str = "records",
+                    partial_writes_visible: bool = False) -> str:  # fmt: skip
+    """The damage a guarantee must show when killed at a point: "clean", "duplicated", "lost", or
+    "may-duplicate" / "may-lose" where it depends on how far the killed write got.
 
     A cell that should show damage and does not means the harness missed its fault (a blind harness),
     which is a failure too. Under at-least-once a kill in the middle of the sink write duplicates the
-    batch's quarantined records: the quarantine table commits before the main table and is appended
-    again on replay.
+    batch's quarantined records: the quarantine table commits before the sink and is appended again on
+    replay; and where the sink shows a write before it is complete (PostgreSQL commits per partition, a
+    non-transactional Kafka producer), the part written before the kill is written again. A sink holding
+    the latest record per key (``check = "latest"``) absorbs a replay by itself.
 
     >>> expected_damage("at-least-once", "mid-sink-write", has_invalid_records=False)
     'clean'
+    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=True, check="latest")
+    'clean'
     """
-    quarantine_committed = point == faults.MID_SINK_WRITE and has_invalid_records
-    replayed_after_a_write = point == faults.AFTER_SINK_COMMIT or quarantine_committed
-    if guarantee == "at-least-once" and replayed_after_a_write:
-        return "duplicated"
-    if guarantee == "at-most-once" and point in (faults.BEFORE_SINK_WRITE, faults.MID_SINK_WRITE):
+    if guarantee == "at-least-once":
+        if point == faults.AFTER_SINK_COMMIT and check != "latest":
+            return "duplicated"
+        if point == faults.MID_SINK_WRITE and has_invalid_records:
+            return "duplicated"  # the quarantine table was appended before the kill
+        if point == faults.MID_SINK_WRITE and partial_writes_visible and check != "latest":
+            return "may-duplicate"
+    if guarantee == "at-most-once" and point == faults.BEFORE_SINK_WRITE:
         return "lost"
+    if guarantee == "at-most-once" and point == faults.MID_SINK_WRITE:
+        return "may-lose" if partial_writes_visible else "lost"
     return "clean"
 
 
@@ -440,6 +473,8 @@ class MatrixCell:
     def as_expected(self) -> bool:
         if self.expected == "clean":
             return self.outcome == "clean"
+        if self.expected.startswith("may-"):
+            return self.outcome in ("clean", self.expected.removeprefix("may-").replace("lose", "lost"))
         if self.guarantee == "at-most-once":
             return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
         return getattr(self, self.expected) > 0 and self.lost == 0
@@ -454,23 +489,44 @@ class MatrixCell:
         }  # fmt: skip
 
 
+def isolated_sink(sink: AnySinkSpec, workdir: Path) -> AnySinkSpec:
+    """The same sink at a fresh location of its own (a matrix cell, a test): a path under ``workdir``, a
+    PostgreSQL table or Kafka topic with a suffix derived from ``workdir``."""
+    import hashlib
+
+    suffix = hashlib.sha1(str(workdir).encode()).hexdigest()[:10]
+    if isinstance(sink, DeltaSinkSpec | FilesSinkSpec):
+        return sink.model_copy(update={"path": str(workdir / "tables" / sink.name)})
+    if isinstance(sink, PostgresSinkSpec):
+        return sink.model_copy(update={"table": f"{sink.table[:48]}_{suffix}"})
+    marker = None if sink.marker_topic is None else f"{sink.marker_topic}-{suffix}"
+    return sink.model_copy(update={"topic": f"{sink.topic}-{suffix}", "marker_topic": marker})
+
+
 def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max_offsets: int) -> PipelineSpec:
-    """The pipeline of one matrix cell: same transform and sink kind, its own topic, tables and checkpoint."""
+    """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint."""
+    sinks = {"sink": isolated_sink(spec.sink, workdir)} if spec.sink is not None else {
+        "sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]
+    }  # fmt: skip
     return spec.model_copy(update={
         "guarantee": guarantee,
         "checkpoint": str(workdir / "checkpoint"),
         "source": spec.source.model_copy(update={"topic": topic, "max_offsets_per_trigger": max_offsets}),
         "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "tables" / "quarantine")}),
-        "sink": spec.sink.model_copy(update={"path": str(workdir / "tables" / "sink")}),
+        **sinks,
     })  # fmt: skip
 
 
 def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
                malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
                points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print) -> list[MatrixCell]:  # fmt: skip
-    """Every guarantee x named crash point on fresh topic/table/checkpoint with the same generated data."""
+    """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data.
+
+    One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run).
+    """
     from streamproof.config import parse_pipeline
     from streamproof.generator import generate
+    from streamproof.sinks.base import open_sinks
     from streamproof.verify import verify_pipeline
 
     spec = load_pipeline(pipeline_file)
@@ -489,17 +545,20 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
             cell_dir.mkdir(parents=True, exist_ok=True)
             cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, cell_dir, max_offsets)))
             harness = run_with_crashes(cell_file, [point], log_dir=cell_dir / "logs", emit=emit)
-            report: Report = verify_pipeline(spark, parse_pipeline(cell_file.read_text(), source_name=str(cell_file)))
+            cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
+            reports: list[Report] = verify_pipeline(spark, cell_pipeline)
             restarts = harness.restart_seconds
-            cell = MatrixCell(
-                guarantee=guarantee, sink=spec.sink.kind, point=point, lost=report.lost,
-                duplicated=report.duplicated, unexpected=report.unexpected,
-                crashes=[crash.to_dict() for crash in harness.crashes],
-                restart_s=round(restarts[0], 2) if restarts else None,
-                expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0),
-                seconds=time.monotonic() - started, timeline=harness.timeline,
-            )  # fmt: skip
-            emit(f"   {name}: lost {cell.lost}, duplicated {cell.duplicated}, unexpected {cell.unexpected} "
-                 f"-> {cell.outcome} (expected {cell.expected})")  # fmt: skip
-            cells.append(cell)
+            for sink, report in zip(open_sinks(cell_pipeline), reports, strict=True):
+                cell = MatrixCell(
+                    guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
+                    duplicated=report.duplicated, unexpected=report.unexpected,
+                    crashes=[crash.to_dict() for crash in harness.crashes],
+                    restart_s=round(restarts[0], 2) if restarts else None,
+                    expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0,
+                                             check=sink.check.kind, partial_writes_visible=sink.partial_writes_visible),
+                    seconds=time.monotonic() - started, timeline=harness.timeline,
+                )  # fmt: skip
+                emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
+                     f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected})")  # fmt: skip
+                cells.append(cell)
     return cells
