@@ -79,3 +79,78 @@ def test_dedup_key_matching_counts_upstream_duplicates_and_extra_rows(spark: Any
     assert counts.upstream_duplicates == 2
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 1, 1)
     assert counts.source_records == counts.expected + counts.quarantined + counts.upstream_duplicates
+
+
+LATEST_SOURCE = (
+    "_src_topic STRING, _src_partition INT, _src_offset LONG, order_id STRING, event_time STRING, _valid BOOLEAN"
+)
+LATEST_SINK = "_src_topic STRING, _src_partition INT, _src_offset LONG, order_id STRING"
+
+
+def _order_history(spark: Any) -> Any:
+    """Three orders with several events each (the latest by event_time wins), and one invalid record."""
+    rows = [
+        ("t", 0, 0, "o1", "2026-01-01 00:00:01", True),
+        ("t", 0, 1, "o1", "2026-01-01 00:00:03", True),  # o1's latest
+        ("t", 1, 0, "o1", "2026-01-01 00:00:02", True),
+        ("t", 1, 1, "o2", "2026-01-01 00:00:05", True),  # o2's only event
+        ("t", 0, 2, "o3", None, True),
+        ("t", 1, 2, "o3", "2026-01-01 00:00:04", True),  # o3's latest: a null event time is the oldest
+        ("t", 1, 3, None, None, False),
+    ]
+    return spark.createDataFrame(rows, LATEST_SOURCE)
+
+
+def test_latest_state_per_key_is_clean_when_each_key_holds_its_newest_record(spark: Any) -> None:
+    from streamproof.verify import reconcile_latest
+
+    sink = spark.createDataFrame([("t", 0, 1, "o1"), ("t", 1, 1, "o2"), ("t", 1, 2, "o3")], LATEST_SINK)
+    counts = reconcile_latest(_order_history(spark), sink, _coords(spark, [("t", 1, 3)]), "order_id", "event_time")
+    assert counts == Counts(source_records=7, expected=3, quarantined=1, upstream_duplicates=0, sink_records=3,
+                            lost=0, duplicated=0, unexpected=0, superseded=3)  # fmt: skip
+
+
+def test_latest_state_counts_a_stale_key_as_lost_and_extra_rows_exactly(spark: Any) -> None:
+    from streamproof.verify import reconcile_latest
+
+    sink = [
+        ("t", 0, 0, "o1"),  # an older record of o1: its latest update was lost
+        ("t", 1, 1, "o2"), ("t", 1, 1, "o2"),  # o2 twice: duplicated
+        ("t", 9, 9, "o3"),  # a row no source record of o3 explains: unexpected, and o3's latest is missing
+        ("t", 0, 1, "o9"),  # a key the source never had: unexpected
+    ]  # fmt: skip
+    counts = reconcile_latest(_order_history(spark), spark.createDataFrame(sink, LATEST_SINK),
+                              _coords(spark, [("t", 1, 3)]), "order_id", "event_time")  # fmt: skip
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (2, 1, 2)
+
+
+TOTALS_SOURCE = (
+    "_src_topic STRING, _src_partition INT, _src_offset LONG, customer_id STRING, amount DOUBLE, _valid BOOLEAN"
+)
+TOTALS_SINK = "customer_id STRING, amount DECIMAL(38, 10), events LONG"
+
+
+def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> None:
+    from decimal import Decimal
+
+    from streamproof.verify import reconcile_totals
+
+    source = spark.createDataFrame(
+        [("t", 0, 0, "c1", 0.1, True), ("t", 0, 1, "c1", 0.2, True), ("t", 0, 2, "c2", 5.0, True),
+         ("t", 0, 3, "c3", 1.25, True), ("t", 0, 4, "c4", 2.0, True), ("t", 0, 5, None, None, False)],
+        TOTALS_SOURCE,
+    )  # fmt: skip
+    clean = [("c1", Decimal("0.3"), 2), ("c2", Decimal("5"), 1), ("c3", Decimal("1.25"), 1), ("c4", Decimal("2"), 1)]
+    quarantine = _coords(spark, [("t", 0, 5)])
+    counts = reconcile_totals(source, spark.createDataFrame(clean, TOTALS_SINK), quarantine, "customer_id", ["amount"])
+    assert (counts.expected, counts.lost, counts.duplicated, counts.unexpected, counts.superseded) == (4, 0, 0, 0, 1)
+
+    damaged = [
+        ("c1", Decimal("0.5"), 3),  # an increment applied twice: duplicated
+        ("c2", Decimal("5"), 1),
+        ("c3", Decimal("9.99"), 1),  # the right count with the wrong sum: a value mismatch counts as duplicated
+        ("c9", Decimal("1"), 1),  # a group the source never had: unexpected
+    ]  # c4 missing: lost
+    damaged_sink = spark.createDataFrame(damaged, TOTALS_SINK)
+    counts = reconcile_totals(source, damaged_sink, quarantine, "customer_id", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 2, 1)

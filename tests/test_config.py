@@ -112,7 +112,8 @@ def test_kafka_options_of_the_file_win_over_streamproof_fetch_defaults() -> None
 
 def test_relative_paths_resolve_against_the_given_base(tmp_path: Path) -> None:
     spec = parse_pipeline(EXAMPLE, base_dir=tmp_path)
-    assert spec.sink_path == tmp_path / ".streamproof/tables/orders"
+    assert spec.resolve_path(spec.sink_specs[0].path) == tmp_path / ".streamproof/tables/orders"  # type: ignore[union-attr]
+    assert spec.quarantine_path == tmp_path / ".streamproof/tables/orders_quarantine"
     assert spec.checkpoint_dir == tmp_path / ".streamproof/checkpoints/orders"
 
 
@@ -135,3 +136,90 @@ def test_cli_reports_a_missing_file_with_exit_code_2(tmp_path: Path) -> None:
     done = run_cli("verify", str(tmp_path / "nope.toml"), timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == f"error: {tmp_path / 'nope.toml'}: no such pipeline file"
+
+
+POSTGRES_SINK = """
+[sink]
+kind = "postgres"
+table = "orders"
+mode = "upsert"
+key = "order_id"
+password = "${SP_TEST_PG_PASSWORD}"
+"""
+
+
+def _with_sink(sink_text: str) -> str:
+    head, _, _ = EXAMPLE.partition("[sink]")
+    _, _, trigger = EXAMPLE.partition("[trigger]")
+    return head + sink_text.strip() + "\n\n[trigger]" + trigger
+
+
+def test_postgres_password_is_kept_as_a_variable_name_never_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamproof.config import dump_pipeline
+
+    monkeypatch.setenv("SP_TEST_PG_PASSWORD", "s3cret-value")
+    spec = parse_pipeline(_with_sink(POSTGRES_SINK))
+    assert spec.sink is not None and spec.sink.kind == "postgres"
+    assert spec.sink.password_env == "SP_TEST_PG_PASSWORD"
+    assert "s3cret-value" not in repr(spec) and "s3cret-value" not in dump_pipeline(spec)
+    assert "password=s3cret-value" in spec.sink.conninfo()  # read from the environment at connect time
+
+
+@pytest.mark.parametrize(
+    ("sink_text", "message"),
+    [
+        (POSTGRES_SINK.replace('"${SP_TEST_PG_PASSWORD}"', '"hunter2"'), "sink.password: passwords are read from"),
+        (POSTGRES_SINK.replace("SP_TEST_PG_PASSWORD", "SP_TEST_UNSET_PASSWORD"), "sink.password: environment variable"),
+        (POSTGRES_SINK.replace('table = "orders"', 'table = "orders; DROP TABLE x"'), "sink.table: 'orders; DROP"),
+        (POSTGRES_SINK.replace('key = "order_id"', 'key = "status"'), "sink.key: 'status' must be listed in"),
+        (POSTGRES_SINK.replace('key = "order_id"', 'key = "nope"'), "sink.key: 'nope' is not a field of the schema"),
+        (POSTGRES_SINK.replace('mode = "upsert"', 'mode = "accumulate"'), "sink.by: mode = 'accumulate' needs by"),
+        (POSTGRES_SINK.replace('kind = "postgres"', 'kind = "mongo"'), "sink.kind: 'mongo' is not one of delta, post"),
+        ('[sink]\nkind = "kafka"\ntopic = "bad topic"', "sink.topic: 'bad topic' is not a Kafka topic name"),
+        ('[sink]\nkind = "delta"\npath = "/t"\nmode = "merge"\nkey = "order_id"\norder_by = "when"',
+         "sink.order_by: 'when' is not a field of the schema"),  # fmt: skip
+        ('[sink]\nkind = "console"', "sink.kind: 'console' cannot skip a replayed batch"),
+        ('[[sinks]]\nkind = "files"\npath = "/a"\n[[sinks]]\nkind = "files"\npath = "/b"',
+         "sinks: two sinks are named ['files', 'files']"),  # fmt: skip
+    ],
+)
+def test_bad_sink_fails_with_one_line_naming_the_key(
+    sink_text: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SP_TEST_PG_PASSWORD", "x")
+    monkeypatch.delenv("SP_TEST_UNSET_PASSWORD", raising=False)
+    with pytest.raises(ConfigError) as raised:
+        parse_pipeline(_with_sink(sink_text), source_name="p.toml")
+    assert str(raised.value).startswith(f"p.toml: {message}"), str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_sink_and_sinks_together_are_refused() -> None:
+    text = _with_sink('[sink]\nkind = "files"\npath = "/a"\n\n[[sinks]]\nkind = "files"\npath = "/b"')
+    with pytest.raises(ConfigError, match=r"sink: give exactly one of \[sink\] .* or \[\[sinks\]\]"):
+        parse_pipeline(text, source_name="p.toml")
+
+
+def test_fan_out_pipeline_round_trips_through_dump(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from streamproof.config import dump_pipeline
+
+    monkeypatch.setenv("SP_TEST_PG_PASSWORD", "x")
+    sinks = (
+        '[[sinks]]\nkind = "delta"\npath = "tables/orders"\nmode = "merge"\nkey = "order_id"\n\n'
+        '[[sinks]]\nkind = "postgres"\ntable = "totals"\nmode = "accumulate"\nby = "order_id"\nsum = ["amount"]\n'
+        'password = "${SP_TEST_PG_PASSWORD}"\n\n'
+        '[[sinks]]\nkind = "kafka"\ntopic = "orders-out"\nkey = "order_id"\n"kafka.compression.type" = "lz4"\n'
+    )
+    spec = parse_pipeline(_with_sink(sinks), base_dir=tmp_path)
+    assert [sink.name for sink in spec.sink_specs] == ["delta", "postgres", "kafka"]
+    again = parse_pipeline(dump_pipeline(spec))
+    assert again.sink_specs[0].path == str(tmp_path / "tables/orders")  # type: ignore[union-attr]
+    assert again.sink_specs[1] == spec.sink_specs[1]
+    assert again.sink_specs[2].producer_options() == {"compression.type": "lz4"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("*.toml")), ids=lambda path: path.name)
+def test_every_example_pipeline_loads(example: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMPROOF_PG_PASSWORD", "x")
+    spec = load_pipeline(example)
+    assert spec.sink_specs

@@ -17,11 +17,22 @@ from streamproof.infra import process_alive
 
 def test_crash_spec_is_point_and_batch() -> None:
     assert parse_crash("after-sink-commit@12") == ArmedCrash("after-sink-commit", 12)
+    assert parse_crash("mid-sink-write:pg-totals@3") == ArmedCrash("mid-sink-write", 3, "pg-totals")
+    assert ArmedCrash("mid-sink-write", 3, "pg-totals").encode() == "mid-sink-write:pg-totals@3"
 
 
-@pytest.mark.parametrize("text", ["after-sink-commit", "sometime@3", "mid-sink-write@x", "random@1"])
-def test_bad_crash_spec_is_refused(text: str) -> None:
-    with pytest.raises(ConfigError, match="expected <point>@<batch id>"):
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("after-sink-commit", "expected <point>@<batch id>"),
+        ("mid-sink-write@x", "expected <point>@<batch id>"),
+        ("sometime@3", "expected one of before-sink-write"),
+        ("random@1", "expected one of before-sink-write"),
+        ("after-sink-commit:kafka@1", "expected one of before-sink-write"),  # only mid-sink-write names a sink
+    ],
+)
+def test_bad_crash_spec_is_refused(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
         parse_crash(text)
 
 
