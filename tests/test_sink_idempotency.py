@@ -44,7 +44,9 @@ def _rows(spark: Any, offsets: range, order: str = "o") -> Any:
 
     rows = [(f"e{i}", f"{order}{i % 5}", float(i), datetime(2026, 1, 1, 0, 0, i % 60), "idem-in", i % 2, i,
              datetime(2026, 1, 1)) for i in offsets]  # fmt: skip
-    return spark.createDataFrame(rows, ROW_SCHEMA).repartition(2)
+    # Like a Kafka micro-batch: one Spark partition per source partition, in offset order.
+    frame = spark.createDataFrame(rows, ROW_SCHEMA)
+    return frame.repartitionByRange(2, "_src_partition").sortWithinPartitions("_src_offset")
 
 
 def _batch(batch_id: int, rows: int, end: int) -> Batch:
@@ -97,8 +99,8 @@ def test_first_write_then_replay_is_a_no_op(
     ("kind", "message"),
     [
         ("delta-append", "holds batch 0 of pipeline 'idem' with end offsets"),
-        ("postgres-upsert", "ledger row of batch 0 partition"),
-        ("kafka", "batch 0 partition"),
+        ("postgres-upsert", "holds batch 0 of pipeline 'idem' with end offsets"),
+        ("kafka", "holds batch 0 of pipeline 'idem' with end offsets"),
     ],
 )
 def test_a_replay_that_differs_from_the_recorded_batch_is_a_precise_error(
@@ -121,5 +123,20 @@ def test_a_replay_that_differs_from_the_recorded_batch_is_a_precise_error(
     with pytest.raises(Exception) as raised:
         other.write(_rows(spark, range(100, 130)), _batch(0, 30, 130))
     assert message in str(raised.value)
-    if kind == "delta-append":
-        assert isinstance(raised.value, PipelineError)
+    assert isinstance(raised.value, PipelineError)  # raised on the driver, before any share is written
+
+
+def test_delta_table_options_of_the_pipeline_file_are_set_on_the_table(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    from delta.tables import DeltaTable
+
+    sink_text = f'kind = "delta"\npath = "{tmp_path}/tuned"\noptimize_write = true\nauto_compact = true'
+    spec = _spec(sink_text, tmp_path, kafka_broker.bootstrap_servers)
+    sink = open_sink(spec, spec.sink_specs[0])
+    sink.prepare(spark)
+    sink.prepare(spark)  # idempotent: a second start finds the table and the same options
+    properties = DeltaTable.forPath(spark, str(tmp_path / "tuned")).detail().first()["properties"]
+    assert properties["delta.autoOptimize.optimizeWrite"] == "true"
+    assert properties["delta.autoOptimize.autoCompact"] == "true"
+    assert sink.write(_rows(spark, range(0, 10)), _batch(0, 10, 10)).rows_out == 10

@@ -15,8 +15,10 @@ Example (a sink used from your own ``foreachBatch``)::
 
 from __future__ import annotations
 
+import itertools
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -45,7 +47,7 @@ class Batch:
 
     pipeline: str
     batch_id: int
-    end_offsets: Offsets
+    end_offsets: Offsets  # in the key order of Spark's offset log (it decides the partition numbering)
     keyed: bool  # exactly-once: key the write on (pipeline, batch id) so that a replay is skipped
     rows: int = 0  # valid rows in the batch (counted once, before the writes)
     # Crash harness only: a sink writing from Python tasks kills the pipeline at its mid-write point.
@@ -56,7 +58,8 @@ class Batch:
         return {"pipeline": self.pipeline, "batch_id": self.batch_id, "end_offsets": self.end_offsets}
 
     def commit_metadata(self) -> str:
-        return json.dumps({"streamproof": self.commit_record()}, sort_keys=True)
+        # Key order kept as Spark logged it: a rebuilt checkpoint must list partitions in the same order.
+        return json.dumps({"streamproof": self.commit_record()})
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class SinkCommit:
     batch_id: int
     end_offsets: Offsets | None  # None where the sink's log does not record offsets
     keyed: bool  # written with the batch key (so a replay of it is skipped)
+    complete: bool = True  # False: only some partitions of the batch committed (per-partition sinks)
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,16 @@ class Sink(ABC):
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         self.pipeline = pipeline
         self.spec = spec
+        self._first_write_of_run = True
+
+    def is_replay(self, batch: Batch) -> bool:
+        """On the first keyed write of a run (the only one that can be a replay): whether the sink holds the
+        batch already; a sink holding that batch id with other offsets is a precise error (:func:`holds_batch`).
+        The sink's log is read once per run, not per batch."""
+        if not self._first_write_of_run or not batch.keyed:
+            return False
+        self._first_write_of_run = False
+        return holds_batch(self, batch)
 
     @property
     def name(self) -> str:
@@ -135,9 +149,14 @@ class Sink(ABC):
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The sink's rows as a reader sees them now (for verification); None if it does not exist yet."""
 
-    def last_commit(self, spark: SparkSession) -> SinkCommit | None:
-        commits = self.commits()
-        return commits[-1] if commits else None
+    def needs_spark_for_commits(self) -> bool:
+        """Whether reading the sink's commits needs a Spark session (a Delta table on object storage)."""
+        return False
+
+    def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
+        """The last batch the sink holds completely."""
+        complete = [commit for commit in self.commits() if commit.complete]
+        return complete[-1] if complete else None
 
 
 @dataclass(frozen=True)
@@ -162,6 +181,30 @@ class CrashInTask:
             kill_from_task(self.driver_pid)
 
 
+BATCH_COMPLETE = "*"  # the source key of the record a per-partition sink writes once every partition committed
+
+
+def peek_source_key(rows: Iterable[tuple[Any, ...]], columns: tuple[str, ...]) -> tuple[str | None, Iterator[Any]]:
+    """The key of a task's share of a batch, by content: ``<topic>/<partition>@<first offset>`` of its first
+    row, and the rows (the first one put back). ``None`` for a task without rows.
+
+    Spark numbers a batch's partitions in an order that need not be the same when the batch is replayed
+    (after a rebuilt checkpoint it was not), so per-partition commits are keyed on what a task writes, not
+    on its number. A Kafka split holds one source partition in offset order, so the first row's coordinates
+    name it, and two splits of one partition (``minPartitions``) differ by their first offset.
+
+    >>> key, rows = peek_source_key(iter([("t", 2, 40), ("t", 2, 41)]), ("_src_topic", "_src_partition", "_src_offset"))
+    >>> key, len(list(rows))
+    ('t/2@40', 2)
+    """
+    iterator = iter(rows)
+    first = next(iterator, None)
+    if first is None:
+        return None, iter(())
+    topic, partition, offset = (first[columns.index(column)] for column in COORDINATES)
+    return f"{topic}/{partition}@{offset}", itertools.chain([first], iterator)
+
+
 class SourceRanges:
     """Per source topic-partition: lowest offset, highest offset and count of the rows a partition wrote."""
 
@@ -181,6 +224,15 @@ class SourceRanges:
 
     def as_json(self) -> dict[str, list[int]]:
         return dict(sorted(self.ranges.items()))
+
+    def single_source(self) -> str:
+        """The one source partition the rows came from (a task must not mix several: see peek_source_key)."""
+        if len(self.ranges) != 1:
+            raise PipelineError(
+                f"a write task received records of {len(self.ranges)} source partitions: {sorted(self.ranges)}; "
+                "streamproof expects one per task (no repartitioning before a per-partition sink)"
+            )
+        return next(iter(self.ranges))
 
 
 def open_sink(pipeline: PipelineSpec, spec: AnySinkSpec) -> Sink:
@@ -207,7 +259,7 @@ def open_sinks(pipeline: PipelineSpec) -> list[Sink]:
     return [open_sink(pipeline, spec) for spec in pipeline.sink_specs]
 
 
-def refuse_if_checkpoint_lost(spark: SparkSession, pipeline: PipelineSpec, sinks: list[Sink]) -> None:
+def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink]) -> None:
     """Refuse to start an exactly-once pipeline whose checkpoint is empty while a sink holds its batches.
 
     A fresh checkpoint numbers batches from 0 again: keyed sinks would skip them as already written
@@ -217,13 +269,16 @@ def refuse_if_checkpoint_lost(spark: SparkSession, pipeline: PipelineSpec, sinks
     if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
         return
     for sink in sinks:
+        if spark is None and sink.needs_spark_for_commits():
+            continue  # checked again once the session runs
         last = sink.last_commit(spark)
         if last is not None:
             offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
             raise PipelineError(
                 f"checkpoint {pipeline.checkpoint_dir} is empty but {sink.location} already holds batches of "
                 f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
-                "restore it, or write to a new sink"
+                f"rebuild it from the sinks' records (`streamproof checkpoint recover {pipeline._source_name}`), "
+                "restore a backup, or write to a new sink"
             )
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamproof.config import DeltaSinkSpec, PipelineSpec
-from streamproof.sinks.base import Batch, Check, Sink, SinkCommit, SinkWrite, holds_batch
+from streamproof.sinks.base import Batch, Check, Sink, SinkCommit, SinkWrite
 from streamproof.transform import COORDINATES
 
 if TYPE_CHECKING:
@@ -91,7 +91,6 @@ class DeltaSink(Sink):
     def __init__(self, pipeline: PipelineSpec, spec: DeltaSinkSpec) -> None:
         super().__init__(pipeline, spec)
         self.path = pipeline.resolve_path(spec.path)
-        self._first_write_of_run = True
 
     @property
     def location(self) -> str:
@@ -103,20 +102,34 @@ class DeltaSink(Sink):
             return Check("latest", key=self.spec.key, order_by=self.spec.order_by)
         return Check("records")
 
+    def prepare(self, spark: SparkSession) -> None:
+        """Set the table options of the pipeline file (creating the table with the pipeline's schema if new)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql.types import StructType
+
+        properties = {"delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
+                      "delta.autoOptimize.autoCompact": self.spec.auto_compact}  # fmt: skip
+        wanted = {name: "true" for name, on in properties.items() if on}
+        if not wanted:
+            return
+        schema = StructType.fromDDL(
+            f"{self.pipeline.transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, "
+            "_src_timestamp TIMESTAMP"
+        )
+        builder = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(schema)
+        for name, value in wanted.items():
+            builder = builder.property(name, value)
+        builder.execute()
+        assignments = ", ".join(f"'{name}' = '{value}'" for name, value in wanted.items())
+        spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
+
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        replay = self._is_replay(batch)
+        replay = self.is_replay(batch)
         if self.spec.mode == "merge":
             self._merge(rows, batch)
         else:
             append_batch(rows, str(self.path), batch)
         return SinkWrite(0 if replay else batch.rows, replay)
-
-    def _is_replay(self, batch: Batch) -> bool:
-        # Only the first batch of a run can be a replay, so the log is read once per run, not per batch.
-        if not self._first_write_of_run or not batch.keyed:
-            return False
-        self._first_write_of_run = False
-        return holds_batch(self, batch)
 
     def _merge(self, rows: DataFrame, batch: Batch) -> None:
         from delta.tables import DeltaTable
@@ -147,8 +160,13 @@ class DeltaSink(Sink):
             for commit in commits_on_disk(self.path, self.pipeline.name)
         ]
 
-    def last_commit(self, spark: SparkSession) -> SinkCommit | None:
-        # Through Spark (not the local log files), so that a table on object storage is checked too.
+    def needs_spark_for_commits(self) -> bool:
+        return "://" in str(self.pipeline.resolve_path(self.spec.path))
+
+    def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
+        if not self.needs_spark_for_commits():  # a local table: its log files, without starting Spark
+            return super().last_commit(spark)
+        assert spark is not None, "a Delta table on object storage is read through Spark"
         commits = pipeline_commits(spark, str(self.path), self.pipeline.name, limit=5)
         if not commits:
             return None

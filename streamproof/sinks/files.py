@@ -53,7 +53,7 @@ class FilesSink(Sink):
         if not batch.keyed:
             rows.write.mode("append").parquet(str(self.path))
             return SinkWrite(batch.rows)
-        latest = self.latest_logged_batch()
+        latest = self.latest_logged_batch()  # the log records batch ids, not offsets: no foreign-checkpoint check
         if latest is not None and batch.batch_id <= latest:
             return SinkWrite(0, replay_skipped=True)
         self._file_stream_sink(rows.sparkSession).addBatch(batch.batch_id, rows._jdf)

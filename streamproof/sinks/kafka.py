@@ -1,22 +1,24 @@
 """Kafka -> Kafka sink: a transactional producer per task, with a commit marker in the same transaction.
 
-Idempotency rule, stated once: under exactly-once, Spark partition ``i`` of a batch is written by a
-producer with the deterministic ``transactional.id`` ``streamproof.<pipeline>.<topic>.<i>``. Its
-``init_transactions`` fences any earlier producer with that id (a zombie of a killed run) and aborts the
-zombie's open transaction. In one transaction it writes the partition's records to the output topic and a
-commit marker ``{pipeline, topic, partition_id, batch_id, end_offsets, source_ranges, rows}`` to the marker
-topic (key ``<pipeline>/<topic>/<i>``, compacted). Before writing, it reads the last committed marker of its
-key with ``read_committed``:
+Idempotency rule, stated once: under exactly-once, task ``i`` of a batch writes through a producer with the
+deterministic ``transactional.id`` ``streamproof.<pipeline>.<topic>.<i>``. Its ``init_transactions`` fences
+any earlier producer with that id (a zombie of a killed run) and aborts the zombie's open transaction. In
+one transaction it writes its share of the batch to the output topic and a commit marker
+``{pipeline, topic, batch_id, source, source_key, end_offsets, source_ranges, rows}`` to the marker topic
+(keyed per source partition, compacted). The share is named by what it holds (``source_key``:
+:func:`streamproof.sinks.base.peek_source_key`), not by the task number, which a replay may not repeat.
+Before writing, the task looks for the committed marker of its share with ``read_committed``:
 
-* first write: no marker for this batch: the records and the marker commit together;
-* replay: the marker's batch id is this batch's or later: the partition writes nothing;
-* inconsistency: a marker of this batch whose source ranges differ from the replayed partition's is a
-  precise error.
+* first write: no marker: the records and the marker commit together;
+* replay: the marker is there: the share writes nothing;
+* inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise
+  error.
 
-The marker is trusted only once every transaction open on the marker topic when the task started has
-been decided (its last stable offset reached the high watermark seen at the start); before the first
-batch of a run, the driver fences every partition's id, so a zombie's transaction cannot hold that up.
-Readers must use ``isolation.level=read_committed`` (verification does), or they also see aborted records.
+Once every task succeeded, a batch-complete record follows in the marker topic. Markers are trusted only
+once every transaction open on the marker topic when the task started has been decided (its last stable
+offset reached the high watermark seen at the start); before the first batch of a run, the driver fences
+every task's id, so a zombie's transaction cannot hold that up. Readers must use
+``isolation.level=read_committed`` (verification does), or they also see aborted records.
 
 Unkeyed writes (at-least-once, at-most-once) use Spark's own Kafka writer, which is at-least-once by its
 documentation: a replayed batch is produced again.
@@ -39,7 +41,16 @@ from typing import TYPE_CHECKING, Any
 from streamproof.config import KafkaSinkSpec, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
-from streamproof.sinks.base import Batch, CrashInTask, Sink, SinkCommit, SinkWrite, SourceRanges
+from streamproof.sinks.base import (
+    BATCH_COMPLETE,
+    Batch,
+    CrashInTask,
+    Sink,
+    SinkCommit,
+    SinkWrite,
+    SourceRanges,
+    peek_source_key,
+)
 from streamproof.sources.kafka import client_config
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS
 
@@ -63,8 +74,9 @@ def transactional_id(pipeline: str, topic: str, partition_id: int) -> str:
     return f"streamproof.{pipeline}.{topic}.{partition_id}"
 
 
-def marker_key(pipeline: str, topic: str, partition_id: int) -> str:
-    return f"{pipeline}/{topic}/{partition_id}"
+def marker_key(pipeline: str, topic: str, source: str) -> str:
+    """Marker key of one source partition's shares (compaction keeps the newest per source partition)."""
+    return f"{pipeline}/{topic}/{source}"
 
 
 def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
@@ -138,17 +150,28 @@ def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[in
         consumer.close()
 
 
-def last_marker(spec: KafkaSinkSpec, key: str) -> dict[str, Any] | None:
-    """The last committed marker with ``key``, reading backwards from the end in windows."""
+def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: str) -> dict[str, Any] | None:
+    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written.
+
+    Reads backwards from the end in windows: the markers of one source partition come in batch order, so
+    the search stops at that partition's first marker of an earlier batch.
+    """
+    source = source_key.rsplit("@", 1)[0]
     end = wait_until_decided(spec)
     start = max(0, end - MARKER_WINDOW)
     while True:
-        found = None
-        for _, marker in read_markers(spec, start, end):
-            if marker_key(marker["pipeline"], marker["topic"], marker["partition_id"]) == key:
-                found = marker
-        if found is not None or start == 0:
-            return found
+        window = [
+            marker for _, marker in read_markers(spec, start, end)
+            if marker.get("pipeline") == pipeline and marker.get("topic") == spec.topic
+            and marker.get("source") == source
+        ]  # fmt: skip
+        for marker in reversed(window):
+            if int(marker["batch_id"]) < batch_id:
+                return None
+            if int(marker["batch_id"]) == batch_id and marker.get("source_key") == source_key:
+                return marker
+        if start == 0:
+            return None
         end, start = start, max(0, start - 2 * (end - start))
 
 
@@ -167,15 +190,18 @@ class TransactionalWriter:
         """Write partition ``index``; yield ``(index, records written, skipped as a replay)``."""
         from confluent_kafka import KafkaException
 
+        source_key, rows = peek_source_key(rows, self.columns)
+        if source_key is None:
+            yield index, 0, False  # no valid row in this split: nothing to write, nothing to record
+            return
         producer = _producer(self.spec, self.pipeline, index)
         producer.init_transactions(60)  # fences a zombie with this id and aborts its open transaction
-        last = last_marker(self.spec, marker_key(self.pipeline, self.spec.topic, index))
+        committed = find_marker(self.spec, self.pipeline, self.batch_id, source_key)
         ranges = SourceRanges(self.columns)
-        if last is not None and int(last["batch_id"]) >= self.batch_id:
-            if int(last["batch_id"]) == self.batch_id:
-                for row in rows:
-                    ranges.add(row)
-                self._check_replay(index, last, ranges)
+        if committed is not None:
+            for row in rows:
+                ranges.add(row)
+            self._check_replay(source_key, committed, ranges)
             yield index, 0, True
             return
         producer.begin_transaction()
@@ -186,12 +212,15 @@ class TransactionalWriter:
             if self.crash is not None:
                 producer.flush(60)  # the records are on the broker, in a transaction that will never commit
                 self.crash.reached(index)
+            source = ranges.single_source()
             marker = {
-                "pipeline": self.pipeline, "topic": self.spec.topic, "partition_id": index, "batch_id": self.batch_id,
-                "end_offsets": self.end_offsets, "source_ranges": ranges.as_json(), "rows": ranges.count,
+                "pipeline": self.pipeline, "topic": self.spec.topic, "batch_id": self.batch_id, "source": source,
+                "source_key": source_key, "end_offsets": self.end_offsets, "source_ranges": ranges.as_json(),
+                "rows": ranges.count,
             }  # fmt: skip
-            self._produce(producer, self.spec.markers, marker_key(self.pipeline, self.spec.topic, index),
-                          json.dumps(marker, sort_keys=True))  # fmt: skip
+            # json.dumps without sort_keys: end_offsets keep Spark's key order (see Batch).
+            key = marker_key(self.pipeline, self.spec.topic, source)
+            self._produce(producer, self.spec.markers, key, json.dumps(marker))
             producer.commit_transaction(60)
         except KafkaException:
             producer.abort_transaction(60)
@@ -208,13 +237,13 @@ class TransactionalWriter:
                 producer.poll(0.05)
         producer.poll(0)
 
-    def _check_replay(self, index: int, marker: dict[str, Any], ranges: SourceRanges) -> None:
+    def _check_replay(self, source_key: str, marker: dict[str, Any], ranges: SourceRanges) -> None:
         if marker.get("source_ranges") == ranges.as_json():
             return
         raise PipelineError(
-            f"marker topic {self.spec.markers}: batch {self.batch_id} partition {index} was committed with source "
-            f"ranges {json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: "
-            "the checkpoint or the source partitioning changed since the batch was written"
+            f"marker topic {self.spec.markers}: batch {self.batch_id} {source_key} was committed with source ranges "
+            f"{json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: the "
+            "checkpoint does not belong to this topic, or the transform changed since the batch was written"
         )
 
 
@@ -255,6 +284,7 @@ class KafkaSink(Sink):
                 spark_writer = spark_writer.option(name, value)
             spark_writer.save()
             return SinkWrite(batch.rows)
+        self.is_replay(batch)  # a foreign checkpoint is refused before any share is written
         partitions = records.rdd.map(tuple)
         count = partitions.getNumPartitions()
         if not self._fenced:
@@ -262,8 +292,23 @@ class KafkaSink(Sink):
         writer = TransactionalWriter(self.spec, batch.pipeline, tuple(records.columns), batch.batch_id,
                                      batch.end_offsets, CrashInTask.for_batch(batch, count))  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
+        self._record_batch_complete(batch)
         written = sum(count for _, count, _ in results)
-        return SinkWrite(written, replay_skipped=bool(results) and all(skip for _, _, skip in results))
+        return SinkWrite(written, replay_skipped=any(skip for _, _, skip in results) and written == 0)
+
+    def _record_batch_complete(self, batch: Batch) -> None:
+        """Every share of the batch committed: say so in the marker topic (a batch without it is partial)."""
+        from confluent_kafka import Producer
+
+        producer = Producer(client_config(self.spec.bootstrap_servers, **{
+            "enable.idempotence": True, "acks": "all", **self.spec.producer_options(),
+        }))  # fmt: skip
+        record = {"pipeline": batch.pipeline, "topic": self.spec.topic, "batch_id": batch.batch_id,
+                  "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets}  # fmt: skip
+        producer.produce(self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE),
+                         value=json.dumps(record))  # fmt: skip
+        if producer.flush(60):
+            raise PipelineError(f"marker topic {self.spec.markers}: the batch-complete record was not acknowledged")
 
     def _fence_zombies(self, partitions: int) -> None:
         """Before the first batch of a run: abort what producers of a killed run left open, so that no
@@ -278,7 +323,8 @@ class KafkaSink(Sink):
         self._fenced = True
 
     def commits(self) -> list[SinkCommit]:
-        """Batches with a committed marker of this pipeline and topic (any partition), oldest first."""
+        """Batches with a committed marker of this pipeline and topic, oldest first; complete when the
+        batch-complete record follows its shares."""
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(client_config(self.spec.bootstrap_servers, **{"group.id": "streamproof-preflight"}))
@@ -290,10 +336,16 @@ class KafkaSink(Sink):
         finally:
             consumer.close()
         batches: dict[int, dict[str, dict[str, int]]] = {}
+        complete: set[int] = set()
         for _, marker in read_markers(self.spec, 0, end):
-            if marker["pipeline"] == self.pipeline.name and marker["topic"] == self.spec.topic:
+            if marker.get("pipeline") == self.pipeline.name and marker.get("topic") == self.spec.topic:
                 batches[int(marker["batch_id"])] = marker["end_offsets"]
-        return [SinkCommit(batch_id, offsets, keyed=True) for batch_id, offsets in sorted(batches.items())]
+                if marker.get("complete"):
+                    complete.add(int(marker["batch_id"]))
+        return [
+            SinkCommit(batch_id, offsets, keyed=True, complete=batch_id in complete)
+            for batch_id, offsets in sorted(batches.items())
+        ]
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The output topic as a ``read_committed`` consumer sees it, parsed back into columns."""

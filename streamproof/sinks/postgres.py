@@ -1,15 +1,17 @@
-"""PostgreSQL sink: one database transaction per batch partition, keyed on it by a ledger row.
+"""PostgreSQL sink: one database transaction per task of a batch, keyed on what it writes by a ledger row.
 
-Idempotency rule, stated once: under exactly-once, each Spark partition of a batch is written in one
-transaction that first inserts the ledger row ``(pipeline, sink_table, batch_id, partition_id)``, then
-COPYs the rows into a temporary table and moves them into the target, then records in the ledger row the
-batch's end offsets and the source ranges it wrote; the transaction commits all of it or nothing.
+Idempotency rule, stated once: under exactly-once, each task's share of a batch (one Kafka split: source
+partition and first offset, see :func:`streamproof.sinks.base.peek_source_key`) is written in one
+transaction that inserts the ledger row ``(pipeline, sink_table, batch_id, source_key)``, COPYs the rows
+into a temporary table and moves them into the target, then records in the ledger row the batch's end
+offsets and the source ranges it wrote; the transaction commits all of it or nothing. Once every task
+succeeded, a ``*`` ledger row marks the batch complete (a batch without it is partial: some shares are in).
 
 * first write: the ledger insert succeeds and the rows follow it;
 * replay (Spark re-runs a batch after a crash): the ledger insert finds the row (a concurrent zombie
-  attempt waits on it, then finds it) and the partition writes nothing;
-* inconsistency: a ledger row whose recorded source ranges differ from the replayed partition's is a
-  precise error (the checkpoint or the partitioning changed), never a silent skip.
+  attempt waits on it, then finds it) and that share writes nothing; the others write;
+* inconsistency: a ledger row whose recorded source ranges differ from the replayed share's is a precise
+  error (the checkpoint is not this table's, or the transform changed), never a silent skip.
 
 Modes: ``append`` (``INSERT``), ``upsert`` (``INSERT .. ON CONFLICT (key) DO UPDATE`` only by a newer
 record of the key: by ``order_by``, then topic, partition, offset), ``accumulate`` (per-``by`` running
@@ -35,7 +37,17 @@ from typing import TYPE_CHECKING, Any
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
-from streamproof.sinks.base import Batch, Check, CrashInTask, Sink, SinkCommit, SinkWrite, SourceRanges
+from streamproof.sinks.base import (
+    BATCH_COMPLETE,
+    Batch,
+    Check,
+    CrashInTask,
+    Sink,
+    SinkCommit,
+    SinkWrite,
+    SourceRanges,
+    peek_source_key,
+)
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS
 
 if TYPE_CHECKING:
@@ -76,7 +88,7 @@ class PartitionWriter:
     columns: tuple[str, ...]  # of the rows it receives, in order
     target_columns: tuple[str, ...]  # stage -> target for append/upsert
     batch_id: int
-    end_offsets: str  # JSON
+    end_offsets: str  # JSON, key order as Spark logged it (kept as text: jsonb would reorder the keys)
     keyed: bool
     crash: CrashInTask | None = None  # crash harness only
     # Resolved on the driver: executors on a cluster do not share its environment. Travels inside the
@@ -95,49 +107,55 @@ class PartitionWriter:
         """Write partition ``index``; yield ``(index, rows written, skipped as a replay)``."""
         import psycopg
 
+        source_key, rows = peek_source_key(rows, self.columns)
+        if source_key is None:
+            yield index, 0, False  # no valid row in this split: nothing to write, nothing to record
+            return
         with psycopg.connect(self.spec.conninfo(self.password)) as connection:  # commit, or roll back on error
             cursor = connection.cursor()
-            if self.keyed and not self._claim(cursor, index):
+            if self.keyed and not self._claim(cursor, source_key):
                 recorded = cursor.execute(
                     f"SELECT source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
-                    "AND batch_id = %s AND partition_id = %s",
-                    (self.pipeline, self.spec.table, self.batch_id, index),
+                    "AND batch_id = %s AND source_key = %s",
+                    (self.pipeline, self.spec.table, self.batch_id, source_key),
                 ).fetchone()
                 connection.rollback()
                 ranges = SourceRanges(self.columns)
                 for row in rows:
                     ranges.add(row)
-                self._check_replay(index, recorded[0] if recorded else None, ranges)
+                self._check_replay(source_key, recorded[0] if recorded else None, ranges)
                 yield index, 0, True
                 return
             ranges = self._stage(cursor, rows)
+            ranges.single_source()
             if self.crash is not None:
                 self.crash.reached(index)  # rows staged, nothing committed: the mid-sink-write point
             cursor.execute(self._move_statement())
             if self.keyed:
                 cursor.execute(
                     f"UPDATE {self.ledger} SET source_ranges = %s, rows = %s WHERE pipeline = %s AND sink_table = %s "
-                    "AND batch_id = %s AND partition_id = %s",
-                    (json.dumps(ranges.as_json()), ranges.count, self.pipeline, self.spec.table, self.batch_id, index),
-                )
+                    "AND batch_id = %s AND source_key = %s",
+                    (json.dumps(ranges.as_json()), ranges.count, self.pipeline, self.spec.table, self.batch_id,
+                     source_key),
+                )  # fmt: skip
         yield index, ranges.count, False
 
-    def _claim(self, cursor: Any, index: int) -> bool:
-        """Insert the ledger row; False when it exists already (the partition was committed before)."""
+    def _claim(self, cursor: Any, source_key: str) -> bool:
+        """Insert the ledger row; False when it exists already (this share of the batch was committed before)."""
         cursor.execute(
-            f"INSERT INTO {self.ledger} (pipeline, sink_table, batch_id, partition_id, end_offsets) "
+            f"INSERT INTO {self.ledger} (pipeline, sink_table, batch_id, source_key, end_offsets) "
             "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (self.pipeline, self.spec.table, self.batch_id, index, self.end_offsets),
+            (self.pipeline, self.spec.table, self.batch_id, source_key, self.end_offsets),
         )
         return bool(cursor.rowcount == 1)
 
-    def _check_replay(self, index: int, recorded: Any, ranges: SourceRanges) -> None:
+    def _check_replay(self, source_key: str, recorded: Any, ranges: SourceRanges) -> None:
         if recorded is None or recorded == ranges.as_json():
             return
         raise PipelineError(
-            f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} partition {index} "
-            f"records source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: "
-            "the checkpoint or the source partitioning changed since the batch was written"
+            f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} {source_key} records "
+            f"source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: the "
+            "checkpoint does not belong to this table, or the transform changed since the batch was written"
         )
 
     def _stage(self, cursor: Any, rows: Iterable[tuple[Any, ...]]) -> SourceRanges:
@@ -253,9 +271,9 @@ class PostgresSink(Sink):
             connection.execute(f"CREATE TABLE IF NOT EXISTS {self.target} ({definition})")
             connection.execute(
                 f"CREATE TABLE IF NOT EXISTS {self.ledger} (pipeline text NOT NULL, sink_table text NOT NULL, "
-                "batch_id bigint NOT NULL, partition_id integer NOT NULL, end_offsets jsonb NOT NULL, "
-                "source_ranges jsonb, rows bigint, committed_at timestamptz NOT NULL DEFAULT now(), "
-                "PRIMARY KEY (pipeline, sink_table, batch_id, partition_id))"
+                "batch_id bigint NOT NULL, source_key text NOT NULL, "
+                "end_offsets text NOT NULL, source_ranges jsonb, rows bigint, committed_at timestamptz NOT NULL "
+                "DEFAULT now(), PRIMARY KEY (pipeline, sink_table, batch_id, source_key))"
             )
             existing = {
                 row[0] for row in connection.execute(
@@ -277,19 +295,31 @@ class PostgresSink(Sink):
         return {**schema_types, **coordinates}
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
+        self.is_replay(batch)  # a foreign checkpoint is refused before any share is written
         text_rows = _as_copy_text(self._rows_for_mode(rows))
         columns = tuple(text_rows.columns)
         partitions = text_rows.rdd.map(tuple)
         writer = PartitionWriter(
             self.spec, batch.pipeline, columns,
             tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,
-            json.dumps(batch.end_offsets, sort_keys=True), batch.keyed,
+            json.dumps(batch.end_offsets), batch.keyed,
             CrashInTask.for_batch(batch, partitions.getNumPartitions()), self.spec.password(),
         )  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
+        if batch.keyed:
+            self._record_batch_complete(batch)
         written = sum(count for _, count, _ in results)
-        skipped = bool(results) and all(skip for _, _, skip in results)
+        skipped = any(skip for _, _, skip in results) and written == 0
         return SinkWrite(written, replay_skipped=skipped)
+
+    def _record_batch_complete(self, batch: Batch) -> None:
+        """Every share of the batch committed: say so in the ledger (a batch without this row is partial)."""
+        with self._connect() as connection:
+            connection.execute(
+                f"INSERT INTO {self.ledger} (pipeline, sink_table, batch_id, source_key, end_offsets) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (batch.pipeline, self.spec.table, batch.batch_id, BATCH_COMPLETE, json.dumps(batch.end_offsets)),
+            )
 
     def _rows_for_mode(self, rows: DataFrame) -> DataFrame:
         if self.spec.mode == "accumulate":
@@ -302,13 +332,16 @@ class PostgresSink(Sink):
         try:
             with self._connect() as connection:
                 rows = connection.execute(
-                    f"SELECT batch_id, end_offsets FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
-                    "GROUP BY batch_id, end_offsets ORDER BY batch_id",
-                    (self.pipeline.name, self.spec.table),
+                    f"SELECT batch_id, max(end_offsets), bool_or(source_key = %s) FROM {self.ledger} "
+                    "WHERE pipeline = %s AND sink_table = %s GROUP BY batch_id ORDER BY batch_id",
+                    (BATCH_COMPLETE, self.pipeline.name, self.spec.table),
                 ).fetchall()
         except psycopg.errors.UndefinedTable:
             return []
-        return [SinkCommit(int(batch_id), offsets, keyed=True) for batch_id, offsets in rows]
+        return [
+            SinkCommit(int(batch), json.loads(offsets), keyed=True, complete=bool(done))
+            for batch, offsets, done in rows
+        ]
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The table through Spark's JDBC reader (PostgreSQL's driver is in the cached jars)."""
