@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 
 from streamproof.config import PipelineSpec
-from streamproof.errors import ConfigError, StreamproofError
+from streamproof.errors import ConfigError, StreamproofError, first_line
 from streamproof.faults import NAMED_POINTS
 
 app = typer.Typer(
@@ -28,8 +28,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Exactly-once Kafka -> Spark -> Delta pipelines, and the proof.",
 )
-infra_app = typer.Typer(no_args_is_help=True, help="Local Apache Kafka (KRaft) for pipelines and tests.")
+infra_app = typer.Typer(no_args_is_help=True, help="Local Apache Kafka (KRaft) and PostgreSQL for pipelines and tests.")
 app.add_typer(infra_app, name="infra")
+checkpoint_app = typer.Typer(no_args_is_help=True, help="Inspect, back up, restore or rebuild a pipeline's checkpoint.")
+app.add_typer(checkpoint_app, name="checkpoint")
 
 # Off a terminal (CI logs, pipes) rich would wrap at 80 columns and split the per-batch lines.
 console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 120)
@@ -54,8 +56,7 @@ def friendly_errors(command: F) -> F:
             raise typer.Exit(130) from None
         except Exception as error:  # Spark/Py4J errors: the first line says what happened
             if type(error).__module__.startswith(("pyspark", "py4j")):
-                first = next((line for line in str(error).splitlines() if line.strip()), type(error).__name__)
-                error_console.print(f"error: Spark: {first.strip()[:400]}", markup=False)
+                error_console.print(f"error: Spark: {first_line(error, limit=400)}", markup=False)
                 raise typer.Exit(1) from None
             raise
 
@@ -176,12 +177,46 @@ def run(
     from streamproof.pipeline import run as run_pipeline
 
     spec = load_pipeline(pipeline)
-    summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches)
+    if console.is_terminal:
+        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches)
+    else:
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches)
     console.print(
         f"[{spec.name}] stopped ({summary.stopped_by}): {summary.batches} batches, {summary.rows_in:,} rows in, "
         f"{summary.rows_out:,} to sink, {summary.quarantined:,} quarantined, {summary.seconds:.1f} s",
         markup=False,
     )
+
+
+def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None) -> Any:
+    """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
+    from rich.live import Live
+    from rich.text import Text
+
+    from streamproof.pipeline import RunSummary
+    from streamproof.pipeline import run as run_pipeline
+
+    started = time.monotonic()
+    seen = RunSummary(spec.name)
+
+    def status() -> Text:
+        lag = "?" if seen.last_lag is None else f"{seen.last_lag:,}"
+        return Text(
+            f"{spec.name}: {seen.batches} batches, {seen.rows_in:,} rows in, {seen.rows_out:,} to sink, "
+            f"{seen.quarantined:,} quarantined, last batch {seen.last_rate:,.0f} rows/s, kafka lag {lag}, "
+            f"{time.monotonic() - started:,.0f} s",
+            style="bold",
+        )
+
+    with Live(status(), console=console, refresh_per_second=2, transient=True) as live:
+
+        def emit(line: str) -> None:
+            console.print(line, markup=False)
+            live.update(status())
+
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, emit=emit,
+                               summary=seen)  # fmt: skip
+    return summary
 
 
 @app.command()
@@ -299,6 +334,135 @@ def _write(path: Path | None, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         console.print(f"wrote {path}")
+
+
+PipelineFile = Annotated[Path, typer.Argument(help="Pipeline file (TOML).")]
+
+
+@checkpoint_app.command("show")
+@friendly_errors
+def checkpoint_show(
+    pipeline: PipelineFile,
+    last: Annotated[int, typer.Option(min=1, help="How many of the newest batches to list.")] = 20,
+) -> None:
+    """Per batch: the offsets Spark logged and whether it committed; beside it, each sink's last batch."""
+    from rich.table import Table
+
+    from streamproof.checkpoint import batch_end_offsets, committed_batches, logged_batches
+    from streamproof.config import load_pipeline
+    from streamproof.session import build_session
+    from streamproof.sinks.base import open_sinks
+
+    spec = load_pipeline(pipeline)
+    logged, committed = logged_batches(spec.checkpoint_dir), set(committed_batches(spec.checkpoint_dir))
+    table = Table(title=f"checkpoint {spec.checkpoint_dir}")
+    for column in ("batch", "end offsets (topic: partition=offset)", "committed"):
+        table.add_column(column)
+    for batch_id in logged[-last:]:
+        try:
+            offsets = _offsets_text(batch_end_offsets(spec.checkpoint_dir, batch_id))
+        except StreamproofError as error:
+            offsets = f"[red]{error}[/]"
+        table.add_row(str(batch_id), offsets, "yes" if batch_id in committed else "[yellow]no (in flight)[/]")
+    if not logged:
+        table.add_row("-", "(empty: no batch was ever planned here)", "-")
+    console.print(table)
+    spark = build_session(spec.spark, app_name=f"streamproof-checkpoint:{spec.name}")
+    sinks = Table(title="what the sinks hold")
+    for column in ("sink", "where", "last batch", "its end offsets"):
+        sinks.add_column(column)
+    for sink in open_sinks(spec):
+        head = sink.last_commit(spark)
+        sinks.add_row(sink.name, sink.location, "-" if head is None else str(head.batch_id),
+                      "-" if head is None or head.end_offsets is None else _offsets_text(head.end_offsets))  # fmt: skip
+    console.print(sinks)
+
+
+def _offsets_text(offsets: dict[str, dict[str, int]]) -> str:
+    return "; ".join(
+        f"{topic}: " + " ".join(f"{p}={o}" for p, o in sorted(parts.items(), key=lambda item: int(item[0])))
+        for topic, parts in offsets.items()
+    )
+
+
+@checkpoint_app.command("backup")
+@friendly_errors
+def checkpoint_backup(
+    pipeline: PipelineFile,
+    to: Annotated[Path | None, typer.Option("--to", help="Backup folder (default: a stamped sibling).")] = None,
+) -> None:
+    """Copy the checkpoint; refused while a pipeline runs on it (the copy would not be consistent)."""
+    from streamproof.checkpoint import backup
+    from streamproof.config import load_pipeline
+
+    spec = load_pipeline(pipeline)
+    console.print(f"backed up {spec.checkpoint_dir} to {backup(spec.checkpoint_dir, to)}")
+
+
+@checkpoint_app.command("restore")
+@friendly_errors
+def checkpoint_restore(
+    pipeline: PipelineFile,
+    source: Annotated[Path, typer.Option("--from", help="The backup folder to restore.")],
+) -> None:
+    """Replace the checkpoint by a backup (the current one is kept aside)."""
+    from streamproof.checkpoint import restore
+    from streamproof.config import load_pipeline
+
+    spec = load_pipeline(pipeline)
+    aside = restore(spec.checkpoint_dir, source)
+    console.print(f"restored {spec.checkpoint_dir} from {source}" + (f"; the previous one is {aside}" if aside else ""))
+
+
+@checkpoint_app.command("recover")
+@friendly_errors
+def checkpoint_recover(pipeline: PipelineFile) -> None:
+    """Rebuild a lost or damaged checkpoint from the end offsets the sinks recorded with each batch."""
+    from streamproof.checkpoint import recover
+    from streamproof.config import load_pipeline
+    from streamproof.session import build_session
+
+    spec = load_pipeline(pipeline)
+    spark = build_session(spec.spark, app_name=f"streamproof-recover:{spec.name}")
+    console.print(recover(spark, spec), markup=False)
+
+
+@app.command()
+@friendly_errors
+def maintain(
+    pipeline: PipelineFile,
+    do_optimize: Annotated[bool, typer.Option("--optimize", help="Compact small files (OPTIMIZE).")] = False,
+    vacuum_hours: Annotated[
+        float | None, typer.Option("--vacuum", help="Delete files unreferenced for longer than HOURS (VACUUM).")
+    ] = None,
+    allow_short_retention: Annotated[
+        bool, typer.Option("--allow-short-retention", help="Allow --vacuum below 168 hours (no reader needs them).")
+    ] = False,
+) -> None:
+    """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table)."""
+    from streamproof.config import load_pipeline
+    from streamproof.maintenance import check_retention, delta_tables, optimize, vacuum
+    from streamproof.session import build_session
+
+    if not do_optimize and vacuum_hours is None:
+        raise ConfigError("nothing to do: give --optimize, --vacuum HOURS or both")
+    if vacuum_hours is not None:
+        check_retention(vacuum_hours, allow_short_retention=allow_short_retention)
+    spec = load_pipeline(pipeline)
+    spark = build_session(spec.spark, app_name=f"streamproof-maintain:{spec.name}")
+    from delta.tables import DeltaTable
+
+    for table in delta_tables(spec):
+        if not DeltaTable.isDeltaTable(spark, str(table)):
+            console.print(f"{table}: not written yet, skipped")
+            continue
+        if do_optimize:
+            done = optimize(spark, table)
+            console.print(f"{table}: OPTIMIZE removed {done.files_removed} files, added {done.files_added}")
+        if vacuum_hours is not None:
+            result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
+                            allow_short_retention=allow_short_retention)  # fmt: skip
+            console.print(f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files")
 
 
 @app.command()

@@ -205,6 +205,8 @@ class DeltaSinkSpec(_SinkSpec):
     mode: Literal["append", "merge"] = "append"
     key: str | None = None
     order_by: str = "event_time"  # merge: the latest record of a key by this column wins
+    optimize_write: bool = False  # table property delta.autoOptimize.optimizeWrite: fewer, larger files
+    auto_compact: bool = False  # table property delta.autoOptimize.autoCompact: compaction after commits
 
     @model_validator(mode="after")
     def _merge_needs_key(self) -> DeltaSinkSpec:
@@ -325,6 +327,49 @@ class Trigger(_Strict):
         return None if value is None else _duration(value)
 
 
+class RetrySettings(_Strict):
+    """``[retry]``: how long a Kafka broker or a database may be away before the pipeline gives up.
+
+    Within ``max_outage`` a failed sink write is retried (it is keyed on the batch, so a retry is safe) and a
+    query stopped by an unreachable source is restarted from its checkpoint; past it the pipeline stops with
+    one line saying what was unreachable, and the next start resumes from the checkpoint.
+    """
+
+    max_outage: str = "2 minutes"
+    backoff: str = "2 seconds"
+
+    @field_validator("max_outage", "backoff")
+    @classmethod
+    def _durations(cls, value: str) -> str:
+        return _duration(value)
+
+    @property
+    def max_outage_s(self) -> float:
+        return duration_seconds(self.max_outage)
+
+    @property
+    def backoff_s(self) -> float:
+        return duration_seconds(self.backoff)
+
+
+def duration_seconds(text: str) -> float:
+    """``"2 minutes"`` -> 120.0 (the duration forms the pipeline file accepts).
+
+    >>> duration_seconds("1.5 seconds"), duration_seconds("2 minutes"), duration_seconds("1 hour")
+    (1.5, 120.0, 3600.0)
+    """
+    number, unit = text.split()
+    scale = {"millisecond": 0.001, "second": 1, "minute": 60, "hour": 3600, "day": 86400}[unit.lower().rstrip("s")]
+    return float(number) * scale
+
+
+class MetricsSettings(_Strict):
+    """``[metrics]``: a Prometheus endpoint while the pipeline runs (off without a port)."""
+
+    port: int | None = Field(None, gt=0, lt=65536)
+    host: str = "127.0.0.1"
+
+
 class SparkSettings(_Strict):
     """``[spark]``: where the pipeline runs. Defaults fit a 2-core laptop."""
 
@@ -346,7 +391,13 @@ class PipelineSpec(_Strict):
     sinks: list[SinkSpec] = Field(default_factory=list)
     trigger: Trigger = Trigger()
     spark: SparkSettings = SparkSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    retry: RetrySettings = RetrySettings()
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source_name: str = PrivateAttr(default="PIPELINE.toml")  # the file it was read from, for hints
+    # Values that came from ${NAME} references, mapped back to the reference: a dumped file keeps the
+    # reference, never the secret it resolved to.
+    _env_references: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -481,7 +532,8 @@ def _duration(value: str) -> str:
     return value.strip()
 
 
-def _interpolate_env(value: Any, where: str) -> Any:
+def _interpolate_env(value: Any, where: str, references: dict[str, str]) -> Any:
+    """Replace ``${NAME}`` by the variable's value; ``references`` maps each value so made back to its text."""
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
@@ -490,11 +542,16 @@ def _interpolate_env(value: Any, where: str) -> Any:
                 raise ConfigError(f"{where}: environment variable {name} is not set (referenced as ${{{name}}})")
             return os.environ[name]
 
-        return _ENV_REFERENCE.sub(substitute, value)
+        resolved = _ENV_REFERENCE.sub(substitute, value)
+        if resolved != value:
+            references[resolved] = value
+        return resolved
     if isinstance(value, dict):
-        return {key: _interpolate_env(item, f"{where}.{key}" if where else key) for key, item in value.items()}
+        return {
+            key: _interpolate_env(item, f"{where}.{key}" if where else key, references) for key, item in value.items()
+        }
     if isinstance(value, list):
-        return [_interpolate_env(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_interpolate_env(item, f"{where}[{index}]", references) for index, item in enumerate(value)]
     return value
 
 
@@ -564,28 +621,33 @@ def _toml_key(key: str) -> str:
 def dump_pipeline(spec: PipelineSpec) -> str:
     """The pipeline as TOML text that :func:`parse_pipeline` reads back to an equal spec.
 
-    Paths are written as resolved absolute paths, so the file works from any directory. Secrets stay
-    references to environment variables (``password_env``): the text never holds one.
+    Paths are written as resolved absolute paths, so the file works from any directory. A value that came
+    from ``${NAME}`` is written as ``${NAME}`` again, and a password as its variable (``password_env``): the
+    text never holds a secret.
     """
+    references = spec._env_references
     data = spec.model_dump(exclude_none=True, exclude={"sink", "sinks"})
     data["checkpoint"] = str(spec.checkpoint_dir)
     data["transform"]["schema"] = data["transform"].pop("schema_")
     data["transform"]["quarantine"] = str(spec.quarantine_path)
     data["source"].update(data["source"].pop("kafka_options", {}))
-    lines = [f"{key} = {_toml_value(data[key])}" for key in ("name", "guarantee", "checkpoint")]
-    for table in ("source", "transform", "trigger", "spark"):
-        lines += ["", f"[{table}]", *_toml_pairs(data[table])]
+    lines = _toml_pairs({key: data[key] for key in ("name", "guarantee", "checkpoint")}, references)
+    for table in ("source", "transform", "trigger", "spark", "metrics", "retry"):
+        lines += ["", f"[{table}]", *_toml_pairs(data[table], references)]
     for sink in spec.sink_specs:
         sink_data = sink.model_dump(exclude_none=True)
         if "path" in sink_data:
             sink_data["path"] = str(spec.resolve_path(sink_data["path"]))
         sink_data.update(sink_data.pop("kafka_options", {}))
-        lines += ["", "[sink]" if spec.sink is not None else "[[sinks]]", *_toml_pairs(sink_data)]
+        lines += ["", "[sink]" if spec.sink is not None else "[[sinks]]", *_toml_pairs(sink_data, references)]
     return "\n".join(lines) + "\n"
 
 
-def _toml_pairs(table: dict[str, Any]) -> list[str]:
-    return [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items()]
+def _toml_pairs(table: dict[str, Any], references: dict[str, str]) -> list[str]:
+    return [
+        f"{_toml_key(key)} = {_toml_value(references.get(value, value) if isinstance(value, str) else value)}"
+        for key, value in table.items()
+    ]
 
 
 _PASSWORD_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -621,7 +683,8 @@ def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path
         raise ConfigError(f"{source_name}: not valid TOML: {error}") from None
     try:
         _password_from_environment_only(raw)
-        raw = _interpolate_env(raw, "")
+        references: dict[str, str] = {}
+        raw = _interpolate_env(raw, "", references)
     except ConfigError as error:
         raise ConfigError(f"{source_name}: {error}") from None
     try:
@@ -629,6 +692,8 @@ def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path
     except ValidationError as error:
         raise ConfigError(f"{source_name}: {_first_error_line(error)}") from None
     spec._base_dir = base_dir or Path.cwd()
+    spec._source_name = source_name
+    spec._env_references = references
     return spec
 
 

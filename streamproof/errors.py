@@ -6,6 +6,8 @@ is shown for any of these (DESIGN: exit 2 = bad input, 1 = loss or duplicates fo
 
 from __future__ import annotations
 
+import re
+
 
 class StreamproofError(Exception):
     """Base of the errors the CLI turns into one line and an exit code."""
@@ -27,3 +29,65 @@ class InfraError(StreamproofError):
 
 class PipelineError(StreamproofError):
     """A pipeline failed for a reason the user can act on (e.g. the topic does not exist)."""
+
+
+# Failures that go away when a server comes back: connection refused or reset, a broker or database
+# restarting. Matched on the error text, since they reach Python as Py4J, psycopg or librdkafka errors.
+TRANSIENT_SIGNS = (
+    "Connection refused",
+    "connection failed",
+    "could not connect",
+    "server closed the connection",
+    "terminating connection due to administrator command",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "the database system is in recovery mode",
+    "consuming input failed",
+    "Broker transport failure",
+    "All broker connections are down",
+    "_TRANSPORT",
+    "_ALL_BROKERS_DOWN",
+    "TimeoutException: Timed out waiting",
+    "Timeout while fetching",
+    "DisconnectException",
+    "NetworkException",
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+)
+
+
+def is_transient(error: BaseException | str) -> bool:
+    """Whether an error looks like a server being briefly away (worth retrying), from its text.
+
+    >>> is_transient("psycopg.OperationalError: connection failed: Connection refused")
+    True
+    >>> is_transient("column amount does not exist")
+    False
+    """
+    text = str(error)
+    if _OWN_ERROR.search(text):  # streamproof already decided (e.g. an outage past its bound): final
+        return False
+    return any(sign in text for sign in TRANSIENT_SIGNS)
+
+
+_OWN_ERROR = re.compile(r"streamproof\.errors\.\w+Error: (.+)")
+_TRACE_NOISE = ("Traceback", "File ", "at ", "^", "~", "During handling", "The above exception")
+
+
+def first_line(error: BaseException | str, limit: int = 300) -> str:
+    """The line of an error worth showing: a streamproof error's own message when one is wrapped in a
+    Py4J or Spark error (raised inside a batch), else the first meaningful line.
+
+    >>> first_line("Py4JJavaError: ...\\nTraceback ...\\nstreamproof.errors.PipelineError: ledger mismatch\\n")
+    'ledger mismatch'
+    """
+    text = str(error)
+    own = _OWN_ERROR.findall(text)
+    if own:
+        return own[-1].strip()[:limit]
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith(_TRACE_NOISE):
+            return stripped[:limit]
+    return text.strip()[:limit] or type(error).__name__

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamproof import faults
-from streamproof.checkpoint import committed_batches, logged_batches
+from streamproof.checkpoint import RunLock, check_readable, committed_batches, logged_batches
 from streamproof.config import PipelineSpec
-from streamproof.errors import PipelineError
+from streamproof.errors import PipelineError, first_line, is_transient
+from streamproof.metrics import PipelineMetrics, partition_lag
 from streamproof.session import build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
 from streamproof.sinks.batch import BatchWriter
@@ -51,6 +52,9 @@ class RunSummary:
     stopped_by: str = "drained"
     batch_ids: list[int] = field(default_factory=list)
 
+    last_rate: float = 0.0  # rows/s of the last batch
+    last_lag: int | None = None  # Kafka records behind after the last batch
+
     @property
     def rows_per_second(self) -> float:
         return self.rows_in / self.seconds if self.seconds > 0 else 0.0
@@ -64,21 +68,8 @@ def kafka_lag(source_progress: dict[str, Any]) -> int | None:
     >>> kafka_lag({"endOffset": '{"t":{"0":5,"1":7}}', "latestOffset": {"t": {"0": 9, "1": 7}}})
     4
     """
-    try:
-        end, latest = (_offsets(source_progress.get(key)) for key in ("endOffset", "latestOffset"))
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(end, dict) or not isinstance(latest, dict):
-        return None
-    lag = 0
-    for topic, partitions in latest.items():
-        for partition, offset in partitions.items():
-            lag += max(0, int(offset) - int(end.get(topic, {}).get(partition, 0)))
-    return lag
-
-
-def _offsets(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
+    lags = partition_lag({"sources": [source_progress]})
+    return sum(lag for partitions in lags.values() for lag in partitions.values()) if lags else None
 
 
 def format_batch_line(
@@ -109,6 +100,7 @@ def _progress_listener(
     summary: RunSummary,
     emit: Callable[[str], None],
     on_batch: Callable[[int], None],
+    metrics: PipelineMetrics | None = None,
 ) -> Any:
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -122,10 +114,14 @@ def _progress_listener(
             result = writer.results.pop(progress.batchId, None)
             rows_in = int(progress.numInputRows)
             duration = (progress.batchDuration or 0) / 1000.0
-            sources = json.loads(progress.json).get("sources", [])
+            document = json.loads(progress.json)
+            sources = document.get("sources", [])
             lag = kafka_lag(sources[0]) if sources else None
             if result is None and rows_in == 0:
                 return  # an idle trigger: no batch ran
+            if metrics is not None:  # before the line: whoever sees the line finds the metrics up to date
+                metrics.observe_batch(document, result.sink_rows if result else {},
+                                      result.quarantined if result else 0)  # fmt: skip
             rows_out = result.rows_out if result else 0
             quarantined = result.quarantined if result else 0
             summary.batches += 1
@@ -134,6 +130,7 @@ def _progress_listener(
             summary.quarantined += quarantined
             summary.batch_ids.append(progress.batchId)
             rate = rows_in / duration if duration > 0 else 0.0
+            summary.last_rate, summary.last_lag = rate, lag
             line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
             if result is not None and len(result.sink_seconds) > 1:
                 line += "; " + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.sink_seconds.items())
@@ -179,18 +176,41 @@ def run(
     available_now: bool = False,
     max_batches: int | None = None,
     emit: Callable[[str], None] = lambda line: print(line, flush=True),
+    summary: RunSummary | None = None,
 ) -> RunSummary:
-    """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT."""
+    """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT.
+
+    ``summary`` (optional) is updated as batches commit, for a caller that displays progress.
+    """
     faults.arm_from_environment()
+    with RunLock(spec.checkpoint_dir):
+        return _run_locked(spec, available_now, max_batches, emit, summary or RunSummary(spec.name))
+
+
+def _run_locked(
+    spec: PipelineSpec,
+    available_now: bool,
+    max_batches: int | None,
+    emit: Callable[[str], None],
+    summary: RunSummary,
+) -> RunSummary:
+    if spec.guarantee != "at-most-once":  # at-most-once wipes Spark's logs on every start
+        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`")
     kafka_source.require_topic(spec.source)
-    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
     sinks = open_sinks(spec)
-    refuse_if_checkpoint_lost(spark, spec, sinks)
+    refuse_if_checkpoint_lost(None, spec, sinks)  # before the JVM starts, for the sinks readable without it
+    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
+    if any(sink.needs_spark_for_commits() for sink in sinks):
+        refuse_if_checkpoint_lost(spark, spec, sinks)
     for sink in sinks:
         sink.prepare(spark)
     writer = BatchWriter(spec, sinks)
-    summary = RunSummary(spec.name)
     stop = StopRequest()
+    metrics = PipelineMetrics(spec.name)
+    metrics.count_run(spec.checkpoint_dir)
+    if spec.metrics.port is not None:
+        metrics.serve(spec.metrics.port, spec.metrics.host)
+        emit(f"[{spec.name}] metrics at http://{spec.metrics.host}:{spec.metrics.port}/metrics")
 
     def on_batch(_: int) -> None:
         if max_batches is not None and summary.batches >= max_batches:
@@ -199,16 +219,12 @@ def run(
     def on_signal(signum: int, _frame: object) -> None:
         stop.request(f"{signal.Signals(signum).name}", finish_in_flight=True)
 
-    listener = _progress_listener(spec, writer, summary, emit, on_batch)
+    listener = _progress_listener(spec, writer, summary, emit, on_batch, metrics)
     spark.streams.addListener(listener)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
     try:
-        query = start_query(spark, spec, writer, available_now=available_now)
-        _wait(query, stop, summary, spec.checkpoint_dir)
-        error = query.exception()
-        if error is not None:
-            raise PipelineError(f"pipeline {spec.name!r} failed: {_first_line(str(error))}")
+        query = _run_through_outages(spark, spec, writer, stop, summary, emit, available_now=available_now)
         _wait_for_last_progress(query, summary)
     finally:
         for sig, handler in previous.items():
@@ -216,6 +232,43 @@ def run(
         spark.streams.removeListener(listener)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+def _run_through_outages(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    writer: BatchWriter,
+    stop: StopRequest,
+    summary: RunSummary,
+    emit: Callable[[str], None],
+    *,
+    available_now: bool,
+) -> StreamingQuery:
+    """Run the query; when it stops because a server is briefly away (:func:`is_transient`), start it again
+    from its checkpoint (the batch in flight is replayed, and the keyed sinks skip what they hold), until
+    ``[retry] max_outage`` passes without a committed batch."""
+    retry = spec.retry
+    outage_began: float | None = None
+    while True:
+        batches_before = summary.batches
+        query = start_query(spark, spec, writer, available_now=available_now)
+        _wait(query, stop, summary, spec.checkpoint_dir)
+        error = query.exception()
+        if error is None:
+            return query
+        reason = first_line(error)
+        if not is_transient(error) or stop.event.is_set():
+            raise PipelineError(f"pipeline {spec.name!r} failed: {reason}")
+        now = time.monotonic()
+        outage_began = now if outage_began is None or summary.batches > batches_before else outage_began
+        if now - outage_began + retry.backoff_s > retry.max_outage_s:
+            raise PipelineError(
+                f"pipeline {spec.name!r}: a server stayed unreachable for more than {retry.max_outage} ({reason}); "
+                "the checkpoint is intact: start the pipeline again once it is back"
+            )
+        emit(f"[{spec.name}] query stopped by an unreachable server ({reason}); restarting it from the checkpoint "
+             f"in {retry.backoff}")  # fmt: skip
+        time.sleep(retry.backoff_s)
 
 
 def _wait(query: StreamingQuery, stop: StopRequest, summary: RunSummary, checkpoint: Path) -> None:
@@ -268,10 +321,3 @@ def _wait_for_last_progress(query: StreamingQuery, summary: RunSummary, timeout_
     deadline = time.monotonic() + timeout_s
     while last["batchId"] not in summary.batch_ids and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:500]
-    return text[:500]

@@ -188,7 +188,8 @@ class Harness:
             )  # fmt: skip
         child = ChildRun(process, number, time.monotonic(), log_path)
         assert process.stdout is not None
-        threading.Thread(target=_pump, args=(process.stdout, child.lines), daemon=True).start()
+        out_path = log_path.with_suffix(".out")  # what the run printed (its stderr is in the .log)
+        threading.Thread(target=_pump, args=(process.stdout, child.lines, out_path), daemon=True).start()
         self.children.append(child)
         label = f"armed {crash.encode()}" if crash else ""
         self.result.timeline.append(TimelineEvent(self._t(child.started_at), number, "start", label=label))
@@ -282,9 +283,12 @@ class Harness:
         return result
 
 
-def _pump(stream: IO[str], lines: queue.Queue[tuple[float, str | None]]) -> None:
-    for line in stream:
-        lines.put((time.monotonic(), line.rstrip("\n")))
+def _pump(stream: IO[str], lines: queue.Queue[tuple[float, str | None]], copy_to: Path) -> None:
+    with open(copy_to, "a", encoding="utf-8") as copy:
+        for line in stream:
+            copy.write(line)
+            copy.flush()
+            lines.put((time.monotonic(), line.rstrip("\n")))
     lines.put((time.monotonic(), None))
 
 

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING
 from streamproof import faults
 from streamproof.checkpoint import ProgressFile, batch_end_offsets
 from streamproof.config import PipelineSpec
+from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
-from streamproof.sinks.base import Batch, Sink
+from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.sinks.delta import append_batch
 from streamproof.transform import REJECT_REASON, quarantined_records, valid_records
 
@@ -42,10 +44,16 @@ class BatchResult:
     quarantined: int
     replay_skipped: bool = False  # every sink already held this replayed batch: nothing was written
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink, time of its write
+    sink_rows: dict[str, int] = field(default_factory=dict)  # per sink, rows written (0 for a skipped replay)
 
 
 class BatchWriter:
-    """The ``foreachBatch`` function of a pipeline: quarantine, then every sink, with the crash hooks."""
+    """The ``foreachBatch`` function of a pipeline: quarantine, then every sink, with the crash hooks.
+
+    A sink write that fails because its server is briefly away (:func:`streamproof.errors.is_transient`) is
+    retried until ``[retry] max_outage``: the write is keyed on the batch, so a retry writes what the failed
+    attempt did not and nothing twice. Past the bound the batch fails with one line naming the sink.
+    """
 
     def __init__(self, spec: PipelineSpec, sinks: list[Sink]) -> None:
         self.spec = spec
@@ -81,7 +89,7 @@ class BatchWriter:
                 started = time.monotonic()
                 with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0,
                                        in_tasks=sink.writes_in_python_tasks):  # fmt: skip
-                    writes[sink.name] = sink.write(valid, replace(batch, kill_mid_write=kill_in_task))
+                    writes[sink.name] = self._write_retrying(sink, valid, replace(batch, kill_mid_write=kill_in_task))
                 seconds[sink.name] = time.monotonic() - started
         finally:
             parsed.unpersist()
@@ -93,4 +101,23 @@ class BatchWriter:
             quarantined=quarantined,
             replay_skipped=all(write.replay_skipped for write in writes.values()),
             sink_seconds=seconds,
+            sink_rows={name: write.rows_out for name, write in writes.items()},
         )
+
+    def _write_retrying(self, sink: Sink, rows: DataFrame, batch: Batch) -> SinkWrite:
+        retry = self.spec.retry
+        deadline = time.monotonic() + retry.max_outage_s
+        while True:
+            try:
+                return sink.write(rows, batch)
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                if time.monotonic() + retry.backoff_s > deadline:
+                    raise PipelineError(
+                        f"{sink.location} unreachable for more than {retry.max_outage} ({first_line(error)}); the "
+                        "checkpoint is intact: start the pipeline again once it is back"
+                    ) from None
+                print(f"[{self.spec.name}] {sink.name} unreachable in batch {batch.batch_id} ({first_line(error)}); "
+                      f"retrying in {retry.backoff}", file=sys.stderr, flush=True)  # fmt: skip
+                time.sleep(retry.backoff_s)

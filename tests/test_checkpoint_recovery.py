@@ -1,0 +1,139 @@
+"""A lost or damaged checkpoint is refused, never silently replayed, and rebuilt from what the sinks recorded.
+
+Fault 1: SIGKILL of the pipeline's process tree inside the PostgreSQL sink's write of batch 1 (Delta already
+holds batch 1, PostgreSQL holds part of it), then the checkpoint folder is deleted. Expected: the next run
+is refused (exit 2, one line naming the sink and the way out); `checkpoint recover` rebuilds the
+checkpoint; the run drains; both sinks reconcile 0 lost / 0 duplicated.
+Fault 2: the last offset log file truncated (a torn write). Expected: refused with the file named (exit 2,
+no JVM stack trace); recover keeps the damaged checkpoint aside; new events drain; both sinks 0/0.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import run_cli
+from streamproof import faults
+from streamproof.checkpoint import RunLock, backup, logged_batches
+from streamproof.config import load_pipeline
+from streamproof.errors import PipelineError
+from streamproof.generator import generate
+from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.prove import Harness
+from streamproof.verify import verify_pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+
+def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    pipeline_file = workdir / "pipeline.toml"
+    pipeline_file.write_text(f"""
+name = "recovery"
+checkpoint = "{workdir}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "recovery"
+max_offsets_per_trigger = 2000
+[transform]
+schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
+required = ["event_id", "order_id"]
+quarantine = "{workdir}/quarantine"
+[[sinks]]
+label = "delta"
+kind = "delta"
+path = "{workdir}/orders"
+[[sinks]]
+label = "pg"
+kind = "postgres"
+port = {postgres.port}
+password = "${{{PG_PASSWORD_ENV}}}"
+table = "recovery_orders"
+""")
+    return pipeline_file
+
+
+def _assert_clean(spark: Any, pipeline_file: Path, events: int) -> None:
+    reports = verify_pipeline(spark, load_pipeline(pipeline_file))
+    assert [report.sink for report in reports] == ["delta", "pg"]
+    for report in reports:
+        assert report.source_records == events
+        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+        assert report.identity_holds
+
+
+def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
+    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
+) -> None:
+    generate(kafka_broker.bootstrap_servers, "recovery", 10_000, partitions=4, malformed=0.005, seed=5)
+    pipeline_file = _pipeline(tmp_path, kafka_broker, streamproof_postgres)
+    checkpoint = tmp_path / "checkpoint"
+
+    harness = Harness(pipeline_file, tmp_path / "logs", emit=print)
+    crashed = harness.start(faults.ArmedCrash(faults.MID_SINK_WRITE, 1, "pg"))
+    assert harness.wait_for_exit(crashed) == -9
+    harness.finish()
+    shutil.rmtree(checkpoint)
+
+    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    message = refused.stderr.strip()
+    assert message.startswith(f"error: checkpoint {checkpoint} is empty but {tmp_path / 'orders'} already holds")
+    assert "streamproof checkpoint recover" in message and "\n" not in message
+
+    started = time.monotonic()
+    recovered = run_cli("checkpoint", "recover", str(pipeline_file), timeout=300)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    # Delta holds batch 1, PostgreSQL only part of it: batch 1 is re-run with the offsets Delta recorded.
+    assert "each sink's last batch: {'delta': 1, 'pg': 0}" in recovered.stdout
+    assert "re-runs batch 1" in recovered.stdout
+    drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    print(f"lost checkpoint: recover + drain took {time.monotonic() - started:.1f} s")
+    assert "batch 1 committed" in drained.stdout and "batch 0 committed" not in drained.stdout
+    _assert_clean(spark, pipeline_file, 10_000)
+
+    shown = run_cli("checkpoint", "show", str(pipeline_file), timeout=300)
+    assert shown.returncode == 0 and "what the sinks hold" in shown.stdout
+    assert "│ delta " in shown.stdout and "│ pg " in shown.stdout
+
+    # A torn write of the last offset file.
+    last = checkpoint / "offsets" / str(logged_batches(checkpoint)[-1])
+    last.write_text(last.read_text()[:40])
+    generate(kafka_broker.bootstrap_servers, "recovery", 3_000, partitions=4, malformed=0.0, seed=6)
+    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().startswith(f"error: {last} is damaged (")
+    assert "checkpoint recover" in refused.stderr
+    assert "Traceback" not in refused.stderr and " at org." not in refused.stderr
+
+    recovered = run_cli("checkpoint", "recover", str(pipeline_file), timeout=300)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    assert "the damaged checkpoint is kept as" in recovered.stdout
+    assert len(list(tmp_path.glob("checkpoint.damaged-*"))) == 1
+    drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    _assert_clean(spark, pipeline_file, 13_000)
+
+
+def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(tmp_path: Path) -> None:
+    import subprocess
+
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        (checkpoint / RunLock.NAME).write_text(str(holder.pid))
+        with pytest.raises(PipelineError, match=f"while a pipeline runs on it \\(pid {holder.pid}\\)"):
+            backup(checkpoint)
+    finally:
+        holder.kill()
+        holder.wait()
+    copy = backup(checkpoint)  # the holder is gone: its lock file is stale
+    assert (copy / "offsets").is_dir() and not (copy / RunLock.NAME).exists()
