@@ -223,3 +223,15 @@ def test_every_example_pipeline_loads(example: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("STREAMPROOF_PG_PASSWORD", "x")
     spec = load_pipeline(example)
     assert spec.sink_specs
+
+
+def test_a_dumped_pipeline_keeps_env_references_never_the_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamproof.config import dump_pipeline
+
+    monkeypatch.setenv("SP_TEST_JAAS", 'org.apache.kafka.common.security.plain.PlainLoginModule password="s3cr3t";')
+    text = EXAMPLE.replace("[source]", '[source]\n"kafka.sasl.jaas.config" = "${SP_TEST_JAAS}"')
+    spec = parse_pipeline(text)
+    assert 'password="s3cr3t"' in spec.source.spark_options()["kafka.sasl.jaas.config"]
+    dumped = dump_pipeline(spec)
+    assert "s3cr3t" not in dumped and '"kafka.sasl.jaas.config" = "${SP_TEST_JAAS}"' in dumped
+    assert parse_pipeline(dumped).source == spec.source

@@ -49,7 +49,7 @@ def test_two_random_sigkills_lose_nothing_and_duplicate_nothing(
     assert len(harness.process_groups) == 3
     assert surviving_processes(harness.process_groups) == [], "a pipeline process (driver or JVM) survived"
 
-    report = verify_pipeline(spark, load_pipeline(pipeline_file))
+    (report,) = verify_pipeline(spark, load_pipeline(pipeline_file))
     assert report.source_records == 200_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
     assert report.quarantined == generated.malformed

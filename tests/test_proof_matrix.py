@@ -27,14 +27,17 @@ POINTS = (BEFORE_SINK_WRITE, MID_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT
 
 
 @pytest.fixture(scope="module")
-def matrix(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, str], MatrixCell]:
-    workdir = tmp_path_factory.mktemp("matrix")
+def matrix_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("matrix")
+
+
+@pytest.fixture(scope="module")
+def matrix(kafka_broker: KafkaBroker, spark: Any, matrix_workdir: Path) -> dict[tuple[str, str], MatrixCell]:
     pipeline_file = write_pipeline(
-        workdir / "base", name="matrix", topic="matrix", bootstrap=kafka_broker.bootstrap_servers, max_offsets=10_000
-    )
-    cells = run_matrix(pipeline_file, spark, workdir=workdir, count=50_000, malformed=0.005, seed=7)
+        matrix_workdir / "base", name="matrix", topic="matrix", bootstrap=kafka_broker.bootstrap_servers,
+        max_offsets=10_000,
+    )  # fmt: skip
+    cells = run_matrix(pipeline_file, spark, workdir=matrix_workdir, count=50_000, malformed=0.005, seed=7)
     return {(cell.guarantee, cell.point): cell for cell in cells}
 
 
@@ -110,3 +113,32 @@ def test_restarts_are_timed_and_reports_render(matrix: dict[tuple[str, str], Mat
     page = matrix_html(list(matrix.values()), "streamproof prove --matrix")
     assert page.count("<svg") == 12 and page.count("class='clean") >= 4
     (tmp_path / "matrix.html").write_text(page)
+
+
+def test_vacuum_removes_the_files_a_killed_write_left_and_the_table_reads_the_same(
+    matrix: dict[tuple[str, str], MatrixCell], matrix_workdir: Path, spark: Any
+) -> None:
+    """Fault: the SIGKILL in the middle of batch 1's Delta write (exactly-once cell). Its data files stay on
+    disk, referenced by no commit; VACUUM with a zero retention deletes exactly those, OPTIMIZE compacts the
+    rest, and the table's rows are the same before and after."""
+    from streamproof.config import load_pipeline
+    from streamproof.maintenance import optimize, unreferenced_files, vacuum
+    from streamproof.verify import verify_pipeline
+
+    assert matrix[("exactly-once", MID_SINK_WRITE)].crashes
+    cell = matrix_workdir / f"exactly-once-{MID_SINK_WRITE}"
+    spec = load_pipeline(cell / "pipeline.toml")
+    table = cell / "tables" / "delta"
+    rows = sorted(spark.read.format("delta").load(str(table)).select("_src_partition", "_src_offset").collect())
+    orphans = unreferenced_files(spark, table)
+    assert orphans, "the killed write left no data file behind: the crash did not land mid-write"
+
+    result = vacuum(spark, spec, table, retention_hours=0, allow_short_retention=True)
+    assert result.deleted_files == len(orphans)
+    assert unreferenced_files(spark, table) == [] and not any(path.exists() for path in orphans)
+    compacted = optimize(spark, table)
+    assert compacted.files_removed > compacted.files_added >= 1
+    after = sorted(spark.read.format("delta").load(str(table)).select("_src_partition", "_src_offset").collect())
+    assert after == rows
+    (report,) = verify_pipeline(spark, spec)
+    assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)

@@ -16,6 +16,7 @@ before the write loses in every sink and duplicates in none.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -32,6 +33,11 @@ from streamproof.verify import Report, verify_pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
 SINK_LABELS = ("merge", "pg-upsert", "pg-totals", "pg-append", "kafka", "files")
+JAAS_ENV = "STREAMPROOF_TEST_JAAS"
+JAAS_SECRET = "sp-jaas-" + secrets.token_hex(8)
+os.environ.setdefault(
+    JAAS_ENV, f'org.apache.kafka.common.security.plain.PlainLoginModule required username="u" password="{JAAS_SECRET}";'
+)
 ABSORBS_REPLAYS = ("merge", "pg-upsert")
 # The weaker guarantees' damage is shown without the Delta MERGE (the slowest sink; it absorbs a replay just
 # like the PostgreSQL upsert that stays in): `streamproof prove --matrix` shows it for MERGE too.
@@ -54,6 +60,8 @@ kind = "kafka"
 bootstrap_servers = "{broker.bootstrap_servers}"
 topic = "{topic}"
 max_offsets_per_trigger = {batch}
+# Carried to Spark's Kafka consumer like a real SASL setting (the test broker is PLAINTEXT, so unused).
+"kafka.sasl.jaas.config" = "${{{JAAS_ENV}}}"
 
 [transform]
 schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
@@ -193,13 +201,14 @@ def test_kcat_reading_committed_records_agrees_with_verify(
     assert _kcat_count(kafka_broker.bootstrap_servers, "fan-exactly-once-out", "read_uncommitted") > committed
 
 
-def test_no_log_line_holds_the_database_password(exactly_once: tuple[dict[str, Report], Any, Path]) -> None:
+def test_no_log_line_holds_a_secret(exactly_once: tuple[dict[str, Report], Any, Path]) -> None:
+    """The database password and the Kafka SASL secret were in use through seven runs and six crashes."""
     _, _, workdir = exactly_once
-    password = os.environ[PG_PASSWORD_ENV]
-    logs = list((workdir / "logs").glob("*.log"))
-    assert logs
-    leaking = [log.name for log in logs if password in log.read_text(errors="replace")]
-    assert leaking == []
+    logs = [*(workdir / "logs").glob("*.log"), *(workdir / "logs").glob("*.out")]
+    assert len(logs) == 2 * 7
+    for secret in (os.environ[PG_PASSWORD_ENV], JAAS_SECRET):
+        leaking = [log.name for log in logs if secret in log.read_text(errors="replace")]
+        assert leaking == []
 
 
 def test_at_least_once_duplicates_where_a_replay_is_not_absorbed(

@@ -58,7 +58,7 @@ def test_sigterm_stops_after_the_current_batch_and_restart_completes(
 
     resumed = run_cli("run", str(pipeline_file), "--available-now")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    report = verify_pipeline(spark, spec)
+    (report,) = verify_pipeline(spark, spec)
     assert report.source_records == 60_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
 
