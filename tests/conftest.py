@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,19 @@ CLI_TIMEOUT_S = 600
 def write_pipeline(workdir: Path, *, name: str, topic: str, bootstrap: str, max_offsets: int) -> Path:
     """The demo's pipeline (the one users see first), with checkpoint and tables under ``workdir``."""
     return write_demo_pipeline(workdir, topic, bootstrap, max_offsets, name=name)
+
+
+def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> list[Any]:
+    """Reconcile the pipeline's sinks: each 0 lost / 0 duplicated / 0 unexpected over ``events`` source records."""
+    from streamproof.config import load_pipeline
+    from streamproof.verify import verify_pipeline
+
+    reports = verify_pipeline(spark, load_pipeline(pipeline_file))
+    for report in reports:
+        assert report.source_records == events
+        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+        assert report.identity_holds
+    return reports
 
 
 def run_cli(

@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 
-from conftest import run_cli
+from conftest import assert_every_sink_clean, run_cli
 from streamproof import faults
 from streamproof.checkpoint import RunLock, backup, logged_batches
-from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.prove import Harness
-from streamproof.verify import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -60,12 +58,8 @@ table = "recovery_orders"
 
 
 def _assert_clean(spark: Any, pipeline_file: Path, events: int) -> None:
-    reports = verify_pipeline(spark, load_pipeline(pipeline_file))
+    reports = assert_every_sink_clean(spark, pipeline_file, events)
     assert [report.sink for report in reports] == ["delta", "pg"]
-    for report in reports:
-        assert report.source_records == events
-        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
-        assert report.identity_holds
 
 
 def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(

@@ -21,11 +21,9 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, run_cli, write_pipeline
-from streamproof.config import load_pipeline
+from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
 from streamproof.generator import generate
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
-from streamproof.verify import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -59,19 +57,13 @@ def _restart(stop: Any, start: Any) -> Any:
     return fault
 
 
-def _assert_clean(spark: Any, pipeline_file: Path, events: int) -> None:
-    for report in verify_pipeline(spark, load_pipeline(pipeline_file)):
-        assert report.source_records == events
-        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
-
-
 def test_kafka_broker_restart_mid_run_is_survived(kafka_broker: KafkaBroker, spark: Any, tmp_path: Path) -> None:
     generate(kafka_broker.bootstrap_servers, "outage-kafka", 60_000, partitions=4, malformed=0.005, seed=12)
     pipeline_file = write_pipeline(tmp_path, name="outage-kafka", topic="outage-kafka",
                                    bootstrap=kafka_broker.bootstrap_servers, max_offsets=6_000)  # fmt: skip
     code, output = _run_with_fault_after_two_batches(pipeline_file, _restart(kafka_broker.down, kafka_broker.up))
     assert code == 0, output[-3000:]
-    _assert_clean(spark, pipeline_file, 60_000)
+    assert_every_sink_clean(spark, pipeline_file, 60_000)
 
 
 def _postgres_pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, name: str, outage: str) -> Path:
@@ -114,7 +106,7 @@ def test_postgres_restart_mid_run_is_survived(
     )
     assert code == 0, output[-3000:]
     assert "unreachable" in output  # the outage was seen, and ridden out
-    _assert_clean(spark, pipeline_file, 60_000)
+    assert_every_sink_clean(spark, pipeline_file, 60_000)
 
 
 def test_an_outage_longer_than_the_bound_stops_cleanly_and_the_next_run_resumes(
@@ -132,4 +124,4 @@ def test_an_outage_longer_than_the_bound_stops_cleanly_and_the_next_run_resumes(
     assert "unreachable for more than 8 seconds" in message and "start the pipeline again once it is back" in message
     resumed = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    _assert_clean(spark, pipeline_file, 30_000)
+    assert_every_sink_clean(spark, pipeline_file, 30_000)
