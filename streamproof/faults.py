@@ -198,7 +198,8 @@ def _kill_while_group_runs(spark_context: Any, group: str, batch_id: int, done: 
             job = tracker.getJobInfo(job_id)
             for stage_id in job.stageIds if job is not None else ():
                 stage = tracker.getStageInfo(stage_id)
-                if stage is not None and stage.numActiveTasks > 0 and not done.is_set():
+                # Let the tasks open their output files first: the kill must leave a write half done.
+                if stage is not None and stage.numActiveTasks > 0 and not done.wait(0.05):
                     reached(MID_SINK_WRITE, batch_id)
         time.sleep(0.002)
 

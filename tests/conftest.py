@@ -50,6 +50,26 @@ def run_cli(
     )
 
 
+# Longest first, so that the two workers (pyproject: -n 2 --dist loadfile) finish together.
+LONGEST_FIRST = (
+    "test_proof_matrix.py",
+    "test_sinks_exactly_once.py",
+    "test_testing_plugin.py",
+    "test_checkpoint_recovery.py",
+    "test_outages.py",
+    "test_crash_recovery.py",
+    "test_stop_signals.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file is kept
+
+
 # The broker and Spark fixtures are the ones streamproof ships to its users (streamproof/testing.py),
 # so the project's own tests exercise the plugin too.
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 while batches are being written, restarted, drained, and reconciled record by record.
 
 Fault: 2 x SIGKILL of the driver's process group (Python + Spark JVM), seed 20261122.
-Expected: 200,000 source records, lost 0, duplicated 0, unexpected 0, quarantined = generator's malformed.
+Expected: 100,000 source records, lost 0, duplicated 0, unexpected 0, quarantined = generator's malformed.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ def test_two_random_sigkills_lose_nothing_and_duplicate_nothing(
     kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
     generated = generate(
-        kafka_broker.bootstrap_servers, "crash-orders", 200_000, partitions=4, malformed=0.005, seed=SEED
+        kafka_broker.bootstrap_servers, "crash-orders", 100_000, partitions=4, malformed=0.005, seed=SEED
     )
     pipeline_file = write_pipeline(
-        tmp_path, name="crash", topic="crash-orders", bootstrap=kafka_broker.bootstrap_servers, max_offsets=20_000
+        tmp_path, name="crash", topic="crash-orders", bootstrap=kafka_broker.bootstrap_servers, max_offsets=10_000
     )
     lines: list[str] = []
 
@@ -50,7 +50,7 @@ def test_two_random_sigkills_lose_nothing_and_duplicate_nothing(
     assert surviving_processes(harness.process_groups) == [], "a pipeline process (driver or JVM) survived"
 
     (report,) = verify_pipeline(spark, load_pipeline(pipeline_file))
-    assert report.source_records == 200_000
+    assert report.source_records == 100_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
     assert report.quarantined == generated.malformed
-    assert report.sink_records == 200_000 - generated.malformed
+    assert report.sink_records == 100_000 - generated.malformed

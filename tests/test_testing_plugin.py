@@ -1,6 +1,6 @@
 """The pytest plugin users put in their own suites (streamproof.testing), used here as a user would.
 
-Fault: 5 seeded random SIGKILLs of the pipeline's process group (exactly-once, 120,000 events).
+Fault: 5 seeded random SIGKILLs of the pipeline's process tree (exactly-once, 60,000 events).
 Expected: lost 0, duplicated 0, unexpected 0; and a broken guarantee fails with the exact counts.
 """
 
@@ -20,12 +20,12 @@ from streamproof.verify import Report
 @pytest.mark.crash
 def test_five_random_kills_exactly_once_through_the_plugin(streamproof_prover: Prover) -> None:
     report = streamproof_prover.prove(
-        REPO / "examples" / "orders_to_delta.toml", events=120_000, random_kills=5, seed=5, batch_size=6_000
+        REPO / "examples" / "orders_to_delta.toml", events=60_000, random_kills=5, seed=5, batch_size=3_000
     )
     _, harness = streamproof_prover.runs[-1]
     assert len(harness.crashes) == 5 and harness.runs == 6
     assert surviving_processes(harness.process_groups) == []
-    assert report.source_records == 120_000
+    assert report.source_records == 60_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
 
 
