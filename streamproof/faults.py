@@ -167,28 +167,51 @@ def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> bool:
 
 
 @contextlib.contextmanager
-def sink_write(batch_id: int, spark_context: Any, sink: str, *, first_sink: bool, in_tasks: bool) -> Iterator[None]:
+def sink_write(
+    batch_id: int, spark_context: Any, sink: str, *, first_sink: bool, in_tasks: bool, files_in: Path | None = None
+) -> Iterator[None]:
     """Wrap one sink's write of a batch: its Spark jobs run in their own job group (``streamproof-<batch>-<sink>``).
 
-    When ``mid-sink-write`` is armed for it and the sink writes from the JVM (Delta, files), a watcher
-    kills the process tree while a job of that group has tasks running, and only then: it stops when the
-    write returns, so a write too short to be caught is a missed crash (the harness reports it), never a
-    kill that lands somewhere else. A sink that writes from Python tasks (``in_tasks``: PostgreSQL, Kafka)
-    is killed by its task instead, at a fixed point of its write (:func:`kill_from_task`).
+    When ``mid-sink-write`` is armed for it, the kill lands inside this write and nowhere else:
+
+    * a sink writing data files into a folder (``files_in``: Delta, Parquet) is killed the moment the first
+      new data file of the write appears there: files partly written, nothing committed;
+    * a sink writing from Python tasks (``in_tasks``: PostgreSQL, Kafka) is killed by its task, at a fixed
+      point of its write (:func:`kill_from_task`);
+    * otherwise a watcher kills while a job of the write's group has tasks running.
+
+    A watcher stops when the write returns: a write it could not catch is a missed crash, which the
+    harness reports, never a kill that lands elsewhere.
     """
     group = f"streamproof-{batch_id}-{sink}"
     spark_context.setJobGroup(group, f"streamproof: batch {batch_id} -> {sink}")
     done = threading.Event()
     if mid_write_armed(batch_id, sink, first_sink=first_sink) and not in_tasks:
-        watcher = threading.Thread(target=_kill_while_group_runs, args=(spark_context, group, batch_id, done),
-                                   name="streamproof-mid-write-crash", daemon=True)  # fmt: skip
-        watcher.start()
+        if files_in is not None:
+            target, args = _kill_when_new_file_appears, (files_in, _data_files(files_in), batch_id, done)
+        else:
+            target, args = _kill_while_group_runs, (spark_context, group, batch_id, done)
+        threading.Thread(target=target, args=args, name="streamproof-mid-write-crash", daemon=True).start()
     try:
         yield
     finally:
         done.set()
         for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
             spark_context.setLocalProperty(key, None)
+
+
+def _data_files(folder: Path) -> set[str]:
+    try:
+        return {entry.name for entry in os.scandir(folder) if entry.name.endswith(".parquet")}
+    except FileNotFoundError:
+        return set()
+
+
+def _kill_when_new_file_appears(folder: Path, before: set[str], batch_id: int, done: threading.Event) -> None:
+    while not done.is_set():
+        if _data_files(folder) - before and not done.is_set():
+            reached(MID_SINK_WRITE, batch_id)
+        time.sleep(0.001)
 
 
 def _kill_while_group_runs(spark_context: Any, group: str, batch_id: int, done: threading.Event) -> None:

@@ -20,6 +20,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from streamproof.checkpoint import is_empty
@@ -133,6 +134,11 @@ class Sink(ABC):
     @property
     def check(self) -> Check:
         return Check("records")
+
+    @property
+    def data_files_folder(self) -> Path | None:
+        """The local folder a write creates its data files in (Delta, Parquet), for the crash harness."""
+        return None
 
     def prepare(self, spark: SparkSession) -> None:  # noqa: B027 - optional hook
         """Create what the sink needs (table, topic) before the first batch; idempotent."""

@@ -87,9 +87,12 @@ class BatchWriter:
             for index, sink in enumerate(self.sinks):
                 kill_in_task = faults.mid_write_armed(batch_id, sink.name, first_sink=index == 0)
                 started = time.monotonic()
-                with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0,
-                                       in_tasks=sink.writes_in_python_tasks):  # fmt: skip
-                    writes[sink.name] = self._write_retrying(sink, valid, replace(batch, kill_mid_write=kill_in_task))
+                armed = replace(batch, kill_mid_write=kill_in_task)
+                with faults.sink_write(
+                    batch_id, context, sink.name, first_sink=index == 0,
+                    in_tasks=sink.writes_in_python_tasks, files_in=sink.data_files_folder,
+                ):  # fmt: skip
+                    writes[sink.name] = self._write_retrying(sink, valid, armed)
                 seconds[sink.name] = time.monotonic() - started
         finally:
             parsed.unpersist()

@@ -97,6 +97,10 @@ class DeltaSink(Sink):
         return str(self.path)
 
     @property
+    def data_files_folder(self) -> Path | None:
+        return None if "://" in str(self.path) else self.path
+
+    @property
     def check(self) -> Check:
         if self.spec.mode == "merge":
             return Check("latest", key=self.spec.key, order_by=self.spec.order_by)

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamproof.config import FilesSinkSpec, PipelineSpec
@@ -48,6 +49,10 @@ class FilesSink(Sink):
     @property
     def location(self) -> str:
         return str(self.path)
+
+    @property
+    def data_files_folder(self) -> Path | None:
+        return None if "://" in str(self.path) else self.path
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         if not batch.keyed:
