@@ -376,6 +376,10 @@ class SparkSettings(_Strict):
     master: str = "local[2]"
     driver_memory: str = "2g"
     shuffle_partitions: int = Field(2, gt=0)
+    # "quick-start" compiles with C1 only: a JVM that lives seconds to minutes (a crash harness restarting
+    # it, a test) spends far less CPU compiling; a long-running pipeline reaches more rows/s with "tiered".
+    # The environment variable STREAMPROOF_JIT overrides it (the harness and the test suite set it).
+    jit: Literal["tiered", "quick-start"] = "tiered"
     conf: dict[str, str] = Field(default_factory=dict)
 
 

@@ -32,6 +32,7 @@ import os
 import queue
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,7 @@ from streamproof.config import (
 )
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.pipeline import BATCH_COMMITTED
+from streamproof.session import JIT_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -132,6 +134,7 @@ class ChildRun:
     number: int
     started_at: float
     log_path: Path
+    scratch: Path  # Spark's local dirs of this run: a killed JVM cannot delete them, the harness does
     lines: queue.Queue[tuple[float, str | None]] = field(default_factory=queue.Queue)
     committed: list[tuple[float, int, float]] = field(default_factory=list)  # (time, batch id, duration s)
     rows_in: int = 0
@@ -176,7 +179,9 @@ class Harness:
         number = len(self.children) + 1
         log_path = self.log_dir / f"run-{number}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        scratch = self.log_dir / f"run-{number}.spark-local"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPARK_LOCAL_DIRS": str(scratch)}
+        env.setdefault(JIT_ENV, "quick-start")  # each run lives seconds: C1 only halves its CPU on 2 cores
         env.pop(faults.CRASH_ENV, None)
         if crash is not None:
             env[faults.CRASH_ENV] = crash.encode()
@@ -186,7 +191,7 @@ class Harness:
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                 start_new_session=True, env=env,
             )  # fmt: skip
-        child = ChildRun(process, number, time.monotonic(), log_path)
+        child = ChildRun(process, number, time.monotonic(), log_path, scratch)
         assert process.stdout is not None
         out_path = log_path.with_suffix(".out")  # what the run printed (its stderr is in the .log)
         threading.Thread(target=_pump, args=(process.stdout, child.lines, out_path), daemon=True).start()
@@ -273,6 +278,7 @@ class Harness:
         for child in self.children:
             if child.process.poll() is None:
                 child.kill_group()
+            shutil.rmtree(child.scratch, ignore_errors=True)
         result = self.result
         result.runs = len(self.children)
         result.process_groups = [child.process.pid for child in self.children]

@@ -182,9 +182,16 @@ def streamproof_postgres() -> Iterator[PostgresServer]:
 
 @pytest.fixture(scope="session")
 def streamproof_spark() -> Iterator[SparkSession]:
-    """The SparkSession streamproof pipelines use (cached jars, Delta, local[2]), stopped at the end."""
-    from streamproof.session import build_session
+    """The SparkSession streamproof pipelines use (cached jars, Delta, local[2]), stopped at the end.
 
+    A test's JVMs live seconds: unless ``$STREAMPROOF_JIT`` says otherwise, they compile with C1 only
+    (``[spark] jit = "quick-start"``), this session and the pipeline runs the tests start alike.
+    """
+    import os
+
+    from streamproof.session import JIT_ENV, build_session
+
+    os.environ.setdefault(JIT_ENV, "quick-start")
     session = build_session(app_name="streamproof-tests")
     try:
         yield session

@@ -15,6 +15,9 @@ from streamproof.demo import write_demo_pipeline
 from streamproof.infra import KafkaBroker
 
 REPO = Path(__file__).resolve().parent.parent
+# Every JVM a test starts lives seconds: C1 only (see streamproof.session.jit_option), inherited by the
+# pipeline runs the tests start as child processes.
+os.environ.setdefault("STREAMPROOF_JIT", "quick-start")
 CLI_TIMEOUT_S = 600
 
 

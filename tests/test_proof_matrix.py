@@ -20,7 +20,8 @@ from streamproof.infra import KafkaBroker
 from streamproof.prove import MatrixCell, run_matrix
 from streamproof.report import matrix_html
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+# 12 cells of two JVM runs each: longer than the suite-wide timeout of one test on a loaded 2-core machine.
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1800)]
 
 GUARANTEES = ("exactly-once", "at-least-once", "at-most-once")
 POINTS = (BEFORE_SINK_WRITE, MID_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT_COMMIT)

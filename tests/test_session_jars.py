@@ -60,3 +60,23 @@ def test_an_unusable_archive_falls_back_silently(tmp_path: Path) -> None:
     )
     assert done.returncode == 0
     assert done.stdout == "" and "warning" not in done.stderr
+
+
+def test_jit_setting_picks_c1_only_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamproof.config import SparkSettings
+    from streamproof.errors import ConfigError
+    from streamproof.session import JIT_ENV, session_conf
+
+    def java_options(**settings: str) -> str:
+        return session_conf(SparkSettings(**settings))["spark.driver.extraJavaOptions"]
+
+    monkeypatch.delenv(JIT_ENV, raising=False)
+    assert "TieredStopAtLevel" not in java_options()
+    assert "-XX:TieredStopAtLevel=1" in java_options(jit="quick-start")
+    monkeypatch.setenv(JIT_ENV, "quick-start")
+    assert "-XX:TieredStopAtLevel=1" in java_options()
+    monkeypatch.setenv(JIT_ENV, "tiered")
+    assert "TieredStopAtLevel" not in java_options(jit="quick-start")
+    monkeypatch.setenv(JIT_ENV, "fast")
+    with pytest.raises(ConfigError, match="STREAMPROOF_JIT='fast': expected tiered or quick-start"):
+        java_options()
