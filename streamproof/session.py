@@ -100,6 +100,9 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
         "spark.default.parallelism": str(settings.shuffle_partitions),
         # Delta reconstructs table state with 50 tasks by default: pure overhead on a laptop.
         "spark.databricks.delta.snapshotPartitions": str(settings.shuffle_partitions),
+        # VACUUM lists the table's folders in a job of this many tasks (default 10,000): measured on a 50k-row
+        # table, a VACUUM DRY RUN took 47 s warm with the default and 3.3 s with 2.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         # Event times are compared and stored in UTC whatever the machine's zone.
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
