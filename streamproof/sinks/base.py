@@ -165,6 +165,22 @@ class Sink(ABC):
         return complete[-1] if complete else None
 
 
+class FolderSink(Sink):
+    """A sink that writes data files under a path of the pipeline file (Delta table, Parquet folder)."""
+
+    def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
+        super().__init__(pipeline, spec)
+        self.path = pipeline.resolve_path(spec.path)  # type: ignore[union-attr]
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def data_files_folder(self) -> Path | None:
+        return None if "://" in str(self.path) else self.path
+
+
 @dataclass(frozen=True)
 class CrashInTask:
     """The ``mid-sink-write`` crash of a sink that writes from Python tasks: the batch's last partition

@@ -30,8 +30,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamproof.config import DeltaSinkSpec, PipelineSpec
-from streamproof.sinks.base import Batch, Check, Sink, SinkCommit, SinkWrite
+from streamproof.config import DeltaSinkSpec
+from streamproof.sinks.base import Batch, Check, FolderSink, SinkCommit, SinkWrite
 from streamproof.transform import COORDINATES
 
 if TYPE_CHECKING:
@@ -82,23 +82,11 @@ def newer_than(source: str, target: str, order_by: str) -> Column:
     return rank(source) > rank(target)
 
 
-class DeltaSink(Sink):
+class DeltaSink(FolderSink):
     """Valid records to a Delta table: append, or merge on ``key`` (see the module docstring)."""
 
     kind = "delta"
     spec: DeltaSinkSpec
-
-    def __init__(self, pipeline: PipelineSpec, spec: DeltaSinkSpec) -> None:
-        super().__init__(pipeline, spec)
-        self.path = pipeline.resolve_path(spec.path)
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    @property
-    def data_files_folder(self) -> Path | None:
-        return None if "://" in str(self.path) else self.path
 
     @property
     def check(self) -> Check:
@@ -165,7 +153,7 @@ class DeltaSink(Sink):
         ]
 
     def needs_spark_for_commits(self) -> bool:
-        return "://" in str(self.pipeline.resolve_path(self.spec.path))
+        return "://" in str(self.path)
 
     def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
         if not self.needs_spark_for_commits():  # a local table: its log files, without starting Spark

@@ -23,11 +23,10 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamproof.config import FilesSinkSpec, PipelineSpec
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.config import FilesSinkSpec
+from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -36,23 +35,11 @@ METADATA_DIR = "_spark_metadata"
 FILE_STREAM_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
 
 
-class FilesSink(Sink):
+class FilesSink(FolderSink):
     """Valid records to a Parquet folder (see the module docstring)."""
 
     kind = "files"
     spec: FilesSinkSpec
-
-    def __init__(self, pipeline: PipelineSpec, spec: FilesSinkSpec) -> None:
-        super().__init__(pipeline, spec)
-        self.path = pipeline.resolve_path(spec.path)
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    @property
-    def data_files_folder(self) -> Path | None:
-        return None if "://" in str(self.path) else self.path
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         if not batch.keyed:
