@@ -431,21 +431,23 @@ def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, ch
     "may-duplicate" / "may-lose" where it depends on how far the killed write got.
 
     A cell that should show damage and does not means the harness missed its fault (a blind harness),
-    which is a failure too. Under at-least-once a kill in the middle of the sink write duplicates the
-    batch's quarantined records: the quarantine table commits before the sink and is appended again on
-    replay; and where the sink shows a write before it is complete (PostgreSQL commits per partition, a
-    non-transactional Kafka producer), the part written before the kill is written again. A sink holding
-    the latest record per key (``check = "latest"``) absorbs a replay by itself.
+    which is a failure too. Under at-least-once a kill in the middle of the sink write or after it
+    duplicates the batch's quarantined records: the quarantine table commits before the sink and is
+    appended again on replay; and where the sink shows a write before it is complete (PostgreSQL commits
+    per partition, a non-transactional Kafka producer), the part written before the kill is written again.
+    A sink holding the latest record per key (``check = "latest"``) absorbs a replay of its own rows.
 
     >>> expected_damage("at-least-once", "mid-sink-write", has_invalid_records=False)
     'clean'
-    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=True, check="latest")
+    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=False, check="latest")
     'clean'
+    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=True, check="latest")
+    'duplicated'
     """
     if guarantee == "at-least-once":
         if point == faults.AFTER_SINK_COMMIT and check != "latest":
             return "duplicated"
-        if point == faults.MID_SINK_WRITE and has_invalid_records:
+        if point in (faults.MID_SINK_WRITE, faults.AFTER_SINK_COMMIT) and has_invalid_records:
             return "duplicated"  # the quarantine table was appended before the kill
         if point == faults.MID_SINK_WRITE and partial_writes_visible and check != "latest":
             return "may-duplicate"
