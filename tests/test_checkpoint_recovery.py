@@ -107,12 +107,14 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert "checkpoint recover" in refused.stderr
     assert "Traceback" not in refused.stderr and " at org." not in refused.stderr
 
+    started = time.monotonic()
     recovered = run_cli("checkpoint", "recover", str(pipeline_file), timeout=300)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
     assert "the damaged checkpoint is kept as" in recovered.stdout
     assert len(list(tmp_path.glob("checkpoint.damaged-*"))) == 1
     drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert drained.returncode == 0, drained.stderr[-2000:]
+    print(f"damaged checkpoint: recover + drain took {time.monotonic() - started:.1f} s")
     _assert_clean(spark, pipeline_file, 13_000)
 
 

@@ -36,13 +36,16 @@ def _run_with_fault_after_two_batches(pipeline_file: Path, fault: Any) -> tuple[
     )  # fmt: skip
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(child.stderr or []), daemon=True).start()
-    lines, injected = [], False
+    lines, injected, back_at = [], False, 0.0
     assert child.stdout is not None
     for line in child.stdout:
         lines.append(line)
         if not injected and sum(" committed: " in seen for seen in lines) == 2:
             fault()
-            injected = True
+            injected, back_at = True, time.monotonic()
+        elif injected and back_at and " committed: " in line:
+            print(f"server back -> next batch committed in {time.monotonic() - back_at:.1f} s")
+            back_at = 0.0
     child.wait(timeout=600)
     assert injected, "the run ended before its second batch: too little data for the fault"
     return child.returncode, "".join(lines) + "".join(stderr)
