@@ -481,6 +481,66 @@ def demo(
         raise typer.Exit(1)
 
 
+@app.command()
+@friendly_errors
+def bench(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="throughput, latency, recovery, sinks, scaling, tuning (default: all six).", show_default=False
+        ),
+    ] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Also write the results to this file.")] = None,
+    events: Annotated[int, typer.Option(help="Events of the throughput data (scaling: half, this, twice).")] = (
+        2_000_000
+    ),
+    rate: Annotated[int, typer.Option(min=1, help="latency: events/s of the steady producer.")] = 20_000,
+    seconds: Annotated[float, typer.Option(min=1, help="latency: seconds of steady production.")] = 60.0,
+    plot: Annotated[Path | None, typer.Option("--plot", help="scaling: draw rows/s per batch into this PNG.")] = None,
+    bootstrap_servers: Annotated[
+        str | None, typer.Option(help="Use this Kafka instead of the local one (started and stopped if needed).")
+    ] = None,
+    results_dir: Annotated[Path, typer.Option(help="Folder of the results JSON.")] = Path("benchmarks/results"),
+    state_dir: StateDir = None,
+) -> None:
+    """Benchmarks with ratios against baselines of the same run; JSON in benchmarks/results/."""
+    from streamproof.bench import BENCHMARKS, check_request, plot_scaling, run_benchmarks, write_results
+    from streamproof.infra import KafkaBroker, PostgresServer
+
+    chosen = names or list(BENCHMARKS)
+    check_request(chosen, events)
+    if plot is not None and "scaling" not in chosen:
+        raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
+    state = _state_dir(state_dir)
+    started: list[Any] = []
+    if bootstrap_servers is None:
+        broker = KafkaBroker(state)
+        bootstrap_servers = broker.bootstrap_servers
+        if not broker.running():
+            console.print(broker.up())
+            started.append(broker)
+    if "sinks" in chosen:
+        postgres = PostgresServer(state)
+        if not postgres.running():
+            console.print(postgres.up())
+            started.append(postgres)
+    try:
+        latency = {"rate": rate, "seconds": seconds}
+        document = run_benchmarks(chosen, bootstrap=bootstrap_servers, state_dir=state, events=events,
+                                  emit=_emit_plain, options={"latency": latency})  # fmt: skip
+    finally:
+        for server in reversed(started):
+            console.print(server.down())
+    path = write_results(document, results_dir, json_file)
+    if plot is not None:
+        console.print(f"plot written to {plot_scaling(document, plot)}")
+    for name, result in document["results"].items():
+        shown = ("ratios", "targets_met", "latency", "latency_after_warmup", "ratios_vs_delta_append", "median_s")
+        summary = {key: value for key, value in result.items() if key in shown}
+        console.print(f"{name}: {json.dumps(summary)}", markup=False)
+    console.print(f"results written to {path}")
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="streamproof")

@@ -1,0 +1,90 @@
+"""`streamproof bench`: the pure parts in isolation, and one real throughput benchmark on a small topic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from streamproof.bench import check_request, commit_timestamps, ratio
+from streamproof.errors import ConfigError
+from streamproof.infra import KafkaBroker
+
+
+def test_ratio_rounds_and_refuses_a_zero_baseline() -> None:
+    assert ratio(61_240, 67_310) == 0.91
+    assert ratio(5, 0) is None
+
+
+def test_unknown_benchmark_and_tiny_data_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="unknown benchmark 'speed'"):
+        check_request(["throughput", "speed"], 100_000)
+    with pytest.raises(ConfigError, match="at least 10,000"):
+        check_request(["throughput"], 500)
+    result = run_cli("bench", "speed", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown benchmark 'speed': expected one of throughput, latency, recovery, sinks, scaling, tuning"
+    ]
+
+
+def test_commit_timestamps_map_each_data_file_to_its_commit(tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    (log / "00000000000000000000.json").write_text(
+        '{"commitInfo":{"timestamp":1000,"operation":"WRITE"}}\n{"add":{"path":"part-a.parquet","size":1}}\n'
+        '{"add":{"path":"part-b.parquet","size":1}}\n'
+    )
+    (log / "00000000000000000001.json").write_text(
+        '{"add":{"path":"part-c.parquet","size":1}}\n{"commitInfo":{"timestamp":2500,"inCommitTimestamp":2400}}\n'
+    )
+    (log / "00000000000000000001.crc").write_text("{}")
+    assert commit_timestamps(tmp_path) == {"part-a.parquet": 1000, "part-b.parquet": 1000, "part-c.parquet": 2400}
+
+
+@pytest.mark.integration
+def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    events = 20_000
+    results = tmp_path / "results"
+    out = tmp_path / "bench.json"
+    result = run_cli(
+        "bench", "throughput", "--events", str(events), "--json", str(out), "--results-dir", str(results),
+        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--state-dir", str(tmp_path / "state"),
+        timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    document = json.loads(out.read_text())
+    (written,) = results.glob("*-throughput.json")
+    assert json.loads(written.read_text()) == document
+    machine = document["machine"]
+    assert machine["cores"] >= 1 and machine["memory_gib"] > 0 and machine["pyspark"].startswith("4.")
+    throughput = document["results"]["throughput"]
+    for run in ("delta_exactly_once", "parquet_at_least_once"):
+        assert throughput[run]["rows_in"] == events, run
+        assert throughput[run]["rows_per_second"] > 0
+    assert throughput["consumer_read"]["records"] == events
+    assert throughput["spark_count"]["records"] == events
+    assert throughput["ceiling"]["records"] == events
+    ratios = throughput["ratios"]
+    # 20,000 events make one batch: there is no batch after the first to give a steady rate.
+    assert ratios.pop("steady_delta_exactly_once_vs_parquet_at_least_once") is None
+    assert all(value is not None and value > 0 for value in ratios.values()), ratios
+    assert "throughput:" in result.stdout and "results written to" in result.stdout
+    assert not (tmp_path / "state" / "bench").exists() or not any((tmp_path / "state" / "bench").iterdir())
+
+
+def test_steady_rate_leaves_out_the_first_batch() -> None:
+    from streamproof.bench import PipelineRun
+
+    run = PipelineRun("p", rows_in=300, query_started_at=1.0)
+    run.batches = [{"t": 11.0, "batch": 0, "rows": 100, "duration_s": 10.0},
+                   {"t": 13.0, "batch": 1, "rows": 100, "duration_s": 1.0},
+                   {"t": 15.0, "batch": 2, "rows": 100, "duration_s": 1.0}]  # fmt: skip
+    assert run.seconds == 14.0
+    assert round(run.rows_per_second, 2) == 21.43
+    assert run.steady_rows_per_second == 100.0
+    assert PipelineRun("p").steady_rows_per_second == 0.0
