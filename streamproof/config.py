@@ -103,8 +103,11 @@ class KafkaSource(_Strict):
     )
     topic: str = Field(validation_alias=AliasChoices("topic", "subscribe"))
     starting_offsets: str = Field("earliest", validation_alias=AliasChoices("starting_offsets", "startingOffsets"))
+    # Each batch pays a fixed ~1.5 s (two keyed Delta commits, each rebuilding the table's state to read its
+    # transaction ids): `streamproof bench tuning` measured 2M events drained 1.7x faster in 500k batches
+    # than in 100k ones, and peak memory of the pipeline no higher.
     max_offsets_per_trigger: int | None = Field(
-        100_000, validation_alias=AliasChoices("max_offsets_per_trigger", "maxOffsetsPerTrigger"), gt=0
+        500_000, validation_alias=AliasChoices("max_offsets_per_trigger", "maxOffsetsPerTrigger"), gt=0
     )
     min_partitions: int | None = Field(None, validation_alias=AliasChoices("min_partitions", "minPartitions"), gt=0)
     fail_on_data_loss: bool = Field(True, validation_alias=AliasChoices("fail_on_data_loss", "failOnDataLoss"))
@@ -380,6 +383,11 @@ class SparkSettings(_Strict):
     # it, a test) spends far less CPU compiling; a long-running pipeline reaches more rows/s with "tiered".
     # The environment variable STREAMPROOF_JIT overrides it (the harness and the test suite set it).
     jit: Literal["tiered", "quick-start"] = "tiered"
+    # The driver JVM's garbage collector. A micro-batch allocates a burst of short-lived objects (fetched
+    # records, parsed rows, the cached batch) and then drops them all: the throughput collector suits that
+    # better than G1, the JVM's default. `streamproof bench tuning` measured 2M events drained 8% faster
+    # with it (two rounds each) and a 25% lower peak memory.
+    gc: Literal["parallel", "g1"] = "parallel"
     conf: dict[str, str] = Field(default_factory=dict)
 
 
