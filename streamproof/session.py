@@ -114,6 +114,7 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
                 _class_data_option(archive_classes_to),
                 _QUIET_CDS,
                 jit_option(settings),
+                "-XX:+UseParallelGC" if settings.gc == "parallel" else "-XX:+UseG1GC",
             )
             if option
         ),

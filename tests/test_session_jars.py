@@ -80,3 +80,19 @@ def test_jit_setting_picks_c1_only_and_the_environment_wins(monkeypatch: pytest.
     monkeypatch.setenv(JIT_ENV, "fast")
     with pytest.raises(ConfigError, match="STREAMPROOF_JIT='fast': expected tiered or quick-start"):
         java_options()
+
+
+def test_gc_setting_picks_one_collector() -> None:
+    from pydantic import ValidationError
+
+    from streamproof.config import SparkSettings
+    from streamproof.session import session_conf
+
+    def java_options(**settings: str) -> list[str]:
+        return session_conf(SparkSettings(**settings))["spark.driver.extraJavaOptions"].split()
+
+    collectors = [option for option in java_options() if option.startswith("-XX:+Use") and option.endswith("GC")]
+    assert collectors == ["-XX:+UseParallelGC"]
+    assert "-XX:+UseG1GC" in java_options(gc="g1") and "-XX:+UseParallelGC" not in java_options(gc="g1")
+    with pytest.raises(ValidationError, match="gc"):
+        SparkSettings(gc="zgc")
