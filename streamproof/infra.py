@@ -191,8 +191,9 @@ class KafkaBroker:
                 "kafka.tools.StorageTool",
                 "format",
                 "--ignore-formatted",
-                "-t",
-                cluster_id,
+                # One argument with "=": a random id starts with "-" one time in 64, and as a separate argument
+                # StorageTool's parser then takes it for an option and fails ("expected one argument").
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(self.home / "server.properties"),
             ),

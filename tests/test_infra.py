@@ -58,3 +58,17 @@ def test_busy_port_is_a_clear_error(kafka_broker: KafkaBroker, tmp_path: Path) -
     other = KafkaBroker(tmp_path, port=kafka_broker.port, controller_port=free_port())
     with pytest.raises(InfraError, match=rf"port {kafka_broker.port} on 127.0.0.1 is taken by another process"):
         other.up()
+
+
+def test_storage_formats_with_a_cluster_id_that_starts_with_a_dash(tmp_path: Path) -> None:
+    import base64
+    import json
+
+    cluster_id = base64.urlsafe_b64encode(b"\xf8" + bytes(range(15))).decode().rstrip("=")
+    assert cluster_id.startswith("-")  # one random id in 64 does: CI once failed on one
+    broker = KafkaBroker(tmp_path, free_port(), free_port())
+    broker._write_config()
+    settings = broker.home / "broker.json"
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "cluster_id": cluster_id}))
+    broker._format_storage_once()
+    assert f"cluster.id={cluster_id}" in (broker.home / "data" / "meta.properties").read_text()
