@@ -7,7 +7,8 @@ reports ratios between measurements taken in the same run, on the same data, one
   in Kafka, drained by the exactly-once Kafka -> Delta pipeline (``benchmarks/pipelines/throughput_delta.toml``
   in a child process, as ``streamproof run --available-now`` runs it). Baselines: (a) the same query writing
   plain Parquet at-least-once, (b) a ``confluent-kafka`` consumer reading the topic and only deserialising
-  the JSON, (c) Spark reading the topic and counting; and the ceiling: Spark parsing a cached copy of the
+  the JSON, (c) Spark reading the topic and counting, (d) the same Delta pipeline at-least-once (the cost
+  of exactly-once on the same sink); and the ceiling: Spark parsing a cached copy of the
   events with ``from_json`` and writing Parquet.
 * ``latency``: a producer at a fixed rate (default 20,000 events/s) while the pipeline runs with a
   processing-time trigger; per row, the Delta commit's timestamp minus the Kafka record's produce timestamp.
@@ -400,21 +401,26 @@ def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: Pipeline
             "runs_s": [round(t, 2) for t in times]}  # fmt: skip
 
 
-def bench_throughput(bench: Bench) -> dict[str, Any]:
+def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
     """Delta exactly-once against Parquet at-least-once, the raw consumer, Spark's count and the ceiling."""
     topic = bench.topic(bench.events)
     # Two rounds, interleaved, the faster run of each kept: on a shared 2-core machine one run in a few is
     # slowed by a neighbour, and interleaving spreads a slow spell over both sides of the ratio.
-    delta_runs, files_runs = [], []
-    for round_number in (1, 2):
-        bench.emit(f"pipeline: Kafka -> Delta, exactly-once (round {round_number} of 2)")
+    delta_runs, files_runs, delta_alo_runs = [], [], []
+    for round_number in range(1, rounds + 1):
+        bench.emit(f"pipeline: Kafka -> Delta, exactly-once (round {round_number} of {rounds})")
         delta_runs.append(bench.drain(bench.pipeline("throughput_delta", topic, f"throughput-delta-{round_number}")))
-        bench.emit(f"baseline (a): the same query to plain Parquet, at-least-once (round {round_number} of 2)")
+        bench.emit(f"baseline (a): the same query to plain Parquet, at-least-once (round {round_number} of {rounds})")
         files_runs.append(
             bench.drain(bench.pipeline("throughput_files", topic, f"throughput-files-alo-{round_number}"))
         )
+        bench.emit(f"baseline (d): the same Delta pipeline, at-least-once (round {round_number} of {rounds})")
+        delta_alo_runs.append(
+            bench.drain(bench.pipeline("throughput_delta_alo", topic, f"throughput-delta-alo-{round_number}"))
+        )
     delta = max(delta_runs, key=lambda run: run.rows_per_second)
     files = max(files_runs, key=lambda run: run.rows_per_second)
+    delta_alo = max(delta_alo_runs, key=lambda run: run.rows_per_second)
     bench.emit("baseline (b): confluent-kafka consumer, json.loads only")
     consumer = consumer_read_rate(bench.bootstrap, topic, bench.events)
     bench.emit(f"  {consumer['rows_per_second']:,} records/s")
@@ -432,6 +438,7 @@ def bench_throughput(bench: Bench) -> dict[str, Any]:
         "delta_exactly_once_vs_consumer_read": ratio(rate, consumer["rows_per_second"]),
         "delta_exactly_once_vs_spark_count": ratio(rate, count["rows_per_second"]),
         "delta_exactly_once_vs_ceiling": ratio(rate, ceiling["rows_per_second"]),
+        "delta_exactly_once_vs_delta_at_least_once": ratio(rate, delta_alo.rows_per_second),
     }
     targets = {
         "delta_exactly_once_vs_ceiling >= 0.5": (ratios["delta_exactly_once_vs_ceiling"] or 0) >= 0.5,
@@ -442,9 +449,10 @@ def bench_throughput(bench: Bench) -> dict[str, Any]:
         delta.steady_rows_per_second, files.steady_rows_per_second
     )
     return {"events": bench.events, "topic": topic, "delta_exactly_once": delta.to_dict(),
-            "parquet_at_least_once": files.to_dict(),
+            "parquet_at_least_once": files.to_dict(), "delta_at_least_once": delta_alo.to_dict(),
             "all_runs_rows_per_second": {"delta_exactly_once": [round(r.rows_per_second) for r in delta_runs],
-                                         "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs]},
+                                         "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs],
+                                         "delta_at_least_once": [round(r.rows_per_second) for r in delta_alo_runs]},
             "consumer_read": consumer, "spark_count": count, "ceiling": ceiling, "ratios": ratios,
             "targets_met": targets}  # fmt: skip
 
@@ -694,7 +702,7 @@ def bench_tuning(bench: Bench) -> dict[str, Any]:
     return {"events": bench.events, "changes": changes}
 
 
-RUNNERS: dict[str, Callable[[Bench], dict[str, Any]]] = {
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": bench_throughput, "latency": bench_latency, "recovery": bench_recovery, "sinks": bench_sinks,
     "scaling": bench_scaling, "tuning": bench_tuning,
 }  # fmt: skip
@@ -780,7 +788,7 @@ def run_benchmarks(names: list[str], *, bootstrap: str, state_dir: Path, events:
             emit(f"── {name} ──")
             started = time.monotonic()
             runner = RUNNERS[name]
-            result = bench_latency(bench, **options.get("latency", {})) if name == "latency" else runner(bench)
+            result = runner(bench, **options.get(name, {}))
             result["bench_seconds"] = round(time.monotonic() - started, 1)
             document["results"][name] = result
     finally:

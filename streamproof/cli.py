@@ -496,6 +496,7 @@ def bench(
     ),
     rate: Annotated[int, typer.Option(min=1, help="latency: events/s of the steady producer.")] = 20_000,
     seconds: Annotated[float, typer.Option(min=1, help="latency: seconds of steady production.")] = 60.0,
+    rounds: Annotated[int, typer.Option(min=1, help="throughput: runs of each pipeline (the fastest is kept).")] = 2,
     plot: Annotated[Path | None, typer.Option("--plot", help="scaling: draw rows/s per batch into this PNG.")] = None,
     bootstrap_servers: Annotated[
         str | None, typer.Option(help="Use this Kafka instead of the local one (started and stopped if needed).")
@@ -525,9 +526,9 @@ def bench(
             console.print(postgres.up())
             started.append(postgres)
     try:
-        latency = {"rate": rate, "seconds": seconds}
+        options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds}}
         document = run_benchmarks(chosen, bootstrap=bootstrap_servers, state_dir=state, events=events,
-                                  emit=_emit_plain, options={"latency": latency})  # fmt: skip
+                                  emit=_emit_plain, options=options)  # fmt: skip
     finally:
         for server in reversed(started):
             console.print(server.down())
