@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.pipeline import PROCESS_READY, QUERY_STARTED
+from streamproof.pipeline import BATCH_LINE_PATTERN, PROCESS_READY, QUERY_STARTED
 from streamproof.session import JIT_ENV
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ PIPELINES = Path(__file__).resolve().parent.parent / "benchmarks" / "pipelines"
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 MALFORMED = 0.001
 SEED = 7
-_BATCH_LINE = re.compile(r"batch (\d+) committed: (\d+) rows in, .*, ([\d.]+) s, kafka lag")
 Emit = Callable[[str], None]
 
 
@@ -145,7 +144,7 @@ class Child:
                     self.run.ready_at = at
                 elif QUERY_STARTED in line and self.run.query_started_at is None:
                     self.run.query_started_at = at
-                elif match := _BATCH_LINE.search(line):
+                elif match := BATCH_LINE_PATTERN.search(line):
                     rows = int(match.group(2))
                     self.run.rows_in += rows
                     self.run.batches.append(

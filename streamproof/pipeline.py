@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 PROCESS_READY = "starting Spark"
 QUERY_STARTED = "query started"
 BATCH_COMMITTED = "committed:"
+# What readers of the progress lines (the crash harness, the bench) take from a batch line: batch id, rows in,
+# seconds. It matches what format_batch_line prints.
+BATCH_LINE_PATTERN = re.compile(r"batch (\d+) committed: (\d+) rows in, .*, ([\d.]+) s, kafka lag")
 
 
 @dataclass

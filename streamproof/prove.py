@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import queue
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -55,7 +54,7 @@ from streamproof.config import (
     load_pipeline,
 )
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.pipeline import BATCH_COMMITTED
+from streamproof.pipeline import BATCH_COMMITTED, BATCH_LINE_PATTERN
 from streamproof.session import JIT_ENV
 
 if TYPE_CHECKING:
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
     from streamproof.verify import Report
 
 RUN_TIMEOUT_S = 900.0
-_BATCH_LINE = re.compile(r"batch (\d+) committed: (\d+) rows in, .*, ([\d.]+) s, kafka lag")
 Emit = Callable[[str], None]
 
 
@@ -202,7 +200,7 @@ class Harness:
 
     def _consume(self, child: ChildRun, line: str, at: float) -> None:
         self.emit(line)
-        match = _BATCH_LINE.search(line)
+        match = BATCH_LINE_PATTERN.search(line)
         if match and BATCH_COMMITTED in line:
             batch = int(match.group(1))
             child.committed.append((at, batch, float(match.group(3))))
