@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.pipeline import BATCH_LINE_PATTERN, PROCESS_READY, QUERY_STARTED
+from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV
+from streamproof.pipeline import BATCH_COMMITTED, BATCH_LINE_PATTERN, PROCESS_READY, QUERY_STARTED
 from streamproof.session import JIT_ENV
 
 if TYPE_CHECKING:
@@ -127,7 +128,6 @@ class Child:
                 start_new_session=True, env=env,
             )  # fmt: skip
         self.lock = threading.Lock()
-        self.committed = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._sampler = threading.Thread(target=self._sample_memory, daemon=True)
@@ -150,15 +150,12 @@ class Child:
                     self.run.batches.append(
                         {"t": at, "batch": int(match.group(1)), "rows": rows, "duration_s": float(match.group(3))}
                     )
-                    self.committed.set()
 
     def _sample_memory(self) -> None:
         from streamproof.faults import process_tree_groups
 
         while self.process.poll() is None:
-            total = 0
-            for group in process_tree_groups(self.process.pid):
-                total += _group_rss_kb(group)
+            total = _groups_pss_kb(set(process_tree_groups(self.process.pid)))
             self.run.peak_memory_mb = max(self.run.peak_memory_mb, total / 1024)
             time.sleep(0.5)
 
@@ -214,13 +211,13 @@ class Child:
         return at
 
 
-def _group_rss_kb(group: int) -> int:
-    """Proportional set size (kB) of the processes of a process group: shared pages are split among the
-    processes sharing them, so a short-lived fork of the JVM does not count its heap twice (RSS would)."""
+def _groups_pss_kb(groups: set[int]) -> int:
+    """Proportional set size (kB) of the processes in ``groups``: shared pages are split among the processes
+    sharing them, so a short-lived fork of the JVM does not count its heap twice (RSS would)."""
     total = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(") ", 1)[1].split()[2]) != group:
+            if int(stat.read_text().rsplit(") ", 1)[1].split()[2]) not in groups:
                 continue
             rollup = (stat.parent / "smaps_rollup").read_text()
         except (OSError, IndexError, ValueError):
@@ -238,7 +235,6 @@ class Bench:
     workdir: Path
     events: int
     emit: Emit = print
-    pg_password_env: str = "STREAMPROOF_PG_PASSWORD"
     _spark: SparkSession | None = None
 
     def spark(self) -> SparkSession:
@@ -271,7 +267,7 @@ class Bench:
         """``benchmarks/pipelines/<template>.toml`` on ``topic``, with its own checkpoint, tables and sink names."""
         from streamproof.prove import isolated_sink
 
-        os.environ.setdefault(self.pg_password_env, "streamproof")
+        os.environ.setdefault(PG_PASSWORD_ENV, PG_DEFAULT_PASSWORD)  # the local server's, as infra starts it
         spec = load_pipeline(PIPELINES / f"{template}.toml")
         folder = self.workdir / name
         if folder.exists():
@@ -303,7 +299,7 @@ class Bench:
         return run
 
     def _quiet(self, line: str) -> None:
-        if "committed:" in line or "error" in line.lower():
+        if BATCH_COMMITTED in line or "error" in line.lower():
             self.emit("    " + line)
 
 
