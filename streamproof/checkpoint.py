@@ -66,6 +66,27 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[s
     return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
 
 
+def batch_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+    """The event-time watermark Spark logged for a batch (``batchWatermarkMs``, 0 before any watermark)."""
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    try:
+        metadata_line = path.read_text(encoding="utf-8").splitlines()[1]
+        return int(json.loads(metadata_line).get("batchWatermarkMs", 0))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no offset log entry for batch {batch_id}") from None
+    except (IndexError, ValueError, AttributeError) as error:
+        raise PipelineError(f"{path}: offset log entry is truncated or not Spark's format ({error})") from None
+
+
+def late_event_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+    """The watermark against which Spark's stateful operators judge the late records of ``batch_id``: the one
+    of the batch before (Spark's ``getInputWatermarkForLateEvents(batchId - 1)``); 0 for the first batch.
+
+    The offset log is written before a batch runs and never rewritten, so a replayed batch gets the same value.
+    """
+    return 0 if batch_id == 0 else batch_watermark_ms(checkpoint, batch_id - 1)
+
+
 class ProgressFile:
     """At-most-once progress: the end offsets of the last batch marked done *before* it was written.
 

@@ -126,10 +126,17 @@ def _fraction(name: str) -> Callable[[float], float]:
 @friendly_errors
 def generate(
     topic: Annotated[str, typer.Option(help="Topic to produce into (created if missing).")],
-    count: Annotated[int, typer.Option(min=0, help="Number of events.")],
+    count: Annotated[int, typer.Option(min=0, help="Number of records, duplicates included.")],
     partitions: Annotated[int, typer.Option(min=1, help="Partitions when creating the topic.")] = 4,
     malformed: Annotated[
         float, typer.Option(callback=_fraction("--malformed"), help="Share of invalid records (0..1).")
+    ] = 0.0,
+    duplicates: Annotated[
+        float,
+        typer.Option(callback=_fraction("--duplicates"), help="Share of resends of earlier events (0..1)."),
+    ] = 0.0,
+    late: Annotated[
+        float, typer.Option(callback=_fraction("--late"), help="Share of events 6 hours behind the stream (0..1).")
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same records.")] = 42,
     bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
@@ -156,12 +163,16 @@ def generate(
             partitions=partitions,
             malformed=malformed,
             seed=seed,
+            duplicates=duplicates,
+            late=late,
             manifest_dir=_state_dir(state_dir) / "generated",
             on_progress=lambda done: progress.update(task, completed=done),
         )
     console.print(
         f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
         f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
+        + (f"; duplicates {result.duplicates:,}" if duplicates else "")
+        + (f"; late {result.late:,}" if late else "")
     )
 
 

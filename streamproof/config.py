@@ -144,14 +144,32 @@ class KafkaSource(_Strict):
 
 
 class Dedup(_Strict):
+    """``[transform] dedup``: keep the first record of each ``columns`` value, with state bounded by a watermark.
+
+    ``watermark`` names the event-time column and ``delay`` how far behind the newest event time seen a
+    record may be; Spark keeps a key in state until the watermark passes its event time plus ``delay``.
+    ``method = "within-watermark"`` (default) is ``dropDuplicatesWithinWatermark(columns)``;
+    ``"with-event-time"`` is ``dropDuplicates(columns + [watermark])`` (a resend with another event time
+    is then a new record). Records older than the watermark (late) go to quarantine with reason ``late``
+    (``late = "quarantine"``) or are counted as ``dropped_late`` by verification (``late = "drop"``).
+    """
+
     columns: list[str] = Field(min_length=1)
-    watermark: str | None = None
+    watermark: str = Field(min_length=1)
     delay: str = "1 hour"
+    method: Literal["within-watermark", "with-event-time"] = "within-watermark"
+    late: Literal["quarantine", "drop"] = "quarantine"
 
     @field_validator("delay")
     @classmethod
     def _delay(cls, value: str) -> str:
         return _duration(value)
+
+    @property
+    def key_columns(self) -> list[str]:
+        """The columns that identify one event: what verification matches the sink on."""
+        extra = [self.watermark] if self.method == "with-event-time" and self.watermark not in self.columns else []
+        return [*self.columns, *extra]
 
 
 class Transform(_Strict):
@@ -173,8 +191,12 @@ class Transform(_Strict):
             for column in self.dedup.columns:
                 if column not in names:
                     raise ValueError(f"dedup.columns: {column!r} is not a field of schema")
-            if self.dedup.watermark is not None and self.dedup.watermark not in names:
+            if self.dedup.watermark not in names:
                 raise ValueError(f"dedup.watermark: {self.dedup.watermark!r} is not a field of schema")
+            if schema_field_type(self.schema_, self.dedup.watermark) not in ("TIMESTAMP", "TIMESTAMP_LTZ"):
+                raise ValueError(
+                    f"dedup.watermark: {self.dedup.watermark!r} must be a TIMESTAMP field of schema (the event time)"
+                )
         return self
 
 
@@ -507,34 +529,53 @@ def _column_key(sink: DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSi
     return "sum"
 
 
-def schema_field_names(schema_ddl: str) -> list[str]:
-    """Top-level field names of a Spark DDL schema string, without starting Spark.
+def schema_field_type(schema_ddl: str, name: str) -> str | None:
+    """The declared type of a top-level field, upper-case, or None.
 
-    >>> schema_field_names("event_id STRING, amount DECIMAL(10, 2), tags ARRAY<STRING>")
-    ['event_id', 'amount', 'tags']
+    >>> schema_field_type("event_id STRING, event_time timestamp", "event_time")
+    'TIMESTAMP'
     """
-    names, depth, current = [], 0, ""
+    for field in _top_level_fields(schema_ddl):
+        parts = field.split(None, 1)
+        if parts and parts[0].strip("`") == name:
+            return parts[1].strip().upper() if len(parts) > 1 else None
+    return None
+
+
+def _top_level_fields(schema_ddl: str) -> list[str]:
+    fields, depth, current = [], 0, ""
     for char in schema_ddl + ",":
         if char in "<(":
             depth += 1
         elif char in ">)":
             depth -= 1
         if char == "," and depth == 0:
-            field = current.strip()
-            if not field:
-                raise ValueError(f"schema: empty field in {schema_ddl!r}")
-            parts = field.split(None, 1)
-            if len(parts) < 2:
-                raise ValueError(f"schema: {field!r} needs a name and a type, e.g. 'amount DOUBLE'")
-            name = parts[0].strip("`")
-            if not _IDENTIFIER.match(name):
-                raise ValueError(f"schema: {name!r} is not a valid column name")
-            names.append(name)
+            fields.append(current.strip())
             current = ""
         else:
             current += char
-    if depth != 0:
+    return fields
+
+
+def schema_field_names(schema_ddl: str) -> list[str]:
+    """Top-level field names of a Spark DDL schema string, without starting Spark.
+
+    >>> schema_field_names("event_id STRING, amount DECIMAL(10, 2), tags ARRAY<STRING>")
+    ['event_id', 'amount', 'tags']
+    """
+    if schema_ddl.count("<") + schema_ddl.count("(") != schema_ddl.count(">") + schema_ddl.count(")"):
         raise ValueError(f"schema: unbalanced brackets in {schema_ddl!r}")
+    names = []
+    for field in _top_level_fields(schema_ddl):
+        if not field:
+            raise ValueError(f"schema: empty field in {schema_ddl!r}")
+        parts = field.split(None, 1)
+        if len(parts) < 2:
+            raise ValueError(f"schema: {field!r} needs a name and a type, e.g. 'amount DOUBLE'")
+        name = parts[0].strip("`")
+        if not _IDENTIFIER.match(name):
+            raise ValueError(f"schema: {name!r} is not a valid column name")
+        names.append(name)
     return names
 
 

@@ -1,6 +1,7 @@
-"""Deterministic load generator: JSON order events, with a chosen share of malformed records.
+"""Deterministic load generator: JSON order events, with chosen shares of malformed, duplicate and late records.
 
-The same ``(seed, count, partitions, malformed)`` always produces the same bytes in the same partitions:
+The same ``(seed, count, partitions, malformed, duplicates, late)`` always produces the same bytes in the same
+partitions:
 record ``i`` is built from a random stream seeded by ``seed`` alone, and its partition is a hash of its
 key, so a failure seen once can be replayed. Every valid event has a unique ``event_id``; ``order_id``
 repeats (an order goes through several statuses). Malformed records come in five kinds, each invalid
@@ -11,6 +12,15 @@ for a reason the transform must detect (:mod:`streamproof.transform`):
 * ``wrong_type``: ``amount`` as a word, or ``event_time`` as ``"yesterday"``;
 * ``empty_value``: a zero-length message, or an ``event_id`` of ``""``;
 * ``binary_garbage``: bytes that are not UTF-8.
+
+Upstream trouble that is not malformed:
+
+* ``duplicate`` (``--duplicates F``): a resend of an earlier valid event, byte for byte (same ``event_id`` and
+  event time), as a producer retry would; mostly one of the last few thousand events, one in four
+  from much further back, and three in ten into another partition than the original;
+* ``late`` (``--late F``): a new event whose event time is :data:`LATE_BY` behind the stream's.
+
+``count`` is the number of records produced, duplicates included.
 
 The producer is idempotent with ``acks=all``: a retried send is not duplicated by the broker.
 
@@ -28,7 +38,7 @@ import json
 import random
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,6 +51,10 @@ MALFORMED_KINDS = ("broken_json", "missing_required", "wrong_type", "empty_value
 STATUSES = ("created", "paid", "shipped", "delivered", "cancelled")
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 EVENT_SPACING_MS = 10  # event time advances 10 ms per event: 1M events span under 3 hours
+LATE_BY = timedelta(hours=6)  # a late event's time is this far behind: older than any sensible watermark delay
+RECENT_EVENTS = 2_000  # a resend mostly repeats one of the last this many events
+OLD_EVENTS_KEPT = 10_000  # and otherwise one drawn from a sample of this many older ones
+UPSTREAM_KINDS = ("duplicate", "late")
 
 
 @dataclass
@@ -51,6 +65,8 @@ class GenerationResult:
     seed: int
     malformed: int = 0
     malformed_by_kind: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    late: int = 0
     seconds: float = 0.0
     end_offsets: dict[int, int] = field(default_factory=dict)
 
@@ -68,45 +84,80 @@ def _second_text(second: int) -> str:
     return (EPOCH + timedelta(seconds=second)).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def event_time_text(index: int, jitter_ms: int) -> str:
-    """ISO-8601 UTC event time of event ``index``.
+def event_time_text(index: int, jitter_ms: int, behind_ms: int = 0) -> str:
+    """ISO-8601 UTC event time of event ``index``, ``behind_ms`` earlier for a late event.
 
     >>> event_time_text(0, 5)
     '2026-01-01T00:00:00.005Z'
+    >>> event_time_text(0, 5, behind_ms=3_600_000)
+    '2025-12-31T23:00:00.005Z'
     """
-    millis = index * EVENT_SPACING_MS + jitter_ms
+    millis = index * EVENT_SPACING_MS + jitter_ms - behind_ms
     return f"{_second_text(millis // 1000)}.{millis % 1000:03d}Z"
 
 
 def order_events(
-    count: int, *, seed: int = 42, malformed: float = 0.0, partitions: int = 4, start_index: int = 0
+    count: int,
+    *,
+    seed: int = 42,
+    malformed: float = 0.0,
+    partitions: int = 4,
+    start_index: int = 0,
+    duplicates: float = 0.0,
+    late: float = 0.0,
 ) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
-    """Yield ``(partition, key, value, malformed_kind)`` for events ``start_index .. start_index+count-1``.
+    """Yield ``(partition, key, value, kind)`` for records ``start_index .. start_index+count-1``; ``kind`` is
+    None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``.
 
     >>> first = next(order_events(1, seed=1))
     >>> json.loads(first[2])["event_id"]
     'ev-1-0000000000'
     """
-    if not 0.0 <= malformed <= 1.0:
-        raise ConfigError(f"--malformed {malformed}: must be a fraction between 0 and 1")
+    for option, fraction in (("--malformed", malformed), ("--duplicates", duplicates), ("--late", late)):
+        if not 0.0 <= fraction <= 1.0:
+            raise ConfigError(f"{option} {fraction}: must be a fraction between 0 and 1")
     rng = random.Random(seed)
+    # Duplicates and lateness draw from streams of their own: the events themselves stay those of the seed.
+    upstream = random.Random(f"{seed}:upstream")
+    recent: deque[tuple[int, bytes, bytes]] = deque(maxlen=RECENT_EVENTS)
+    older: list[tuple[int, bytes, bytes]] = []
+    older_seen = 0
+    behind_ms = int(LATE_BY.total_seconds() * 1000)
     orders = max(1, (start_index + count) // 3)
     customers = max(1, min(10_000, orders))
     for index in range(start_index, start_index + count):
+        if duplicates and recent and upstream.random() < duplicates:
+            pool = older if older and upstream.random() < 0.25 else recent
+            partition, key, value = pool[upstream.randrange(len(pool))]
+            if partitions > 1 and upstream.random() < 0.3:
+                partition = (partition + 1 + upstream.randrange(partitions - 1)) % partitions
+            yield partition, key, value, "duplicate"
+            continue
+        is_late = bool(late) and upstream.random() < late
         order_id = f"ord-{seed}-{rng.randrange(orders):08d}"
         event = (
             f'{{"event_id":"ev-{seed}-{index:010d}","order_id":"{order_id}",'
             f'"customer_id":"cust-{rng.randrange(customers):05d}","amount":{rng.randrange(100, 50_000) / 100},'
             f'"status":"{STATUSES[rng.randrange(len(STATUSES))]}",'
-            f'"event_time":"{event_time_text(index, rng.randrange(10))}"}}'
+            f'"event_time":"{event_time_text(index, rng.randrange(10), behind_ms if is_late else 0)}"}}'
         )
         key = order_id.encode()
         partition = zlib.crc32(key) % partitions
-        kind = None
+        kind = "late" if is_late else None
         if malformed and rng.random() < malformed:
             kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
             event = _spoil(event, kind, rng)
-        yield partition, key, event.encode() if isinstance(event, str) else event, kind
+        value = event.encode() if isinstance(event, str) else event
+        if duplicates and kind not in MALFORMED_KINDS:
+            if len(recent) == recent.maxlen:  # the oldest recent event joins the sample of older ones
+                older_seen += 1
+                evicted = recent[0]
+                if len(older) < OLD_EVENTS_KEPT:
+                    older.append(evicted)
+                elif (slot := upstream.randrange(older_seen)) < OLD_EVENTS_KEPT:
+                    older[slot] = evicted
+            recent.append((partition, key, value))
+        yield partition, key, value, kind
 
 
 def _spoil(event: str, kind: str, rng: random.Random) -> str | bytes:
@@ -188,6 +239,8 @@ def generate(
     partitions: int = 4,
     malformed: float = 0.0,
     seed: int = 42,
+    duplicates: float = 0.0,
+    late: float = 0.0,
     manifest_dir: Path | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> GenerationResult:
@@ -232,8 +285,11 @@ def generate(
     started = time.monotonic()
     previous = _manifest_records(manifest_dir, topic)
     for sent, (partition, key, value, kind) in enumerate(
-        order_events(count, seed=seed, malformed=malformed, partitions=partitions, start_index=previous)
-    ):
+        order_events(
+            count, seed=seed, malformed=malformed, partitions=partitions, start_index=previous,
+            duplicates=duplicates, late=late,
+        )
+    ):  # fmt: skip
         if kind:
             kinds[kind] += 1
         while True:
@@ -252,6 +308,7 @@ def generate(
     if failures:
         raise InfraError(f"{len(failures)} records failed to be produced, first error: {failures[0]}")
     result.seconds = time.monotonic() - started
+    result.duplicates, result.late = kinds.pop("duplicate", 0), kinds.pop("late", 0)
     result.malformed = sum(kinds.values())
     result.malformed_by_kind = dict(sorted(kinds.items()))
     try:
@@ -293,6 +350,8 @@ def _append_manifest(manifest_dir: Path, result: GenerationResult) -> None:
     }
     manifest["records"] = int(manifest["records"]) + result.count  # type: ignore[call-overload]
     manifest["malformed"] = int(manifest["malformed"]) + result.malformed  # type: ignore[call-overload]
+    for upstream_kind in ("duplicates", "late"):
+        manifest[upstream_kind] = int(manifest.get(upstream_kind, 0)) + getattr(result, upstream_kind)  # type: ignore[call-overload]
     by_kind = Counter(manifest["malformed_by_kind"])  # type: ignore[arg-type]
     by_kind.update(result.malformed_by_kind)
     manifest["malformed_by_kind"] = dict(sorted(by_kind.items()))

@@ -32,7 +32,7 @@ from streamproof.session import build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
 from streamproof.sinks.batch import BatchWriter
 from streamproof.sources import kafka as kafka_source
-from streamproof.transform import parse_records
+from streamproof.transform import deduplicate_stream, parse_records
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,6 +99,21 @@ def format_batch_line(
     )
 
 
+def dedup_summary(duplicates: int, late: int, late_handling: str) -> str:
+    """What the dedup step did in a batch, appended to its batch line.
+
+    >>> dedup_summary(12, 3, "quarantine")
+    '12 duplicates dropped, 3 late (quarantined)'
+    """
+    handled = "quarantined" if late_handling == "quarantine" else "dropped"
+    return f"{duplicates} duplicates dropped, {late} late ({handled})"
+
+
+def _rows_dropped_by_watermark(progress: dict[str, Any]) -> int | None:
+    operators = progress.get("stateOperators") or []
+    return sum(int(op.get("numRowsDroppedByWatermark", 0)) for op in operators) if operators else None
+
+
 def _progress_listener(
     spec: PipelineSpec,
     writer: BatchWriter,
@@ -117,7 +132,7 @@ def _progress_listener(
         def onQueryProgress(self, event: Any) -> None:
             progress = event.progress
             result = writer.results.pop(progress.batchId, None)
-            rows_in = int(progress.numInputRows)
+            rows_in = int(progress.numInputRows) if result is None or result.rows_in is None else result.rows_in
             duration = (progress.batchDuration or 0) / 1000.0
             document = json.loads(progress.json)
             sources = document.get("sources", [])
@@ -139,6 +154,11 @@ def _progress_listener(
             line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
             if result is not None and len(result.sink_seconds) > 1:
                 line += "; " + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.sink_seconds.items())
+            if spec.transform.dedup is not None and result is not None:
+                line += "; " + dedup_summary(result.duplicates_dropped, result.late, spec.transform.dedup.late)
+                dropped_by_spark = _rows_dropped_by_watermark(document)
+                if dropped_by_spark is not None and dropped_by_spark != result.late:
+                    line += f" (Spark's dedup operator counted {dropped_by_spark} late records: please report this)"
             if result is not None and result.replay_skipped:
                 line += " (replayed batch: the sink already held it and skipped the write)"
             emit(line)
@@ -163,6 +183,8 @@ def start_query(
         starting_offsets = batches.progress.starting_offsets()
     stream = kafka_source.read_stream(spark, spec.source, starting_offsets=starting_offsets)
     parsed = parse_records(stream, spec.transform)
+    if spec.transform.dedup is not None:
+        parsed = deduplicate_stream(parsed, spec.transform.dedup)
     stream_writer = (
         parsed.writeStream.queryName(spec.name)
         .option("checkpointLocation", str(spec.checkpoint_dir))

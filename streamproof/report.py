@@ -37,19 +37,21 @@ def report_table(report: Report) -> Table:
         table.add_row("upstream duplicates", f"{report.upstream_duplicates:,}")
     if report.superseded:
         table.add_row("superseded (folded into a later state)", f"{report.superseded:,}")
+    if report.dropped_late:
+        table.add_row("dropped late (older than the watermark)", f"{report.dropped_late:,}")
     table.add_row("sink rows", f"{report.sink_records:,}")
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
     table.add_row("unexpected", bad(report.unexpected))
-    identity = "holds" if report.identity_holds else "[bold red]does NOT hold[/]"
-    terms = "expected + quarantined + upstream dups" + (" + superseded" if report.superseded else "")
-    table.add_row(f"source = {terms}", identity)
+    table.add_row(*identity_row(report))
     if report.generated:
         generated = report.generated
-        match = "=" if generated.get("malformed") == report.quarantined else "[bold red]!=[/]"
+        # Late records are valid ones judged against the watermark: only the invalid ones are the generator's.
+        invalid_quarantined = report.quarantined - report.quarantine_reasons.get("late", 0)
+        match = "=" if generated.get("malformed") == invalid_quarantined else "[bold red]!=[/]"
         table.add_row(
             "generator: records / malformed",
-            f"{generated.get('records', 0):,} / {generated.get('malformed', 0):,} ({match} quarantined)",
+            f"{generated.get('records', 0):,} / {generated.get('malformed', 0):,} ({match} quarantined as invalid)",
         )
     for reason, count in report.quarantine_reasons.items():
         table.add_row(f"  quarantine reason {reason}", f"{count:,}")
@@ -58,6 +60,20 @@ def report_table(report: Report) -> Table:
         restart_text = f", restarted in {restart:.1f} s" if isinstance(restart, int | float) else ""
         table.add_row(f"crash {index}", f"{crash['point']} in batch {crash['batch_id']}{restart_text}")
     return table
+
+
+def identity_row(report: Report) -> tuple[str, str]:
+    """The identity with every term's value, e.g. ``source = expected + quarantined + upstream dups``,
+    ``40,000 = 38,142 + 714 + 1,144: holds``."""
+    terms = [("expected", report.expected), ("quarantined", report.quarantined),
+             ("upstream dups", report.upstream_duplicates)]  # fmt: skip
+    if report.superseded:
+        terms.append(("superseded", report.superseded))
+    if report.dropped_late:
+        terms.append(("dropped late", report.dropped_late))
+    verdict = "holds" if report.identity_holds else "[bold red]does NOT hold[/]"
+    values = " + ".join(f"{value:,}" for _, value in terms)
+    return f"source = {' + '.join(name for name, _ in terms)}", f"{report.source_records:,} = {values}: {verdict}"
 
 
 def _verdict(report: Report) -> str:

@@ -105,6 +105,9 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(settings.shuffle_partitions),
         # Event times are compared and stored in UTC whatever the machine's zone.
         "spark.sql.session.timeZone": "UTC",
+        # No extra batch without data just to move the watermark on: the dedup state is evicted by the next batch
+        # with data anyway, and every batch then holds records (one batch line, one keyed sink commit each).
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": " ".join(

@@ -15,7 +15,14 @@ extra valid records are ``upstream_duplicates``).
 * ``duplicated``: extra rows for one record (or key), in the sink or in quarantine;
 * ``unexpected``: rows no source record explains (unknown coordinates, a valid record in quarantine,
   an invalid record in the sink);
-* ``source_records = expected + quarantined + upstream_duplicates + superseded`` holds whenever ``ok``.
+* ``source_records = expected + quarantined + upstream_duplicates + superseded + dropped_late`` holds whenever
+  ``ok``.
+
+With dedup on, a valid record older than the watermark of its batch is *late*: Spark's dedup operator drops it.
+Verification recomputes which records were late from the checkpoint's offset log (each batch's offset range and
+the watermark its late records were judged by, :func:`late_flags`), so the pipeline's own classification is
+checked, not trusted. Late records are expected in quarantine (reason ``late``), or, with
+``dedup.late = "drop"``, nowhere: they are then counted as ``dropped_late``.
 
 Sinks that hold a *state* rather than one row per record are compared with the state the source implies
 (:class:`streamproof.sinks.base.Check`), and count in keys or groups (``unit`` in the report):
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 VALID = "_valid"
+DROPPED = "_dropped"  # a record that by configuration goes nowhere (a late record with dedup.late = "drop")
+LATE_FLAG = "_late"
 
 
 @dataclass
@@ -68,6 +77,7 @@ class Report:
     duplicated: int
     unexpected: int
     superseded: int = 0
+    dropped_late: int = 0
     unit: str = "records"  # what expected/lost/duplicated count: records, keys (latest) or groups (totals)
     crashes: list[dict[str, Any]] = field(default_factory=list)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
@@ -94,7 +104,9 @@ class Report:
 
     @property
     def identity_holds(self) -> bool:
-        return self.source_records == self.expected + self.quarantined + self.upstream_duplicates + self.superseded
+        return self.source_records == (
+            self.expected + self.quarantined + self.upstream_duplicates + self.superseded + self.dropped_late
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -119,6 +131,7 @@ class Counts:
     duplicated: int
     unexpected: int
     superseded: int = 0
+    dropped_late: int = 0
 
 
 def reconcile(
@@ -128,7 +141,7 @@ def reconcile(
 
     ``source``: one row per source record with the coordinate columns and a boolean ``_valid``
     (plus ``key_columns`` when deduplicating). ``sink``: the coordinate columns (or ``key_columns``).
-    ``quarantine``: the coordinate columns.
+    ``quarantine``: the coordinate columns. A source row may carry ``_dropped`` (true: expected nowhere).
     """
     side = _quarantine_side(source, quarantine)
     sink_side = _identity_side(source, sink, key_columns)
@@ -247,6 +260,7 @@ def _counts(side: dict[str, int], sink_side: dict[str, int], *, upstream_duplica
         duplicated=sink_side["duplicated"] + side["duplicated"],
         unexpected=sink_side["unexpected"] + side["unexpected"],
         superseded=superseded,
+        dropped_late=side["dropped"],
     )
 
 
@@ -255,16 +269,19 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, int]
     from pyspark.sql import functions as F
 
     coords = list(COORDINATES)
+    dropped = F.col(DROPPED) if DROPPED in source.columns else F.lit(False)
+    belongs = ~F.col(VALID) & ~F.col(DROPPED)  # expected in quarantine
     row = (
-        source.select(*coords, F.col(VALID))
+        source.select(*coords, F.col(VALID), dropped.alias(DROPPED))
         .join(quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer")
         .agg(
-            F.sum(F.when(F.col(VALID).isNull() | F.col(VALID), F.coalesce("n", F.lit(0))).otherwise(0)).alias("u"),
-            F.sum(F.when(~F.col(VALID) & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(~F.col(VALID) & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("dup"),
-            F.sum(F.when(~F.col(VALID) & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
+            F.sum(F.when(F.col(VALID).isNull() | ~belongs, F.coalesce("n", F.lit(0))).otherwise(0)).alias("u"),
+            F.sum(F.when(belongs & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
+            F.sum(F.when(belongs & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("dup"),
+            F.sum(F.when(belongs & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
             F.sum(F.when(F.col(VALID).isNotNull(), 1).otherwise(0)).alias("source_records"),
             F.sum(F.when(F.col(VALID), 1).otherwise(0)).alias("valid_records"),
+            F.sum(F.when(F.col(DROPPED), 1).otherwise(0)).alias("dropped"),
         )
         .first()
     )
@@ -275,6 +292,7 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, int]
         "quarantined": int(row["quarantined"] or 0),
         "source_records": int(row["source_records"] or 0),
         "valid_records": int(row["valid_records"] or 0),
+        "dropped": int(row["dropped"] or 0),
     }
 
 
@@ -311,6 +329,58 @@ def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> 
 
     parsed = parse_records(kafka_source.read_batch(spark, spec.source), spec.transform)
     return parsed.select(*COORDINATES, *columns, F.col(REJECT_REASON).isNull().alias(VALID))
+
+
+def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quarantine: DataFrame | None) -> DataFrame:
+    """``source`` with a boolean ``_late``: the valid records the pipeline's dedup operator dropped as late.
+
+    Recomputed from the checkpoint's offset log: a record belongs to the batch whose offset range holds it,
+    and is late when its event time is at or before the watermark that batch judged late records by (the
+    previous batch's, Spark's rule; :func:`streamproof.checkpoint.late_event_watermark_ms`). Records no logged
+    batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100
+    batches; an at-most-once start wipes it), the quarantine table's ``late`` records are taken as the late ones.
+
+    >>> late_flags(spark, spec, read_source(spark, spec, ["event_id", "event_time"]), None)  # doctest: +SKIP
+    """
+    from pyspark.sql import functions as F
+
+    from streamproof.checkpoint import batch_end_offsets, late_event_watermark_ms, logged_batches
+    from streamproof.transform import LATE
+
+    dedup = spec.transform.dedup
+    assert dedup is not None
+    batches = logged_batches(spec.checkpoint_dir)
+    if batches != list(range(len(batches))):
+        late_ones = (
+            quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
+            if quarantine is not None and "reason" in quarantine.columns
+            else source.select(*COORDINATES).limit(0)
+        )  # fmt: skip
+        flagged = source.join(late_ones.withColumn(LATE_FLAG, F.lit(True)), list(COORDINATES), "left")
+        return flagged.withColumn(LATE_FLAG, F.coalesce(F.col(LATE_FLAG), F.lit(False)))
+    ranges, previous = [], {}
+    for batch_id in batches:
+        watermark_ms = late_event_watermark_ms(spec.checkpoint_dir, batch_id)
+        ends = batch_end_offsets(spec.checkpoint_dir, batch_id)
+        for topic, partitions in ends.items():
+            for partition, end in partitions.items():
+                start = previous.get(topic, {}).get(partition, 0)
+                ranges.append((topic, int(partition), start, end, watermark_ms))
+        previous = ends
+    schema = "_b_topic STRING, _b_partition INT, _b_start LONG, _b_end LONG, _b_watermark LONG"
+    batch_ranges = F.broadcast(spark.createDataFrame(ranges, schema))
+    in_batch = (
+        (F.col("_src_topic") == F.col("_b_topic")) & (F.col("_src_partition") == F.col("_b_partition"))
+        & (F.col("_src_offset") >= F.col("_b_start")) & (F.col("_src_offset") < F.col("_b_end"))
+    )  # fmt: skip
+    late = (
+        F.col(VALID) & (F.col("_b_watermark") > 0)
+        & (F.col(dedup.watermark) <= F.timestamp_millis(F.col("_b_watermark")))
+    )  # fmt: skip
+    joined = source.join(batch_ranges, in_batch, "left")
+    return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
+        *(c for c in joined.columns if c.startswith("_b_"))
+    )
 
 
 def _check_columns(check: Check) -> list[str]:
@@ -356,13 +426,25 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     >>> [report.ok for report in verify_pipeline(spark, load_pipeline("orders.toml"))]   # doctest: +SKIP
     [True]
     """
+    from pyspark.sql import functions as F
+
     from streamproof.sinks.base import open_sinks
 
     sinks = open_sinks(spec)
-    dedup_keys = spec.transform.dedup.columns if spec.transform.dedup else None
-    columns = list(dict.fromkeys([*(dedup_keys or []), *(c for sink in sinks for c in _check_columns(sink.check))]))
-    source = read_source(spark, spec, columns).cache()
+    dedup = spec.transform.dedup
+    dedup_keys = dedup.key_columns if dedup else None
+    columns = list(dict.fromkeys([
+        *(dedup_keys or []), *([dedup.watermark] if dedup else []),
+        *(c for sink in sinks for c in _check_columns(sink.check)),
+    ]))  # fmt: skip
+    source = read_source(spark, spec, columns)
     quarantine_table = _read_delta(spark, spec.quarantine_path)
+    if dedup is not None:
+        flagged = late_flags(spark, spec, source, quarantine_table)
+        source = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(
+            DROPPED, F.col(LATE_FLAG) & F.lit(dedup.late == "drop")
+        )
+    source = source.cache()
     quarantine = (
         quarantine_table.select(*COORDINATES) if quarantine_table is not None
         else source.select(*COORDINATES).limit(0)

@@ -3,7 +3,11 @@
 1. at-most-once only: the batch's end offsets are marked done (progress file), before anything is written;
 2. crash point ``before-sink-write``;
 3. the parsed batch is cached, so Kafka is fetched and JSON parsed once for all the writes that follow;
-4. invalid records go to the quarantine Delta table (keyed on the batch like the sinks);
+   with dedup on, the batch holds every record and, beside them, the ones the dedup operator kept
+   (:func:`streamproof.transform.deduplicate_stream`); records older than the batch's late-event
+   watermark are the ``late`` ones Spark's operator dropped;
+4. invalid records (and late ones, unless ``dedup.late = "drop"``) go to the quarantine Delta table (keyed
+   on the batch like the sinks);
 5. the ``mid-sink-write`` watcher is armed, then every sink writes the valid records, each keyed on its
    own (fan-out: a sink that already holds a replayed batch skips it, the others write it);
 6. crash point ``after-sink-commit``; then Spark writes ``commits/<batch>`` once this function returns
@@ -23,16 +27,25 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from streamproof import faults
-from streamproof.checkpoint import ProgressFile, batch_end_offsets
+from streamproof.checkpoint import ProgressFile, batch_end_offsets, late_event_watermark_ms
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.sinks.delta import append_batch
-from streamproof.transform import REJECT_REASON, quarantined_records, valid_records
+from streamproof.transform import (
+    ALL_RECORDS,
+    BRANCH,
+    KEPT_BY_DEDUP,
+    LATE,
+    REJECT_REASON,
+    late_condition,
+    quarantined_records,
+    valid_records,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 
 @dataclass
@@ -45,6 +58,9 @@ class BatchResult:
     replay_skipped: bool = False  # every sink already held this replayed batch: nothing was written
     sink_seconds: dict[str, float] = field(default_factory=dict)  # per sink, time of its write
     sink_rows: dict[str, int] = field(default_factory=dict)  # per sink, rows written (0 for a skipped replay)
+    rows_in: int | None = None  # source records in the batch (Spark's count doubles with dedup's two branches)
+    duplicates_dropped: int = 0  # valid records the dedup operator dropped as seen before
+    late: int = 0  # valid records older than the watermark (quarantined or dropped, by dedup.late)
 
 
 class BatchWriter:
@@ -73,15 +89,25 @@ class BatchWriter:
         faults.reached(faults.BEFORE_SINK_WRITE, batch_id)
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
-            counts = {
-                row["valid"]: row["count"]
-                for row in parsed.groupBy(F.col(REJECT_REASON).isNull().alias("valid")).count().collect()
-            }
-            quarantined = counts.get(False, 0)
-            batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts.get(True, 0))
+            dedup = self.spec.transform.dedup
+            if dedup is None:
+                records, kept, late = parsed, parsed, F.lit(False)
+            else:
+                records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH)
+                kept = parsed.where(F.col(BRANCH) == KEPT_BY_DEDUP).drop(BRANCH)
+                watermark_ms = late_event_watermark_ms(self.spec.checkpoint_dir, batch_id)
+                late = late_condition(dedup.watermark, watermark_ms)
+            counts = self._count(parsed, late)
+            late_count = counts["late"]
+            quarantine_late = dedup is not None and dedup.late == "quarantine"
+            quarantined = counts["invalid"] + (late_count if quarantine_late else 0)
+            batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts["kept"])
             if quarantined:
-                append_batch(quarantined_records(parsed), str(self.spec.quarantine_path), batch)
-            valid = valid_records(parsed)
+                if quarantine_late:
+                    reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
+                    records = records.withColumn(REJECT_REASON, reason)
+                append_batch(quarantined_records(records), str(self.spec.quarantine_path), batch)
+            valid = valid_records(kept)
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
@@ -105,7 +131,39 @@ class BatchWriter:
             replay_skipped=all(write.replay_skipped for write in writes.values()),
             sink_seconds=seconds,
             sink_rows={name: write.rows_out for name, write in writes.items()},
+            rows_in=counts["records"],
+            duplicates_dropped=counts["valid"] - late_count - counts["kept"] if dedup is not None else 0,
+            late=late_count,
         )
+
+    @staticmethod
+    def _count(parsed: DataFrame, late: Column) -> dict[str, int]:
+        """Records, invalid, valid, late and kept (for the sinks) in one job over the cached batch."""
+        from pyspark.sql import functions as F
+
+        branch = F.col(BRANCH) if BRANCH in parsed.columns else F.lit(ALL_RECORDS)
+        invalid = F.col(REJECT_REASON).isNotNull()
+        rows = (
+            parsed.groupBy(
+                branch.alias("branch"),
+                F.when(invalid, "invalid").when(late, "late").otherwise("valid").alias("outcome"),
+            ).count().collect()
+        )  # fmt: skip
+        by_outcome = {"invalid": 0, "late": 0, "valid": 0}
+        kept = 0
+        for row in rows:
+            if row["branch"] == ALL_RECORDS:
+                by_outcome[row["outcome"]] += row["count"]
+            else:
+                kept += row["count"]
+        valid = by_outcome["valid"] + by_outcome["late"]
+        return {
+            "records": valid + by_outcome["invalid"],
+            "invalid": by_outcome["invalid"],
+            "valid": valid,
+            "late": by_outcome["late"],
+            "kept": kept if BRANCH in parsed.columns else valid,
+        }
 
     def _write_retrying(self, sink: Sink, rows: DataFrame, batch: Batch) -> SinkWrite:
         retry = self.spec.retry
