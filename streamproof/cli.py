@@ -113,9 +113,9 @@ def infra_status(state_dir: StateDir = None) -> None:
         console.print(server.status())
 
 
-def _fraction(name: str) -> Callable[[float], float]:
-    def check(value: float) -> float:
-        if not 0.0 <= value <= 1.0:
+def _fraction(name: str) -> Callable[[float | None], float | None]:
+    def check(value: float | None) -> float | None:
+        if value is not None and not 0.0 <= value <= 1.0:
             raise typer.BadParameter(f"{value} is not a fraction between 0 and 1", param_hint=name)
         return value
 
@@ -274,6 +274,14 @@ def prove(
     malformed: Annotated[
         float, typer.Option(callback=_fraction("--malformed"), help="Malformed share of the matrix data.")
     ] = 0.005,
+    duplicates: Annotated[
+        float | None,
+        typer.Option(callback=_fraction("--duplicates"), help="Resent share of matrix data (0.02 if dedup, else 0)."),
+    ] = None,
+    late: Annotated[
+        float | None,
+        typer.Option(callback=_fraction("--late"), help="Late share of matrix data (0.01 if dedup, else 0)."),
+    ] = None,
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON here.")] = None,
     html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     state_dir: StateDir = None,
@@ -294,7 +302,13 @@ def prove(
     command = "streamproof prove " + " ".join(sys.argv[2:])
     emit = _emit_plain
     if matrix:
-        _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command)
+        dedup = spec.transform.dedup is not None
+        upstream = {
+            "duplicates": duplicates if duplicates is not None else 0.02 if dedup else 0.0,
+            "late": late if late is not None else 0.01 if dedup else 0.0,
+        }
+        _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
+                      upstream)  # fmt: skip
         return
     from streamproof.prove import run_with_crashes, run_with_random_kills
     from streamproof.report import print_reports, report_html
@@ -319,14 +333,16 @@ def prove(
 
 
 def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int, malformed: float, seed: int,
-                  json_file: Path | None, html_file: Path | None, command: str) -> None:  # fmt: skip
+                  json_file: Path | None, html_file: Path | None, command: str,
+                  upstream: dict[str, float]) -> None:  # fmt: skip
     from streamproof.prove import run_matrix
     from streamproof.report import matrix_html, matrix_table
     from streamproof.session import build_session
 
     spark = build_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")
     started = time.monotonic()
-    cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=_emit_plain)
+    cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=_emit_plain,
+                       **upstream)  # fmt: skip
     console.print(matrix_table(cells))
     console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
     _write(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))

@@ -529,8 +529,10 @@ def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max
 
 def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
                malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
-               points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print) -> list[MatrixCell]:  # fmt: skip
-    """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data.
+               points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print,
+               duplicates: float = 0.0, late: float = 0.0) -> list[MatrixCell]:  # fmt: skip
+    """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data
+    (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`).
 
     One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run).
     """
@@ -550,7 +552,8 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
             emit(f"── cell {name} ──")
             cell_dir = workdir / name
             topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
-            generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed)
+            generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
+                     duplicates=duplicates, late=late)  # fmt: skip
             cell_file = cell_dir / "pipeline.toml"
             cell_dir.mkdir(parents=True, exist_ok=True)
             cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, cell_dir, max_offsets)))

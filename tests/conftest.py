@@ -58,6 +58,7 @@ LONGEST_FIRST = (
     "test_proof_matrix.py",
     "test_sinks_exactly_once.py",
     "test_testing_plugin.py",
+    "test_dedup.py",
     "test_examples.py",
     "test_checkpoint_recovery.py",
     "test_outages.py",

@@ -154,3 +154,61 @@ def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> 
     damaged_sink = spark.createDataFrame(damaged, TOTALS_SINK)
     counts = reconcile_totals(source, damaged_sink, quarantine, "customer_id", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 2, 1)
+
+
+def test_late_records_dropped_by_configuration_are_counted_and_expected_nowhere(spark: Any) -> None:
+    # e0..e3 valid; e4 and e5 late with dedup.late = "drop" (_valid false, _dropped true); one invalid record.
+    rows = [("t", 0, i, f"e{i}", True, False) for i in range(4)]
+    rows += [("t", 0, 4, "e4", False, True), ("t", 0, 5, "e5", False, True), ("t", 1, 0, None, False, False)]
+    source = spark.createDataFrame(rows, SOURCE_SCHEMA + ", _dropped BOOLEAN")
+    sink = spark.createDataFrame([("e0",), ("e1",), ("e2",), ("e3",)], "event_id STRING")
+    counts = reconcile(source, sink, _coords(spark, [("t", 1, 0)]), key_columns=["event_id"])
+    assert (counts.expected, counts.quarantined, counts.dropped_late, counts.upstream_duplicates) == (4, 1, 2, 0)
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (0, 0, 0)
+    # A dropped record that turns up in quarantine or in the sink is unexpected there.
+    sink_with_late = spark.createDataFrame([("e0",), ("e1",), ("e2",), ("e3",), ("e4",)], "event_id STRING")
+    counts = reconcile(source, sink_with_late, _coords(spark, [("t", 1, 0), ("t", 0, 5)]), key_columns=["event_id"])
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (0, 0, 2)
+
+
+def test_late_flags_follow_each_batch_offset_range_and_the_previous_batch_watermark(spark: Any, tmp_path: Any) -> None:
+    """Batch 0 reads offsets 0-2, batch 1 offsets 3-5, batch 2 offsets 6-7 of one partition; the watermark logged
+    for batch 0 is 0 and for batch 1 is 00:10. Spark judges batch N's late records by batch N-1's watermark: so
+    nothing in batches 0 and 1 is late, and in batch 2 only the valid record at or before 00:10 is."""
+    import json
+
+    from pyspark.sql import functions as F
+
+    from streamproof.config import parse_pipeline
+    from streamproof.verify import LATE_FLAG, late_flags
+
+    checkpoint = tmp_path / "cp"
+    (checkpoint / "offsets").mkdir(parents=True)
+    ten_past = 1767226200000  # 2026-01-01T00:10:00Z
+    for batch_id, (watermark, end) in enumerate([(0, 3), (ten_past, 6), (ten_past + 60_000, 8)]):
+        metadata = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 0, "conf": {}})
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
+    spec = parse_pipeline(f'''
+name = "late"
+checkpoint = "{checkpoint}"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING, event_time TIMESTAMP"
+dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
+[sink]
+kind = "delta"
+path = "{tmp_path / 'sink'}"
+''')
+    # offset 8 lies beyond the last logged batch: not read yet, so not late whatever its time.
+    times = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
+    rows = [("t", 0, offset, f"e{offset}", f"2026-01-01 {t}", True) for offset, t in enumerate(times)]
+    rows.append(("t", 0, 9, None, "2026-01-01 00:00", False))  # invalid: never late
+    source = spark.createDataFrame(rows, "_src_topic STRING, _src_partition INT, _src_offset LONG, event_id STRING, "
+                                         "event_time STRING, _valid BOOLEAN")  # fmt: skip
+    source = source.withColumn("event_time", F.to_timestamp("event_time"))
+    flagged = late_flags(spark, spec, source, None)
+    late = sorted(row["_src_offset"] for row in flagged.where(F.col(LATE_FLAG)).collect())
+    assert late == [6]
+    assert flagged.count() == source.count()
