@@ -172,6 +172,35 @@ class Dedup(_Strict):
         return [*self.columns, *extra]
 
 
+class Aggregate(_Strict):
+    """``[transform] aggregate``: tumbling event-time windows per ``by`` group, written once each, when closed.
+
+    Output columns: ``window_start``, ``window_end``, the ``by`` columns, ``sum_<column>`` for each ``sum``
+    column (``DECIMAL(38, 10)``: exact, so a recomputation compares equal) and ``events`` (the record count)
+    when ``count``. Append mode: a window is written in the batch whose watermark passes its end, and never
+    again. The watermark is dedup's when ``dedup`` is set; otherwise ``watermark`` and ``delay`` here.
+    """
+
+    window: str
+    by: list[str] = Field(default_factory=list)
+    sum: list[str] = Field(default_factory=list)
+    count: bool = True
+    watermark: str | None = None
+    delay: str | None = None
+    late: Literal["quarantine", "drop"] = "quarantine"  # dedup's setting when dedup is set
+
+    @field_validator("window", "delay")
+    @classmethod
+    def _durations(cls, value: str | None) -> str | None:
+        return None if value is None else _duration(value)
+
+    @property
+    def output_columns(self) -> list[str]:
+        """The columns of a window row, in order."""
+        return ["window_start", "window_end", *self.by, *(f"sum_{c}" for c in self.sum),
+                *(["events"] if self.count else [])]  # fmt: skip
+
+
 class Transform(_Strict):
     """``[transform]``: JSON parsing with a declared schema; invalid records go to quarantine."""
 
@@ -180,6 +209,60 @@ class Transform(_Strict):
     required: list[str] = Field(default_factory=list)
     quarantine: str | None = None
     dedup: Dedup | None = None
+    aggregate: Aggregate | None = None
+
+    @property
+    def watermark(self) -> tuple[str, str] | None:
+        """The event-time column and delay of the pipeline's watermark, if it has one (dedup's, or aggregate's)."""
+        if self.dedup is not None:
+            return self.dedup.watermark, self.dedup.delay
+        if self.aggregate is not None and self.aggregate.watermark is not None:
+            return self.aggregate.watermark, self.aggregate.delay or "1 hour"
+        return None
+
+    @property
+    def late(self) -> str:
+        """Where late records go: ``quarantine`` (reason ``late``) or ``drop`` (counted by verify as dropped_late)."""
+        if self.dedup is not None:
+            return self.dedup.late
+        return self.aggregate.late if self.aggregate is not None else "quarantine"
+
+    @model_validator(mode="after")
+    def _aggregate_columns(self) -> Transform:
+        if self.aggregate is None:
+            return self
+        names, aggregate = schema_field_names(self.schema_), self.aggregate
+        for key in ("by", "sum"):
+            for column in getattr(aggregate, key):
+                if column not in names:
+                    raise ValueError(f"aggregate.{key}: {column!r} is not a field of schema")
+        if not aggregate.sum and not aggregate.count:
+            raise ValueError("aggregate: nothing to compute: give sum = [columns] or count = true")
+        if self.dedup is not None:
+            if self.dedup.watermark not in self.required:
+                raise ValueError(
+                    f"dedup.watermark: {self.dedup.watermark!r} must be listed in transform.required when windows "
+                    "follow dedup (a record without an event time belongs to no window)"
+                )
+            own = (aggregate.watermark, aggregate.delay)
+            if own != (None, None) and own != (self.dedup.watermark, self.dedup.delay):
+                raise ValueError(
+                    "aggregate.watermark/delay: a pipeline has one watermark, dedup's here: leave them out of aggregate"
+                )
+            return self
+        if aggregate.watermark is None:
+            raise ValueError('aggregate.watermark: required, the event-time column windows follow (e.g. "event_time")')
+        if aggregate.watermark not in self.required:
+            # Spark's window() silently drops a row whose time is null: it must be quarantined instead.
+            raise ValueError(
+                f"aggregate.watermark: {aggregate.watermark!r} must be listed in transform.required (a record "
+                "without an event time belongs to no window)"
+            )
+        if aggregate.watermark not in names:
+            raise ValueError(f"aggregate.watermark: {aggregate.watermark!r} is not a field of schema")
+        if schema_field_type(self.schema_, aggregate.watermark) not in ("TIMESTAMP", "TIMESTAMP_LTZ"):
+            raise ValueError(f"aggregate.watermark: {aggregate.watermark!r} must be a TIMESTAMP field of schema")
+        return self
 
     @model_validator(mode="after")
     def _columns_exist(self) -> Transform:
@@ -466,8 +549,17 @@ class PipelineSpec(_Strict):
         labels = [sink.name for sink in self.sink_specs]
         if len(set(labels)) != len(labels):
             raise ValueError(f"sinks: two sinks are named {labels!r}: give each a distinct label")
-        fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
         where = "sink" if self.sink is not None else "sinks"
+        if self.transform.aggregate is not None:
+            for sink in self.sink_specs:
+                if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):
+                    raise ValueError(
+                        f"{where}.kind: transform.aggregate writes window rows to a Delta table in append mode "
+                        f'(kind = "delta", mode = "append"), not to {sink.kind}'
+                        + (f" in {sink.mode} mode" if isinstance(sink, DeltaSinkSpec) else "")
+                    )
+            return self
+        fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
         for sink in self.sink_specs:
             for column in _sink_columns(sink):
                 if column not in fields:

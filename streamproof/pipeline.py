@@ -30,9 +30,9 @@ from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.metrics import PipelineMetrics, partition_lag
 from streamproof.session import build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
-from streamproof.sinks.batch import BatchWriter
+from streamproof.sinks.batch import BatchResult, BatchWriter
 from streamproof.sources import kafka as kafka_source
-from streamproof.transform import deduplicate_stream, parse_records
+from streamproof.transform import parse_records, stateful_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,14 +99,17 @@ def format_batch_line(
     )
 
 
-def dedup_summary(duplicates: int, late: int, late_handling: str) -> str:
-    """What the dedup step did in a batch, appended to its batch line.
-
-    >>> dedup_summary(12, 3, "quarantine")
-    '12 duplicates dropped, 3 late (quarantined)'
-    """
-    handled = "quarantined" if late_handling == "quarantine" else "dropped"
-    return f"{duplicates} duplicates dropped, {late} late ({handled})"
+def stateful_summary(result: BatchResult, spec: PipelineSpec) -> str:
+    """What dedup and windows did in a batch, appended to its batch line, e.g.
+    ``12 duplicates dropped, 3 late (quarantined)`` or ``40 windows closed, 3 late (dropped)``."""
+    dedup, aggregate = spec.transform.dedup, spec.transform.aggregate
+    handled = "dropped" if dedup is not None and dedup.late == "drop" else "quarantined"
+    done = (
+        f"{result.rows_out} windows closed"
+        if aggregate is not None
+        else f"{result.duplicates_dropped} duplicates dropped"
+    )
+    return f"{done}, {result.late} late ({handled})"
 
 
 def _rows_dropped_by_watermark(progress: dict[str, Any]) -> int | None:
@@ -154,10 +157,12 @@ def _progress_listener(
             line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
             if result is not None and len(result.sink_seconds) > 1:
                 line += "; " + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.sink_seconds.items())
-            if spec.transform.dedup is not None and result is not None:
-                line += "; " + dedup_summary(result.duplicates_dropped, result.late, spec.transform.dedup.late)
+            watermark = spec.transform.watermark
+            if watermark is not None and result is not None:
+                line += "; " + stateful_summary(result, spec)
                 dropped_by_spark = _rows_dropped_by_watermark(document)
-                if dropped_by_spark is not None and dropped_by_spark != result.late:
+                # Windows count partial aggregates dropped, not records: comparable for dedup alone.
+                if spec.transform.aggregate is None and dropped_by_spark not in (None, result.late):
                     line += f" (Spark's dedup operator counted {dropped_by_spark} late records: please report this)"
             if result is not None and result.replay_skipped:
                 line += " (replayed batch: the sink already held it and skipped the write)"
@@ -182,9 +187,7 @@ def start_query(
         batches.progress.wipe_spark_logs()
         starting_offsets = batches.progress.starting_offsets()
     stream = kafka_source.read_stream(spark, spec.source, starting_offsets=starting_offsets)
-    parsed = parse_records(stream, spec.transform)
-    if spec.transform.dedup is not None:
-        parsed = deduplicate_stream(parsed, spec.transform.dedup)
+    parsed = stateful_stream(parse_records(stream, spec.transform), spec.transform)
     stream_writer = (
         parsed.writeStream.queryName(spec.name)
         .option("checkpointLocation", str(spec.checkpoint_dir))

@@ -39,6 +39,9 @@ def report_table(report: Report) -> Table:
         table.add_row("superseded (folded into a later state)", f"{report.superseded:,}")
     if report.dropped_late:
         table.add_row("dropped late (older than the watermark)", f"{report.dropped_late:,}")
+    if report.unit == "windows":
+        table.add_row("records in closed windows", f"{report.aggregated:,}")
+        table.add_row("records in open windows (written once the watermark passes)", f"{report.pending:,}")
     table.add_row("sink rows", f"{report.sink_records:,}")
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
@@ -65,8 +68,9 @@ def report_table(report: Report) -> Table:
 def identity_row(report: Report) -> tuple[str, str]:
     """The identity with every term's value, e.g. ``source = expected + quarantined + upstream dups``,
     ``40,000 = 38,142 + 714 + 1,144: holds``."""
-    terms = [("expected", report.expected), ("quarantined", report.quarantined),
-             ("upstream dups", report.upstream_duplicates)]  # fmt: skip
+    delivered = [("in closed windows", report.aggregated), ("in open windows", report.pending)] if (
+        report.unit == "windows") else [("expected", report.expected)]  # fmt: skip
+    terms = [*delivered, ("quarantined", report.quarantined), ("upstream dups", report.upstream_duplicates)]
     if report.superseded:
         terms.append(("superseded", report.superseded))
     if report.dropped_late:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamproof.config import Dedup, Transform, schema_field_names
+from streamproof.config import Aggregate, Transform, schema_field_names
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -39,8 +39,8 @@ _CORRUPT = "_corrupt_record"
 _PARSED = "_parsed"
 _TEXT = "_text"
 PARSE_ONCE = True  # False: the former plan, for the before/after benchmark only
-# With dedup on, a batch holds two branches of the same records (deduplicate_stream): every parsed record, and the
-# valid records the dedup operator kept. This column says which branch a row comes from.
+# With dedup or windows on, a batch holds two branches (stateful_stream): every parsed record, and what the stateful
+# operators let through (the records dedup kept, or the closed windows). This column says which branch a row is of.
 BRANCH = "_branch"
 ALL_RECORDS, KEPT_BY_DEDUP = 0, 1
 LATE = "late"  # the quarantine reason of a record older than the watermark
@@ -121,39 +121,91 @@ def quarantined_records(parsed: DataFrame) -> DataFrame:
     )
 
 
-def deduplicate_stream(parsed: DataFrame, dedup: Dedup) -> DataFrame:
-    """Both branches a deduplicating pipeline's batches need, as one stream (column :data:`BRANCH`).
+def stateful_stream(parsed: DataFrame, transform: Transform) -> DataFrame:
+    """With dedup or windows on, both branches a batch needs, as one stream (column :data:`BRANCH`).
 
-    Spark's dedup operator drops late records (older than the watermark) and duplicates without a trace, so
-    the operator cannot be the only path: every parsed record also comes through untouched, and the batch
-    writer takes invalid records and late ones from that branch (:func:`late_records`), the sink's rows
-    from the operator's. Invalid records never enter the operator (their key may be null or shared).
-    The operator's state lives in the checkpoint, so a replayed batch drops exactly what it dropped before.
+    Spark's stateful operators drop late records (older than the watermark) and duplicates without a trace, so
+    they cannot be the only path: every parsed record also comes through untouched (``ALL_RECORDS``), and the
+    batch writer takes invalid records and late ones from that branch (:func:`late_condition`), the sink's
+    rows from the operators' branch (``KEPT_BY_DEDUP``: the records dedup kept, or the closed windows).
+    Invalid records never enter the operators (their key may be null or shared). The operators' state lives
+    in the checkpoint, so a replayed batch drops, and emits, exactly what it did before.
 
-    >>> deduplicate_stream(parse_records(kafka_stream, spec.transform), spec.transform.dedup)  # doctest: +SKIP
+    >>> stateful_stream(parse_records(kafka_stream, spec.transform), spec.transform)   # doctest: +SKIP
     """
     from pyspark.sql import functions as F
 
-    valid = parsed.where(F.col(REJECT_REASON).isNull()).withWatermark(dedup.watermark, dedup.delay)
-    if dedup.method == "within-watermark":
-        kept = valid.dropDuplicatesWithinWatermark(dedup.columns)
-    else:
-        kept = valid.dropDuplicates(dedup.key_columns)
-    return parsed.withColumn(BRANCH, F.lit(ALL_RECORDS)).unionByName(kept.withColumn(BRANCH, F.lit(KEPT_BY_DEDUP)))
+    if transform.watermark is None:
+        return parsed
+    column, delay = transform.watermark
+    kept = parsed.where(F.col(REJECT_REASON).isNull()).withWatermark(column, delay)
+    dedup, aggregate = transform.dedup, transform.aggregate
+    if dedup is not None:
+        if dedup.method == "within-watermark":
+            kept = kept.dropDuplicatesWithinWatermark(dedup.columns)
+        else:
+            kept = kept.dropDuplicates(dedup.key_columns)
+    if aggregate is not None:
+        kept = window_rows(kept, aggregate, column)
+    return parsed.withColumn(BRANCH, F.lit(ALL_RECORDS)).unionByName(
+        kept.withColumn(BRANCH, F.lit(KEPT_BY_DEDUP)), allowMissingColumns=True
+    )
 
 
-def late_condition(watermark_column: str, watermark_ms: int) -> Column:
-    """True for a valid record that Spark's dedup operator drops as late in a batch whose late-event
-    watermark is ``watermark_ms``: its event time is at or before the watermark (Spark's own predicate,
-    ``eventTime <= watermark``; a null event time is never late). Spark judges late events of batch N
-    against the watermark of batch N-1 (:func:`streamproof.checkpoint.late_event_watermark_ms`).
+EXACT_SUM = "DECIMAL(38, 10)"
 
-    >>> late_condition("event_time", 1767225600000)                                           # doctest: +SKIP
+
+def window_rows(records: DataFrame, aggregate: Aggregate, event_time: str) -> DataFrame:
+    """One row per (tumbling window, ``by`` group): :attr:`Aggregate.output_columns`. Sums are exact decimals.
+
+    Works on a batch DataFrame too: verification recomputes the windows with this same function.
+    """
+    from pyspark.sql import functions as F
+
+    measures = [F.sum(F.col(c).cast(EXACT_SUM)).alias(f"sum_{c}") for c in aggregate.sum]
+    if aggregate.count:
+        measures.append(F.count(F.lit(1)).alias("events"))
+    grouped = records.groupBy(F.window(F.col(event_time), aggregate.window).alias("window"), *aggregate.by)
+    return grouped.agg(*measures).select(
+        F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
+        *aggregate.by, *(c for c in aggregate.output_columns[2 + len(aggregate.by):]),
+    )  # fmt: skip
+
+
+def window_end(event_time: str, size: str) -> Column:
+    """The end of the tumbling window of ``size`` that holds ``event_time`` (windows aligned on the epoch, as
+    Spark's ``window``), null for a null time.
+
+    Not ``F.window(...).end``: outside an aggregation Spark rewrites ``window`` into a projection *and a filter*
+    that drops every row whose time is null, which would silently remove records from a count.
+    """
+    from pyspark.sql import functions as F
+
+    from streamproof.config import duration_seconds
+
+    size_us = int(round(duration_seconds(size) * 1_000_000))
+    micros = F.unix_micros(F.col(event_time))
+    return F.timestamp_micros(micros - F.pmod(micros, F.lit(size_us)) + F.lit(size_us))
+
+
+def late_condition(transform: Transform, watermark_ms: int) -> Column:
+    """True for a valid record that the pipeline's stateful operators drop as late in a batch whose late-event
+    watermark is ``watermark_ms`` (Spark judges the late records of batch N against the watermark of batch N-1,
+    :func:`streamproof.checkpoint.late_event_watermark_ms`). Spark's own predicates: dedup drops a record whose
+    event time is at or before the watermark; a window aggregation one whose window ends at or before it (a
+    record behind the watermark still counts in a window that is open). A null event time is never late.
+
+    >>> late_condition(spec.transform, 1767225600000)                                   # doctest: +SKIP
     Column<'((event_time <= timestamp_millis(1767225600000)) AND (_reject_reason IS NULL))'>
     """
     from pyspark.sql import functions as F
 
-    if watermark_ms <= 0:  # no watermark yet (first batch): nothing is late
+    if transform.watermark is None or watermark_ms <= 0:  # no watermark (yet: first batch): nothing is late
         return F.lit(False)
-    is_late = F.col(watermark_column) <= F.timestamp_millis(F.lit(watermark_ms))
+    column = transform.watermark[0]
+    watermark = F.timestamp_millis(F.lit(watermark_ms))
+    if transform.dedup is not None or transform.aggregate is None:
+        is_late = F.col(column) <= watermark
+    else:
+        is_late = window_end(column, transform.aggregate.window) <= watermark
     return F.coalesce(is_late & F.col(REJECT_REASON).isNull(), F.lit(False))

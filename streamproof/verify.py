@@ -44,14 +44,14 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamproof.config import PipelineSpec
 from streamproof.sinks.base import Check
 from streamproof.sources import kafka as kafka_source
-from streamproof.transform import COORDINATES, REJECT_REASON, parse_records
+from streamproof.transform import COORDINATES, EXACT_SUM, REJECT_REASON, parse_records, window_end, window_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,6 +78,8 @@ class Report:
     unexpected: int
     superseded: int = 0
     dropped_late: int = 0
+    aggregated: int = 0  # windows: records folded into the closed windows
+    pending: int = 0  # windows: valid records in windows the watermark has not closed yet (not written yet)
     unit: str = "records"  # what expected/lost/duplicated count: records, keys (latest) or groups (totals)
     crashes: list[dict[str, Any]] = field(default_factory=list)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
@@ -104,9 +106,8 @@ class Report:
 
     @property
     def identity_holds(self) -> bool:
-        return self.source_records == (
-            self.expected + self.quarantined + self.upstream_duplicates + self.superseded + self.dropped_late
-        )
+        delivered = self.aggregated + self.pending if self.unit == "windows" else self.expected + self.superseded
+        return self.source_records == delivered + self.quarantined + self.upstream_duplicates + self.dropped_late
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -132,6 +133,8 @@ class Counts:
     unexpected: int
     superseded: int = 0
     dropped_late: int = 0
+    aggregated: int = 0
+    pending: int = 0
 
 
 def reconcile(
@@ -237,6 +240,68 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
 
 
+def reconcile_windows(
+    source: DataFrame, sink: DataFrame, quarantine: DataFrame, transform: Any, closed_through_ms: int
+) -> Counts:
+    """Exact counts for a sink of window rows (``[transform] aggregate``), every value compared.
+
+    The windows are recomputed from the valid, not-late source records (one per dedup key when dedup is on)
+    with the pipeline's own :func:`streamproof.transform.window_rows`. A window whose end is at or before
+    ``closed_through_ms`` (the watermark of the last committed batch) is closed and must be in the sink once,
+    with equal sums and count; the others are still open and must not be there yet. ``lost``: a closed window
+    missing or holding fewer records; ``duplicated``: a window written twice, or holding more records, or the
+    same count with other sums; ``unexpected``: a window row no source explains (open ones included).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    aggregate, column = transform.aggregate, transform.watermark[0]
+    valid = source.where(F.col(VALID))
+    if transform.dedup is not None:
+        first = Window.partitionBy(*transform.dedup.key_columns).orderBy(*COORDINATES)
+        valid = valid.withColumn("_n", F.row_number().over(first)).where("_n = 1").drop("_n")
+    counting = aggregate.model_copy(update={"count": True})
+    expected = window_rows(valid, counting, column).withColumn(
+        "_closed", F.col("window_end") <= F.timestamp_millis(F.lit(closed_through_ms))
+    )
+    keys = ["window_start", "window_end", *aggregate.by]
+    measures = [f"sum_{c}" for c in aggregate.sum]
+    held = sink.select(*keys, *(F.col(m).cast(EXACT_SUM).alias(m) for m in measures),
+                       (F.col("events") if aggregate.count else F.lit(None).cast("long")).alias("events"))  # fmt: skip
+    per_window = held.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("_n"), F.first("events").alias("_s_events"),
+        *(F.first(m).alias(f"_s_{m}") for m in measures),
+    )  # fmt: skip
+    x, s = expected.alias("x"), per_window.alias("s")
+    on = [F.col(f"x.{k}").eqNullSafe(F.col(f"s.{k}")) for k in keys]
+    same_sums = F.lit(True)
+    for m in measures:
+        same_sums = same_sums & F.col(f"x.{m}").eqNullSafe(F.col(f"_s_{m}"))
+    closed, held_it = F.coalesce(F.col("_closed"), F.lit(False)), F.col("_n").isNotNull()
+    fewer = F.col("_s_events") < F.col("x.events") if aggregate.count else F.lit(False)
+    more = F.col("_s_events") > F.col("x.events") if aggregate.count else F.lit(False)
+    row = (
+        x.join(s, on, "full_outer")
+        .agg(
+            F.sum(F.when(closed, 1).otherwise(0)).alias("expected"),
+            F.sum(F.when(closed & (~held_it | fewer), 1).otherwise(0)).alias("lost"),
+            F.sum(F.when(closed & held_it, F.col("_n") - 1).otherwise(0)
+                  + F.when(closed & held_it & (more | (~fewer & ~same_sums)), 1).otherwise(0)).alias("dup"),
+            F.sum(F.when(~closed & held_it, F.col("_n")).otherwise(0)).alias("unexpected"),
+            F.sum(F.coalesce(F.col("_n"), F.lit(0))).alias("sink_records"),
+            F.sum(F.when(closed, F.col("x.events")).otherwise(0)).alias("aggregated"),
+            F.sum(F.when(~closed & F.col("x.events").isNotNull(), F.col("x.events")).otherwise(0)).alias("pending"),
+        )
+        .first()
+    )  # fmt: skip
+    side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
+    aggregated, pending = int(row["aggregated"] or 0), int(row["pending"] or 0)
+    return replace(
+        _counts(side, sink_side, upstream_duplicates=side["valid_records"] - aggregated - pending),
+        aggregated=aggregated, pending=pending,
+    )  # fmt: skip
+
+
 def _sink_side(row: Any) -> dict[str, int]:
     """The sink half of the counts from one aggregated row (columns expected, lost, dup, unexpected, sink_records)."""
     return {
@@ -332,11 +397,12 @@ def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> 
 
 
 def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quarantine: DataFrame | None) -> DataFrame:
-    """``source`` with a boolean ``_late``: the valid records the pipeline's dedup operator dropped as late.
+    """``source`` with a boolean ``_late``: the valid records the pipeline's stateful operators dropped as late.
 
     Recomputed from the checkpoint's offset log: a record belongs to the batch whose offset range holds it,
-    and is late when its event time is at or before the watermark that batch judged late records by (the
-    previous batch's, Spark's rule; :func:`streamproof.checkpoint.late_event_watermark_ms`). Records no logged
+    and is late when, against the watermark that batch judged late records by (the previous batch's, Spark's
+    rule; :func:`streamproof.checkpoint.late_event_watermark_ms`), its event time (dedup) or its window's end
+    (windows without dedup) is at or before it (:func:`streamproof.transform.late_condition`). Records no logged
     batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100
     batches; an at-most-once start wipes it), the quarantine table's ``late`` records are taken as the late ones.
 
@@ -347,8 +413,9 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     from streamproof.checkpoint import batch_end_offsets, late_event_watermark_ms, logged_batches
     from streamproof.transform import LATE
 
-    dedup = spec.transform.dedup
-    assert dedup is not None
+    transform = spec.transform
+    assert transform.watermark is not None
+    column = transform.watermark[0]
     batches = logged_batches(spec.checkpoint_dir)
     if batches != list(range(len(batches))):
         late_ones = (
@@ -373,10 +440,10 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
         (F.col("_src_topic") == F.col("_b_topic")) & (F.col("_src_partition") == F.col("_b_partition"))
         & (F.col("_src_offset") >= F.col("_b_start")) & (F.col("_src_offset") < F.col("_b_end"))
     )  # fmt: skip
-    late = (
-        F.col(VALID) & (F.col("_b_watermark") > 0)
-        & (F.col(dedup.watermark) <= F.timestamp_millis(F.col("_b_watermark")))
+    behind = F.col(column) if transform.dedup is not None or transform.aggregate is None else (
+        window_end(column, transform.aggregate.window)
     )  # fmt: skip
+    late = F.col(VALID) & (F.col("_b_watermark") > 0) & (behind <= F.timestamp_millis(F.col("_b_watermark")))
     joined = source.join(batch_ranges, in_batch, "left")
     return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
         *(c for c in joined.columns if c.startswith("_b_"))
@@ -431,18 +498,20 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     from streamproof.sinks.base import open_sinks
 
     sinks = open_sinks(spec)
-    dedup = spec.transform.dedup
+    transform = spec.transform
+    dedup, aggregate = transform.dedup, transform.aggregate
     dedup_keys = dedup.key_columns if dedup else None
     columns = list(dict.fromkeys([
-        *(dedup_keys or []), *([dedup.watermark] if dedup else []),
+        *(dedup_keys or []), *([transform.watermark[0]] if transform.watermark else []),
+        *((*aggregate.by, *aggregate.sum) if aggregate else ()),
         *(c for sink in sinks for c in _check_columns(sink.check)),
     ]))  # fmt: skip
     source = read_source(spark, spec, columns)
     quarantine_table = _read_delta(spark, spec.quarantine_path)
-    if dedup is not None:
+    if transform.watermark is not None:
         flagged = late_flags(spark, spec, source, quarantine_table)
         source = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(
-            DROPPED, F.col(LATE_FLAG) & F.lit(dedup.late == "drop")
+            DROPPED, F.col(LATE_FLAG) & F.lit(transform.late == "drop")
         )
     source = source.cache()
     quarantine = (
@@ -454,8 +523,14 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     reports = []
     try:
         for sink in sinks:
-            counts = compare(sink.check, source, sink.read(spark), quarantine, dedup_keys)
-            unit = {"records": "records", "latest": "keys", "totals": "groups"}[sink.check.kind]
+            held = sink.read(spark)
+            if aggregate is not None:
+                rows = held if held is not None else spark.createDataFrame([], _window_schema(source, aggregate))
+                counts = reconcile_windows(source, rows, quarantine, transform, _closed_through_ms(spec))
+                unit = "windows"
+            else:
+                counts = compare(sink.check, source, held, quarantine, dedup_keys)
+                unit = {"records": "records", "latest": "keys", "totals": "groups"}[sink.check.kind]
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
                 quarantine_reasons=reasons, generated=generated,
@@ -463,6 +538,22 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     finally:
         source.unpersist()
     return reports
+
+
+def _closed_through_ms(spec: PipelineSpec) -> int:
+    """The watermark of the last committed batch: the windows ending at or before it have been written."""
+    from streamproof.checkpoint import batch_watermark_ms, committed_batches
+
+    committed = committed_batches(spec.checkpoint_dir)
+    return batch_watermark_ms(spec.checkpoint_dir, committed[-1]) if committed else 0
+
+
+def _window_schema(source: DataFrame, aggregate: Any) -> str:
+    """The schema of window rows, for a sink not written yet."""
+    by = ", ".join(f"`{c}` {source.schema[c].dataType.simpleString()}" for c in aggregate.by)
+    sums = ", ".join(f"sum_{c} {EXACT_SUM}" for c in aggregate.sum)
+    parts = ["window_start TIMESTAMP, window_end TIMESTAMP", by, sums, "events LONG" if aggregate.count else ""]
+    return ", ".join(part for part in parts if part)
 
 
 def _generated(manifest_dir: Path | None, topic: str) -> dict[str, Any] | None:

@@ -212,3 +212,50 @@ path = "{tmp_path / 'sink'}"
     late = sorted(row["_src_offset"] for row in flagged.where(F.col(LATE_FLAG)).collect())
     assert late == [6]
     assert flagged.count() == source.count()
+
+
+def test_window_rows_are_compared_value_by_value(spark: Any) -> None:
+    """Records in three 1-minute windows of group a, one of group b; the watermark closed 00:00-00:02 only.
+    The sink holds: window 00:00 a right, window 00:01 a with a wrong sum (same count), window 00:00 b twice,
+    and the still-open window 00:02 a; so 1 duplicated for the sum, 1 for the second b row, 1 unexpected."""
+    from pyspark.sql import functions as F
+
+    from streamproof.config import parse_pipeline
+    from streamproof.verify import reconcile_windows
+
+    spec = parse_pipeline('''
+name = "w"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "g STRING, amount DOUBLE, event_time TIMESTAMP"
+required = ["event_time"]
+aggregate = { window = "1 minute", by = ["g"], sum = ["amount"], watermark = "event_time", delay = "1 minute" }
+[sink]
+kind = "delta"
+path = "/tmp/unused"
+''')
+    rows = [("t", 0, 0, "a", 1.25, "00:00:10"), ("t", 0, 1, "a", 2.5, "00:00:50"), ("t", 0, 2, "a", 4.0, "00:01:30"),
+            ("t", 0, 3, "a", 8.0, "00:02:30"), ("t", 0, 4, "b", 16.0, "00:00:20")]  # fmt: skip
+    source = spark.createDataFrame(
+        [(*r[:5], f"2026-01-01 {r[5]}", True) for r in rows],
+        "_src_topic STRING, _src_partition INT, _src_offset LONG, g STRING, amount DOUBLE, event_time STRING, "
+        "_valid BOOLEAN",
+    ).withColumn("event_time", F.to_timestamp("event_time"))
+    sink_rows = [("00:00", "00:01", "a", "3.75", 2), ("00:01", "00:02", "a", "4.5", 1),  # 4.0 expected
+                 ("00:00", "00:01", "b", "16", 1), ("00:00", "00:01", "b", "16", 1),
+                 ("00:02", "00:03", "a", "8", 1)]  # fmt: skip
+    sink = spark.createDataFrame(
+        [(f"2026-01-01 {a}:00", f"2026-01-01 {b}:00", g, total, n) for a, b, g, total, n in sink_rows],
+        "window_start STRING, window_end STRING, g STRING, sum_amount STRING, events LONG",
+    ).select(F.to_timestamp("window_start").alias("window_start"), F.to_timestamp("window_end").alias("window_end"),
+             "g", F.col("sum_amount").cast("DECIMAL(38, 10)").alias("sum_amount"), "events")  # fmt: skip
+    closed_through = 1767225720000  # 2026-01-01T00:02:00Z
+    counts = reconcile_windows(source, sink, _coords(spark, []), spec.transform, closed_through)
+    assert (counts.expected, counts.lost, counts.duplicated, counts.unexpected) == (3, 0, 2, 1)
+    assert (counts.aggregated, counts.pending, counts.sink_records) == (4, 1, 5)
+    # The sink missing a closed window, or holding fewer records in one, is loss.
+    fewer = sink.where(~((F.col("g") == "b") | (F.col("sum_amount") == 4.5)))
+    counts = reconcile_windows(source, fewer, _coords(spark, []), spec.transform, closed_through)
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (2, 0, 1)

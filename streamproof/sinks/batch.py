@@ -3,9 +3,9 @@
 1. at-most-once only: the batch's end offsets are marked done (progress file), before anything is written;
 2. crash point ``before-sink-write``;
 3. the parsed batch is cached, so Kafka is fetched and JSON parsed once for all the writes that follow;
-   with dedup on, the batch holds every record and, beside them, the ones the dedup operator kept
-   (:func:`streamproof.transform.deduplicate_stream`); records older than the batch's late-event
-   watermark are the ``late`` ones Spark's operator dropped;
+   with dedup or windows on, the batch holds every record and, beside them, what the stateful operators let
+   through (:func:`streamproof.transform.stateful_stream`): the records dedup kept, or the closed windows;
+   records older than the batch's late-event watermark are the ``late`` ones Spark's operators dropped;
 4. invalid records (and late ones, unless ``dedup.late = "drop"``) go to the quarantine Delta table (keyed
    on the batch like the sinks);
 5. the ``mid-sink-write`` watcher is armed, then every sink writes the valid records, each keyed on its
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from streamproof import faults
 from streamproof.checkpoint import ProgressFile, batch_end_offsets, late_event_watermark_ms
-from streamproof.config import PipelineSpec
+from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.sinks.base import Batch, Sink, SinkWrite
@@ -89,17 +89,19 @@ class BatchWriter:
         faults.reached(faults.BEFORE_SINK_WRITE, batch_id)
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
-            dedup = self.spec.transform.dedup
-            if dedup is None:
-                records, kept, late = parsed, parsed, F.lit(False)
+            transform = self.spec.transform
+            if transform.watermark is None:
+                records, kept, late = parsed, valid_records(parsed), F.lit(False)
             else:
-                records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH)
-                kept = parsed.where(F.col(BRANCH) == KEPT_BY_DEDUP).drop(BRANCH)
-                watermark_ms = late_event_watermark_ms(self.spec.checkpoint_dir, batch_id)
-                late = late_condition(dedup.watermark, watermark_ms)
+                window_only = [c for c in parsed.columns if c not in self._record_columns(parsed)]
+                records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH, *window_only)
+                kept = parsed.where(F.col(BRANCH) == KEPT_BY_DEDUP)
+                aggregate = transform.aggregate
+                kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
+                late = late_condition(transform, late_event_watermark_ms(self.spec.checkpoint_dir, batch_id))
             counts = self._count(parsed, late)
             late_count = counts["late"]
-            quarantine_late = dedup is not None and dedup.late == "quarantine"
+            quarantine_late = transform.watermark is not None and transform.late == "quarantine"
             quarantined = counts["invalid"] + (late_count if quarantine_late else 0)
             batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts["kept"])
             if quarantined:
@@ -107,7 +109,6 @@ class BatchWriter:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
                     records = records.withColumn(REJECT_REASON, reason)
                 append_batch(quarantined_records(records), str(self.spec.quarantine_path), batch)
-            valid = valid_records(kept)
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
@@ -118,7 +119,7 @@ class BatchWriter:
                     batch_id, context, sink.name, first_sink=index == 0,
                     in_tasks=sink.writes_in_python_tasks, files_in=sink.data_files_folder,
                 ):  # fmt: skip
-                    writes[sink.name] = self._write_retrying(sink, valid, armed)
+                    writes[sink.name] = self._write_retrying(sink, kept, armed)
                 seconds[sink.name] = time.monotonic() - started
         finally:
             parsed.unpersist()
@@ -132,9 +133,17 @@ class BatchWriter:
             sink_seconds=seconds,
             sink_rows={name: write.rows_out for name, write in writes.items()},
             rows_in=counts["records"],
-            duplicates_dropped=counts["valid"] - late_count - counts["kept"] if dedup is not None else 0,
+            duplicates_dropped=counts["valid"] - late_count - counts["kept"] if transform.aggregate is None else 0,
             late=late_count,
         )
+
+    def _record_columns(self, parsed: DataFrame) -> list[str]:
+        """The columns of a parsed record (what the window rows add to the union is not among them)."""
+        aggregate = self.spec.transform.aggregate
+        if aggregate is None:
+            return parsed.columns
+        fields = schema_field_names(self.spec.transform.schema_)
+        return [c for c in parsed.columns if c in fields or c not in aggregate.output_columns]
 
     @staticmethod
     def _count(parsed: DataFrame, late: Column) -> dict[str, int]:
