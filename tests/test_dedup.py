@@ -1,11 +1,13 @@
-"""Deduplication with a watermark stays exactly-once through crashes, and every record is accounted for.
+"""Deduplication and windows with a watermark stay exactly-once through crashes; every record is accounted for.
 
 Data: 30,000 generated records per run, 3% resends of earlier events (same event_id and event time, some into
 another partition, some from far back), 1% events 6 hours behind the stream, 0.5% malformed. Pipeline:
 examples/orders_dedup_to_delta.toml with a 1-minute watermark delay (the records span 5 minutes, so resends
 from far back are late too), three batches.
 
-* the crash matrix, exactly-once, each named crash point, one SIGKILL in batch 1: 0 lost, 0 duplicated,
+* the crash matrix, exactly-once, at the crash points where the sink or the operator's state has moved past
+  the checkpoint (mid-sink-write, after-sink-commit, after-checkpoint-commit; the full matrix is
+  `streamproof prove examples/orders_dedup_to_delta.toml --matrix`), one SIGKILL in batch 1: 0 lost, 0 duplicated,
   0 unexpected at event level (one sink row per distinct event_id), and
   ``source_records = expected + quarantined + upstream_duplicates`` with every term non-zero, the late
   records in quarantine with reason ``late``;
@@ -20,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import STATEFUL_DATA as UPSTREAM
+from conftest import STATEFUL_EVENTS as EVENTS
+from conftest import run_cli, stateful_example
 from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline
-from streamproof.faults import NAMED_POINTS
+from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, MID_SINK_WRITE
 from streamproof.generator import generate
 from streamproof.infra import KafkaBroker
 from streamproof.prove import MatrixCell, run_matrix
@@ -30,29 +34,9 @@ from streamproof.verify import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1500)]
 
-EVENTS = 30_000
-UPSTREAM = {"malformed": 0.005, "duplicates": 0.03, "late": 0.01}
-
-
-def dedup_pipeline(workdir: Path, broker: str, topic: str, late: str = "quarantine") -> Path:
-    """The dedup example on the test broker, 1-minute delay, 10,000-record batches, its own folders."""
-    spec = load_pipeline(REPO / "examples" / "orders_dedup_to_delta.toml")
-    dedup = spec.transform.dedup
-    assert dedup is not None
-    spec = spec.model_copy(update={
-        "checkpoint": str(workdir / "checkpoint"),
-        "source": spec.source.model_copy(update={"bootstrap_servers": broker, "topic": topic,
-                                                 "max_offsets_per_trigger": 10_000}),
-        "transform": spec.transform.model_copy(update={
-            "quarantine": str(workdir / "quarantine"),
-            "dedup": dedup.model_copy(update={"delay": "1 minute", "late": late}),
-        }),
-        "sink": spec.sink.model_copy(update={"path": str(workdir / "orders")}),
-    })  # fmt: skip
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "pipeline.toml"
-    path.write_text(dump_pipeline(spec))
-    return path
+# Each cell is two pipeline runs (~45 s); the suite's 30-minute budget keeps the cells where something moved past
+# the checkpoint (before-sink-write is the plain replay every other cell also goes through).
+POINTS = (MID_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT_COMMIT)
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +46,20 @@ def matrix_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def matrix(kafka_broker: KafkaBroker, spark: Any, matrix_dir: Path) -> dict[str, MatrixCell]:
-    base = dedup_pipeline(matrix_dir / "base", kafka_broker.bootstrap_servers, "dedup")
+    base = stateful_example(matrix_dir / "base", kafka_broker.bootstrap_servers, "dedup")
     cells = run_matrix(base, spark, workdir=matrix_dir, count=EVENTS, seed=17, guarantees=("exactly-once",),
-                       **UPSTREAM)  # fmt: skip
+                       points=POINTS, **UPSTREAM)  # fmt: skip
     return {cell.point: cell for cell in cells}
 
 
-@pytest.mark.parametrize("point", NAMED_POINTS)
+@pytest.mark.parametrize("point", POINTS)
 def test_dedup_is_exactly_once_through_a_crash(matrix: dict[str, MatrixCell], point: str) -> None:
     cell = matrix[point]
     assert len(cell.crashes) == 1 and cell.crashes[0]["batch_id"] == 1, cell.to_dict()
     assert (cell.lost, cell.duplicated, cell.unexpected) == (0, 0, 0), cell.to_dict()
 
 
-@pytest.mark.parametrize("point", NAMED_POINTS)
+@pytest.mark.parametrize("point", POINTS)
 def test_every_record_is_accounted_for_after_the_crash(
     matrix: dict[str, MatrixCell], matrix_dir: Path, spark: Any, point: str
 ) -> None:
@@ -93,7 +77,7 @@ def test_late_records_dropped_by_configuration_are_counted(
 ) -> None:
     topic = "dedup-drop"
     generate(kafka_broker.bootstrap_servers, topic, EVENTS, partitions=4, seed=18, **UPSTREAM)
-    pipeline = dedup_pipeline(tmp_path, kafka_broker.bootstrap_servers, topic, late="drop")
+    pipeline = stateful_example(tmp_path, kafka_broker.bootstrap_servers, topic, late="drop")
     result = run_cli("run", str(pipeline), "--available-now")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "late (dropped)" in result.stdout
@@ -113,3 +97,4 @@ def test_late_records_dropped_by_configuration_are_counted(
     })))  # fmt: skip
     (strict_report,) = verify_pipeline(spark, strict)
     assert strict_report.lost == report.dropped_late
+
