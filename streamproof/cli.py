@@ -138,6 +138,10 @@ def generate(
     late: Annotated[
         float, typer.Option(callback=_fraction("--late"), help="Share of events 6 hours behind the stream (0..1).")
     ] = 0.0,
+    schema_change_at: Annotated[
+        int | None,
+        typer.Option(min=0, help="From this record on: a new field 'channel'; 1 in 20 sends amount as an object."),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed: same seed, same records.")] = 42,
     bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
     state_dir: StateDir = None,
@@ -165,6 +169,7 @@ def generate(
             seed=seed,
             duplicates=duplicates,
             late=late,
+            schema_change_at=schema_change_at,
             manifest_dir=_state_dir(state_dir) / "generated",
             on_progress=lambda done: progress.update(task, completed=done),
         )

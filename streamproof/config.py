@@ -210,6 +210,9 @@ class Transform(_Strict):
     quarantine: str | None = None
     dedup: Dedup | None = None
     aggregate: Aggregate | None = None
+    # "add-columns": top-level fields the schema does not declare are carried into the Delta table as new STRING
+    # columns (Delta schema merging); "none": they are ignored, as with any declared schema.
+    schema_evolution: Literal["none", "add-columns"] = "none"
 
     @property
     def watermark(self) -> tuple[str, str] | None:
@@ -550,6 +553,17 @@ class PipelineSpec(_Strict):
         if len(set(labels)) != len(labels):
             raise ValueError(f"sinks: two sinks are named {labels!r}: give each a distinct label")
         where = "sink" if self.sink is not None else "sinks"
+        if self.transform.schema_evolution == "add-columns":
+            if self.transform.aggregate is not None:
+                raise ValueError("transform.schema_evolution: 'add-columns' carries record fields; windows have none")
+            for sink in self.sink_specs:
+                if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):
+                    raise ValueError(
+                        f"transform.schema_evolution: 'add-columns' needs Delta tables in append mode (schema "
+                        f"merging), and {where} {sink.name!r} is {sink.kind}"
+                        + (f" in {sink.mode} mode" if isinstance(sink, DeltaSinkSpec) else "")
+                        + ": remove schema_evolution or that sink"
+                    )
         if self.transform.aggregate is not None:
             for sink in self.sink_specs:
                 if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):

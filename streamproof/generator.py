@@ -18,7 +18,10 @@ Upstream trouble that is not malformed:
 * ``duplicate`` (``--duplicates F``): a resend of an earlier valid event, byte for byte (same ``event_id`` and
   event time), as a producer retry would; mostly one of the last few thousand events, one in four
   from much further back, and three in ten into another partition than the original;
-* ``late`` (``--late F``): a new event whose event time is :data:`LATE_BY` behind the stream's.
+* ``late`` (``--late F``): a new event whose event time is :data:`LATE_BY` behind the stream's;
+* a schema change (``--schema-change-at N``): from record ``N`` on, events carry a new optional field
+  ``channel``, and one in :data:`TYPE_CHANGE_ONE_IN` sends ``amount`` as an object (``{"value": .., "currency":
+  ..}``), a type change the declared schema cannot read: kind ``type_change``, counted as malformed.
 
 ``count`` is the number of records produced, duplicates included.
 
@@ -55,6 +58,9 @@ LATE_BY = timedelta(hours=6)  # a late event's time is this far behind: older th
 RECENT_EVENTS = 2_000  # a resend mostly repeats one of the last this many events
 OLD_EVENTS_KEPT = 10_000  # and otherwise one drawn from a sample of this many older ones
 UPSTREAM_KINDS = ("duplicate", "late")
+TYPE_CHANGE = "type_change"
+TYPE_CHANGE_ONE_IN = 20
+CHANNELS = ("web", "app", "store")
 
 
 @dataclass
@@ -105,6 +111,7 @@ def order_events(
     start_index: int = 0,
     duplicates: float = 0.0,
     late: float = 0.0,
+    schema_change_at: int | None = None,
 ) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
     """Yield ``(partition, key, value, kind)`` for records ``start_index .. start_index+count-1``; ``kind`` is
     None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``.
@@ -147,6 +154,9 @@ def order_events(
         if malformed and rng.random() < malformed:
             kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
             event = _spoil(event, kind, rng)
+        elif schema_change_at is not None and index >= schema_change_at:  # a record is invalid for one reason
+            event, changed = _changed_schema(event, upstream)
+            kind = TYPE_CHANGE if changed else kind
         value = event.encode() if isinstance(event, str) else event
         if duplicates and kind not in MALFORMED_KINDS:
             if len(recent) == recent.maxlen:  # the oldest recent event joins the sample of older ones
@@ -158,6 +168,16 @@ def order_events(
                     older[slot] = evicted
             recent.append((partition, key, value))
         yield partition, key, value, kind
+
+
+def _changed_schema(event: str, rng: random.Random) -> tuple[str, bool]:
+    """The event after the upstream schema change: a new field ``channel``; sometimes ``amount`` as an object."""
+    record = json.loads(event)
+    record["channel"] = CHANNELS[rng.randrange(len(CHANNELS))]
+    changed = rng.randrange(TYPE_CHANGE_ONE_IN) == 0
+    if changed:
+        record["amount"] = {"value": record["amount"], "currency": "EUR"}
+    return json.dumps(record, separators=(",", ":")), changed
 
 
 def _spoil(event: str, kind: str, rng: random.Random) -> str | bytes:
@@ -241,6 +261,7 @@ def generate(
     seed: int = 42,
     duplicates: float = 0.0,
     late: float = 0.0,
+    schema_change_at: int | None = None,
     manifest_dir: Path | None = None,
     on_progress: Callable[[int], None] | None = None,
 ) -> GenerationResult:
@@ -287,7 +308,7 @@ def generate(
     for sent, (partition, key, value, kind) in enumerate(
         order_events(
             count, seed=seed, malformed=malformed, partitions=partitions, start_index=previous,
-            duplicates=duplicates, late=late,
+            duplicates=duplicates, late=late, schema_change_at=schema_change_at,
         )
     ):  # fmt: skip
         if kind:

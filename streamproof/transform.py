@@ -10,7 +10,8 @@ Reasons, checked in this order:
 * ``empty``: null or zero-length value;
 * ``not_utf8``: the bytes are not valid UTF-8 (binary garbage);
 * ``invalid_json``: not a JSON object (broken syntax, an array, a bare number);
-* ``wrong_type``: a JSON object whose field does not fit the schema's type (``"amount": "abc"``);
+* ``schema``: a JSON object whose field does not fit the schema's type (``"amount": "abc"``: an upstream
+  type change);
 * ``missing_required:<field>``: a required field is absent, null or blank.
 
 The classification depends only on the record's bytes, so a replayed batch classifies identically.
@@ -24,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from streamproof.config import Aggregate, Transform, schema_field_names
@@ -38,6 +40,7 @@ RAW_VALUE = "_raw_value"
 _CORRUPT = "_corrupt_record"
 _PARSED = "_parsed"
 _TEXT = "_text"
+EXTRA_FIELDS = "_extra_fields"  # schema_evolution = "add-columns": the undeclared top-level fields, as text
 PARSE_ONCE = True  # False: the former plan, for the before/after benchmark only
 # With dedup or windows on, a batch holds two branches (stateful_stream): every parsed record, and what the stateful
 # operators let through (the records dedup kept, or the closed windows). This column says which branch a row is of.
@@ -66,6 +69,12 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
     parsed_value = F.from_json(
         F.col(_TEXT), schema_with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     )
+    extra: list[Column] = []
+    if transform.schema_evolution == "add-columns":
+        declared = F.array(*(F.lit(name.lower()) for name in fields))
+        every_field = F.from_json(F.col(_TEXT), "MAP<STRING, STRING>")
+        parsed_value = F.struct(parsed_value.alias("p"), F.map_filter(
+            every_field, lambda key, _: ~F.array_contains(declared, F.lower(key))).alias("x"))  # fmt: skip
     if PARSE_ONCE:
         # A filter on the reject reason (valid_records, quarantined_records) is pushed below a projection with
         # the alias replaced by its expression, so from_json would run once per reference (7 times a record:
@@ -74,9 +83,13 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         parsed = decoded.select("*", F.explode(F.array(parsed_value)).alias(_PARSED))
     else:
         parsed = decoded.withColumn(_PARSED, parsed_value)
+    if transform.schema_evolution == "add-columns":
+        parsed = parsed.withColumn(EXTRA_FIELDS, F.col(f"{_PARSED}.x")).withColumn(_PARSED, F.col(f"{_PARSED}.p"))
+        extra = [F.col(EXTRA_FIELDS)]
     return parsed.select(
         *SOURCE_COLUMNS,
         *[F.col(f"{_PARSED}.{name}").alias(name) for name in fields],
+        *extra,
         RAW_VALUE,
         _reject_reason(transform.required).alias(REJECT_REASON),
     )
@@ -93,13 +106,36 @@ def _reject_reason(required: list[str]) -> Column:
         .when(
             parsed.getField(_CORRUPT).isNotNull(),
             # json_object_keys is null for text that is not a JSON object: broken syntax vs a type misfit.
-            F.when(F.json_object_keys(text).isNull(), F.lit("invalid_json")).otherwise(F.lit("wrong_type")),
+            F.when(F.json_object_keys(text).isNull(), F.lit("invalid_json")).otherwise(F.lit("schema")),
         )
     )
     for name in required:
         value = parsed.getField(name)
         reason = reason.when(value.isNull() | (F.trim(value.cast("string")) == ""), F.lit(f"missing_required:{name}"))
     return reason.otherwise(F.lit(None).cast("string"))
+
+
+_COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def with_extra_columns(rows: DataFrame) -> DataFrame:
+    """``schema_evolution = "add-columns"``: the undeclared fields of the batch's records as STRING columns.
+
+    The new columns are the field names found in this batch (sorted, so a replayed batch makes the same
+    ones); a field whose name is not a plain column name (letters, digits, ``_``) is not carried. Delta's
+    schema merging adds them to the table; records without them get nulls, and so do the rows written before.
+
+    >>> with_extra_columns(valid_records(parsed)).columns[-1]                     # doctest: +SKIP
+    'coupon_code'
+    """
+    from pyspark.sql import functions as F
+
+    if EXTRA_FIELDS not in rows.columns:
+        return rows
+    found = rows.select(F.explode(F.map_keys(F.col(EXTRA_FIELDS))).alias("k")).distinct().collect()
+    names = sorted(row["k"] for row in found if _COLUMN_NAME.match(row["k"]))
+    kept = [c for c in rows.columns if c != EXTRA_FIELDS]
+    return rows.select(*kept, *(F.col(EXTRA_FIELDS).getItem(name).alias(name) for name in names))
 
 
 def valid_records(parsed: DataFrame) -> DataFrame:
@@ -115,7 +151,7 @@ def quarantined_records(parsed: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     return parsed.where(F.col(REJECT_REASON).isNotNull()).select(
-        *SOURCE_COLUMNS,
+        *SOURCE_COLUMNS,  # the extra fields of schema evolution stay in raw_value
         F.col(REJECT_REASON).alias("reason"),
         F.col(RAW_VALUE).alias("raw_value"),
     )

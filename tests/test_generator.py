@@ -61,3 +61,37 @@ def test_partition_follows_the_key_so_an_order_stays_in_one_partition() -> None:
 def test_event_time_is_iso_utc_with_milliseconds() -> None:
     assert event_time_text(0, 0) == "2026-01-01T00:00:00.000Z"
     assert event_time_text(100_000, 7) == "2026-01-01T00:16:40.007Z"
+
+
+def test_duplicates_resend_earlier_valid_events_some_into_another_partition() -> None:
+    events = list(order_events(20_000, seed=4, malformed=0.01, duplicates=0.05, partitions=4))
+    first_seen: dict[bytes, int] = {}
+    moved = resends = 0
+    for partition, _, value, kind in events:
+        if kind == "duplicate":
+            resends += 1
+            assert value in first_seen, "a resend repeats an event sent before"
+            moved += first_seen[value] != partition
+        elif kind is None or kind == "late":
+            first_seen.setdefault(value, partition)
+    assert 800 < resends < 1200  # 5% of 20,000
+    assert 0.2 < moved / resends < 0.4  # three in ten go to another partition
+    assert events == list(order_events(20_000, seed=4, malformed=0.01, duplicates=0.05, partitions=4))
+
+
+def test_late_events_are_six_hours_behind_and_the_schema_change_adds_a_field() -> None:
+    from datetime import datetime
+
+    events = list(order_events(5_000, seed=6, late=0.02, schema_change_at=2_500))
+    for index, (_, _, value, kind) in enumerate(events):
+        record = json.loads(value)
+        if kind == "type_change":
+            assert index >= 2_500 and isinstance(record["amount"], dict)
+            continue
+        event_time = datetime.fromisoformat(record["event_time"])
+        on_time = datetime.fromisoformat(event_time_text(index, 0))
+        behind = (on_time - event_time).total_seconds()
+        assert (5.9 * 3600 < behind < 6.1 * 3600) if kind == "late" else -1 < behind <= 0.01
+        assert ("channel" in record) == (index >= 2_500)
+    kinds = [kind for *_, kind in events]
+    assert 60 < kinds.count("late") < 140 and 80 < kinds.count("type_change") < 170

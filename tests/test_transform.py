@@ -34,8 +34,8 @@ def _kafka_frame(spark: Any, values: list[bytes | None]) -> Any:
         (b'{"event_id":"e","order_id":"o"', "invalid_json"),
         (b"[1,2]", "invalid_json"),
         (b"42", "invalid_json"),
-        (b'{"event_id":"e","order_id":"o","amount":"twelve"}', "wrong_type"),
-        (b'{"event_id":"e","order_id":"o","event_time":"yesterday"}', "wrong_type"),
+        (b'{"event_id":"e","order_id":"o","amount":"twelve"}', "schema"),
+        (b'{"event_id":"e","order_id":"o","event_time":"yesterday"}', "schema"),
         (b'{"order_id":"o"}', "missing_required:event_id"),
         (b'{"event_id":"  ","order_id":"o"}', "missing_required:event_id"),
         (b'{"event_id":"e","order_id":null}', "missing_required:order_id"),
@@ -67,3 +67,28 @@ def test_generated_malformed_records_all_land_in_quarantine_and_nothing_else(spa
         "_src_timestamp",
     ]
     parsed.unpersist()
+
+
+def test_add_columns_carries_undeclared_fields_as_text_columns(spark: Any) -> None:
+    from streamproof.transform import with_extra_columns
+
+    evolving = TRANSFORM.model_copy(update={"schema_evolution": "add-columns"})
+    values = [
+        b'{"event_id":"a","order_id":"o"}',
+        b'{"event_id":"b","order_id":"o","channel":"web","Amount":3,"bad key":1,"meta":{"x":[1,2]}}',
+        b'{"event_id":"c","order_id":"o","channel":"app","coupon":null}',
+        b'{"event_id":"d","order_id":"o","amount":{"value":1}}',  # a type change: quarantined, not carried
+    ]
+    parsed = parse_records(_kafka_frame(spark, values), evolving)
+    rows = with_extra_columns(valid_records(parsed))
+    # "Amount" is the declared amount in another case, "bad key" no column name: neither becomes a column.
+    assert rows.columns[-3:] == ["channel", "coupon", "meta"]
+    by_id = {row["event_id"]: row for row in rows.collect()}
+    assert sorted(by_id) == ["a", "b", "c"]
+    assert (by_id["a"]["channel"], by_id["b"]["channel"], by_id["c"]["channel"]) == (None, "web", "app")
+    assert by_id["b"]["meta"] == '{"x":[1,2]}' and by_id["c"]["coupon"] is None
+    assert [row["reason"] for row in quarantined_records(parsed).collect()] == ["schema"]
+    # Without schema evolution the same records keep the declared columns only.
+    assert with_extra_columns(valid_records(parse_records(_kafka_frame(spark, values), TRANSFORM))).columns[-1] == (
+        "_src_timestamp"
+    )

@@ -42,6 +42,7 @@ from streamproof.transform import (
     late_condition,
     quarantined_records,
     valid_records,
+    with_extra_columns,
 )
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ class BatchWriter:
                 aggregate = transform.aggregate
                 kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
                 late = late_condition(transform, late_event_watermark_ms(self.spec.checkpoint_dir, batch_id))
+            kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
             counts = self._count(parsed, late)
             late_count = counts["late"]
             quarantine_late = transform.watermark is not None and transform.late == "quarantine"

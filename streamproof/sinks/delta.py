@@ -47,9 +47,12 @@ def app_id(pipeline: str) -> str:
     return f"streamproof/{pipeline}"
 
 
-def append_batch(frame: DataFrame, path: str, batch: Batch) -> None:
-    """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``."""
+def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False) -> None:
+    """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``; with
+    ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``)."""
     writer = frame.write.format("delta").mode("append").option("userMetadata", batch.commit_metadata())
+    if merge_schema:
+        writer = writer.option("mergeSchema", "true")
     if batch.keyed:
         writer = writer.option("txnAppId", app_id(batch.pipeline)).option("txnVersion", batch.batch_id)
     writer.save(path)
@@ -120,7 +123,8 @@ class DeltaSink(FolderSink):
         if self.spec.mode == "merge":
             self._merge(rows, batch)
         else:
-            append_batch(rows, str(self.path), batch)
+            append_batch(rows, str(self.path), batch,
+                         merge_schema=self.pipeline.transform.schema_evolution == "add-columns")  # fmt: skip
         return SinkWrite(0 if replay else batch.rows, replay)
 
     def _merge(self, rows: DataFrame, batch: Batch) -> None:
