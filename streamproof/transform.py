@@ -12,6 +12,8 @@ Reasons, checked in this order:
 * ``invalid_json``: not a JSON object (broken syntax, an array, a bare number);
 * ``schema``: a JSON object whose field does not fit the schema's type (``"amount": "abc"``: an upstream
   type change);
+* ``out_of_range:<field>``: a value JSON parsing accepts but no sink should get: NaN or an infinity (``1e400``),
+  a time outside years 1-9999, a summed value of ``1e18`` or more (its window's exact sum could overflow);
 * ``missing_required:<field>``: a required field is absent, null or blank.
 
 The classification depends only on the record's bytes, so a replayed batch classifies identically.
@@ -26,9 +28,10 @@ Example::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from streamproof.config import Aggregate, Transform, schema_field_names
+from streamproof.config import Aggregate, Transform, schema_field_names, schema_field_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -91,11 +94,11 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         *[F.col(f"{_PARSED}.{name}").alias(name) for name in fields],
         *extra,
         RAW_VALUE,
-        _reject_reason(transform.required).alias(REJECT_REASON),
+        _reject_reason(transform).alias(REJECT_REASON),
     )
 
 
-def _reject_reason(required: list[str]) -> Column:
+def _reject_reason(transform: Transform) -> Column:
     from pyspark.sql import functions as F
 
     parsed, text = F.col(_PARSED), F.col(_TEXT)
@@ -109,10 +112,35 @@ def _reject_reason(required: list[str]) -> Column:
             F.when(F.json_object_keys(text).isNull(), F.lit("invalid_json")).otherwise(F.lit("schema")),
         )
     )
-    for name in required:
+    for name, out_of_range in _range_checks(transform):
+        reason = reason.when(out_of_range(parsed.getField(name)), F.lit(f"out_of_range:{name}"))
+    for name in transform.required:
         value = parsed.getField(name)
         reason = reason.when(value.isNull() | (F.trim(value.cast("string")) == ""), F.lit(f"missing_required:{name}"))
     return reason.otherwise(F.lit(None).cast("string"))
+
+
+# A summed value at or beyond this magnitude could overflow the exact DECIMAL(38, 10) sum of a window.
+MAX_SUMMED_MAGNITUDE = 1e18
+
+
+def _range_checks(transform: Transform) -> list[tuple[str, Callable[[Column], Column]]]:
+    """Values JSON parsing accepts but no sink should get: NaN and infinities (``1e400`` parses as Infinity),
+    times outside years 1-9999 (which Python, PostgreSQL drivers and many readers cannot represent), and, for
+    a window's summed columns, magnitudes whose exact sum could overflow."""
+    from pyspark.sql import functions as F
+
+    summed = set(transform.aggregate.sum) if transform.aggregate is not None else set()
+    checks: list[tuple[str, Callable[[Column], Column]]] = []
+    for name in schema_field_names(transform.schema_):
+        kind = (schema_field_type(transform.schema_, name) or "").split("(")[0]
+        if kind in ("DOUBLE", "FLOAT", "REAL"):
+            checks.append((name, lambda v: F.isnan(v) | (F.abs(v) == float("inf"))))
+        elif kind in ("TIMESTAMP", "TIMESTAMP_LTZ", "TIMESTAMP_NTZ", "DATE"):
+            checks.append((name, lambda v: (F.year(v) < 1) | (F.year(v) > 9999)))
+        if name in summed:
+            checks.append((name, lambda v: F.abs(v.cast("double")) >= MAX_SUMMED_MAGNITUDE))
+    return checks
 
 
 _COLUMN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -122,7 +150,8 @@ def with_extra_columns(rows: DataFrame) -> DataFrame:
     """``schema_evolution = "add-columns"``: the undeclared fields of the batch's records as STRING columns.
 
     The new columns are the field names found in this batch (sorted, so a replayed batch makes the same
-    ones); a field whose name is not a plain column name (letters, digits, ``_``) is not carried. Delta's
+    ones); a field whose name is not a plain column name (letters, digits, ``_``), starts with ``_``, or equals
+    a column's name in another case, is not carried (it stays in the source record only). Delta's
     schema merging adds them to the table; records without them get nulls, and so do the rows written before.
 
     >>> with_extra_columns(valid_records(parsed)).columns[-1]                     # doctest: +SKIP
@@ -133,8 +162,15 @@ def with_extra_columns(rows: DataFrame) -> DataFrame:
     if EXTRA_FIELDS not in rows.columns:
         return rows
     found = rows.select(F.explode(F.map_keys(F.col(EXTRA_FIELDS))).alias("k")).distinct().collect()
-    names = sorted(row["k"] for row in found if _COLUMN_NAME.match(row["k"]))
     kept = [c for c in rows.columns if c != EXTRA_FIELDS]
+    taken = {c.lower() for c in kept}
+    # "_" starts streamproof's own columns (coordinates, raw value): a field so named is not carried.
+    names = sorted({row["k"] for row in found if _COLUMN_NAME.match(row["k"]) and not row["k"].startswith("_")
+                    and row["k"].lower() not in taken})  # fmt: skip
+    by_lower: dict[str, str] = {}
+    for name in names:  # "Channel" and "channel" in one batch: Delta's columns ignore case, keep the first
+        by_lower.setdefault(name.lower(), name)
+    names = sorted(by_lower.values())
     return rows.select(*kept, *(F.col(EXTRA_FIELDS).getItem(name).alias(name) for name in names))
 
 
