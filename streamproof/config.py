@@ -213,6 +213,21 @@ class Transform(_Strict):
     # "add-columns": top-level fields the schema does not declare are carried into the Delta table as new STRING
     # columns (Delta schema merging); "none": they are ignored, as with any declared schema.
     schema_evolution: Literal["none", "add-columns"] = "none"
+    # Derived columns of the sink rows: name -> Spark SQL expression over the record's fields and its _src_*
+    # coordinates, e.g. amount_cents = "cast(amount * 100 as bigint)", ingested_at = "_src_timestamp".
+    columns: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("columns")
+    @classmethod
+    def _derived_columns(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, expression in value.items():
+            if not _IDENTIFIER.match(name) or name.startswith("_"):
+                raise ValueError(
+                    f"columns: {name!r} is not a plain column name (letters, digits, '_'; not starting '_')"
+                )
+            if not expression.strip():
+                raise ValueError(f"columns.{name}: empty expression")
+        return value
 
     @property
     def watermark(self) -> tuple[str, str] | None:
@@ -229,6 +244,18 @@ class Transform(_Strict):
         if self.dedup is not None:
             return self.dedup.late
         return self.aggregate.late if self.aggregate is not None else "quarantine"
+
+    @model_validator(mode="after")
+    def _derived_columns_are_new(self) -> Transform:
+        fields = {name.lower() for name in schema_field_names(self.schema_)}
+        for name in self.columns:
+            if name.lower() in fields:
+                raise ValueError(
+                    f"columns.{name}: {name!r} is already a field of schema: give the derived column another name"
+                )
+        if self.columns and self.aggregate is not None:
+            raise ValueError("columns: derived columns are for record sinks; windows hold aggregates only")
+        return self
 
     @model_validator(mode="after")
     def _aggregate_columns(self) -> Transform:
@@ -552,6 +579,14 @@ class PipelineSpec(_Strict):
         labels = [sink.name for sink in self.sink_specs]
         if len(set(labels)) != len(labels):
             raise ValueError(f"sinks: two sinks are named {labels!r}: give each a distinct label")
+        if self.guarantee == "exactly-once":
+            for name, expression in self.transform.columns.items():
+                if reason := replay_unsafe(expression):
+                    raise ValueError(
+                        f"transform.columns.{name}: {reason}, so a batch replayed after a crash would write other "
+                        "values and exactly-once cannot hold; derive it from the record instead, e.g. "
+                        f'{name} = "_src_timestamp" (Kafka\'s record timestamp)'
+                    )
         where = "sink" if self.sink is not None else "sinks"
         if self.transform.schema_evolution == "add-columns":
             if self.transform.aggregate is not None:
@@ -633,6 +668,34 @@ def _column_key(sink: DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSi
         if getattr(sink, key, None) == column:
             return key
     return "sum"
+
+
+# Functions whose value depends on when or where a batch runs. Catalyst calls the clock ones deterministic (they
+# are fixed per query run), yet a replay after a crash runs at another time: caught by name. Random and
+# id-generating functions are also caught at start-up from the analysed plan (pipeline.check_derived_columns).
+_REPLAY_UNSAFE = re.compile(
+    r"\b(current_timestamp|current_date|current_time|now|localtimestamp|curdate|sysdate|rand|randn|random|uuid|"
+    r"shuffle|monotonically_increasing_id|spark_partition_id|input_file_name|input_file_block_start|"
+    r"input_file_block_length)\s*\(|\bunix_timestamp\s*\(\s*\)|\bcurrent_(timestamp|date|time)\b(?!\s*\()",
+    re.IGNORECASE,
+)
+
+
+def replay_unsafe(expression: str) -> str | None:
+    """Why a SQL expression gives another value when its batch is replayed, or None when nothing is known.
+
+    >>> replay_unsafe("cast(amount * 100 as bigint)") is None
+    True
+    >>> replay_unsafe("date_format(current_timestamp(), 'yyyy')")
+    'current_timestamp() gives the time the batch runs'
+    """
+    match = _REPLAY_UNSAFE.search(expression)
+    if match is None:
+        return None
+    function = match.group(1) or f"current_{match.group(2)}" if match.group(1) or match.group(2) else "unix_timestamp"
+    clock = function.lower() in ("current_timestamp", "current_date", "current_time", "now", "localtimestamp",
+                                 "curdate", "sysdate", "unix_timestamp")  # fmt: skip
+    return f"{function}() gives {'the time the batch runs' if clock else 'another value on every run'}"
 
 
 def schema_field_type(schema_ddl: str, name: str) -> str | None:

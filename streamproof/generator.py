@@ -158,7 +158,7 @@ def order_events(
             event, changed = _changed_schema(event, upstream)
             kind = TYPE_CHANGE if changed else kind
         value = event.encode() if isinstance(event, str) else event
-        if duplicates and kind not in MALFORMED_KINDS:
+        if duplicates and kind not in (*MALFORMED_KINDS, TYPE_CHANGE):  # only valid events are resent
             if len(recent) == recent.maxlen:  # the oldest recent event joins the sample of older ones
                 older_seen += 1
                 evicted = recent[0]

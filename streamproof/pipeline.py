@@ -32,7 +32,7 @@ from streamproof.session import build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
 from streamproof.sinks.batch import BatchResult, BatchWriter
 from streamproof.sources import kafka as kafka_source
-from streamproof.transform import parse_records, stateful_stream
+from streamproof.transform import check_derived_columns, parse_records, stateful_stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -232,6 +232,7 @@ def _run_locked(
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this line.
     emit(f"[{spec.name}] {PROCESS_READY} (checkpoint and sinks checked)")
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
+    check_derived_columns(spark, spec.transform, exactly_once=spec.guarantee == "exactly-once")
     if any(sink.needs_spark_for_commits() for sink in sinks):
         refuse_if_checkpoint_lost(spark, spec, sinks)
     for sink in sinks:

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING
 from streamproof.config import Aggregate, Transform, schema_field_names, schema_field_type
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 COORDINATES = ("_src_topic", "_src_partition", "_src_offset")
 SOURCE_COLUMNS = (*COORDINATES, "_src_timestamp")
@@ -172,6 +173,45 @@ def with_extra_columns(rows: DataFrame) -> DataFrame:
         by_lower.setdefault(name.lower(), name)
     names = sorted(by_lower.values())
     return rows.select(*kept, *(F.col(EXTRA_FIELDS).getItem(name).alias(name) for name in names))
+
+
+def with_derived_columns(rows: DataFrame, transform: Transform) -> DataFrame:
+    """The sink rows with ``[transform] columns`` added, each a Spark SQL expression over the row.
+
+    >>> with_derived_columns(valid_records(parsed), spec.transform).columns[-1]          # doctest: +SKIP
+    'amount_cents'
+    """
+    from pyspark.sql import functions as F
+
+    return rows.select("*", *(F.expr(sql).alias(name) for name, sql in transform.columns.items()))
+
+
+def check_derived_columns(spark: SparkSession, transform: Transform, *, exactly_once: bool) -> None:
+    """Analyse each derived column against the record's columns before the query starts: an expression Spark
+    cannot resolve, or (exactly-once) one Catalyst knows to be nondeterministic (``rand()``, ``uuid()``, a
+    nondeterministic UDF), is a :class:`~streamproof.errors.ConfigError` naming the key."""
+    from pyspark.errors import PySparkException
+
+    from streamproof.errors import ConfigError, first_line
+
+    record = f"{transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
+    empty = spark.createDataFrame([], record)
+    # PySpark logs every analysis error it raises with the JVM stack (logger SQLQueryContextLogger); this one is
+    # the user's expression, reported in one line below.
+    context_logger = logging.getLogger("SQLQueryContextLogger")
+    for name, sql in transform.columns.items():
+        try:
+            context_logger.disabled = True
+            plan = empty.selectExpr(f"{sql} AS `{name}`")._jdf.queryExecution().analyzed()
+        except PySparkException as error:
+            raise ConfigError(f"transform.columns.{name}: {sql!r} cannot be evaluated: {first_line(error)}") from None
+        finally:
+            context_logger.disabled = False
+        if exactly_once and not plan.deterministic():
+            raise ConfigError(
+                f"transform.columns.{name}: {sql!r} is nondeterministic, so a batch replayed after a crash would write "
+                "other values and exactly-once cannot hold; derive it from the record's own fields"
+            )
 
 
 def valid_records(parsed: DataFrame) -> DataFrame:

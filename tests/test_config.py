@@ -235,3 +235,51 @@ def test_a_dumped_pipeline_keeps_env_references_never_the_secrets(monkeypatch: p
     dumped = dump_pipeline(spec)
     assert "s3cr3t" not in dumped and '"kafka.sasl.jaas.config" = "${SP_TEST_JAAS}"' in dumped
     assert parse_pipeline(dumped).source == spec.source
+
+
+REQUIRED_LINE = 'required = ["event_id", "order_id"]'
+
+
+@pytest.mark.parametrize(
+    ("added", "message"),
+    [
+        ('columns = { seen_at = "current_timestamp()" }',
+         "transform.columns.seen_at: current_timestamp() gives the time the batch runs, so a batch replayed"),
+        ('columns = { token = "uuid()" }', "transform.columns.token: uuid() gives another value on every run"),
+        ('columns = { day = "date_format(current_date, \'d\')" }', "transform.columns.day: current_date() gives the"),
+        ('columns = { amount = "amount * 2" }', "transform.columns.amount: 'amount' is already a field of schema"),
+        ('dedup = { columns = ["event_id"] }', "transform.dedup.watermark: missing (required)"),
+        ('dedup = { columns = ["event_id"], watermark = "status" }',
+         "transform.dedup.watermark: 'status' must be a TIMESTAMP field"),
+        ('aggregate = { window = "5 minutes", by = ["customer_id"], sum = ["amount"], watermark = "event_time" }',
+         "transform.aggregate.watermark: 'event_time' must be listed in transform.required"),
+        ('schema_evolution = "add-columns"\naggregate = { window = "1 minute", watermark = "event_id" }',
+         "transform.aggregate.watermark"),
+    ],
+)  # fmt: skip
+def test_replay_unsafe_columns_and_bad_stateful_settings_fail_in_one_line(added: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_pipeline(EXAMPLE.replace(REQUIRED_LINE, f"{REQUIRED_LINE}\n{added}", 1), source_name="p.toml")
+    text = str(raised.value)
+    assert text.startswith(f"p.toml: {message}"), text
+    assert "\n" not in text
+
+
+def test_replay_unsafe_columns_are_allowed_where_no_replay_promise_is_made() -> None:
+    columns = 'columns = { seen_at = "current_timestamp()", ingested_at = "_src_timestamp" }'
+    text = EXAMPLE.replace('guarantee = "exactly-once"', 'guarantee = "at-least-once"').replace(
+        REQUIRED_LINE, f"{REQUIRED_LINE}\n{columns}"
+    )
+    assert parse_pipeline(text).transform.columns == {"seen_at": "current_timestamp()", "ingested_at": "_src_timestamp"}
+
+
+def test_aggregate_and_schema_evolution_need_delta_append(tmp_path: Path) -> None:
+    aggregate = 'aggregate = { window = "5 minutes", sum = ["amount"], watermark = "event_time" }'
+    windows = EXAMPLE.replace(REQUIRED_LINE, f'required = ["event_id", "order_id", "event_time"]\n{aggregate}')
+    assert parse_pipeline(windows).transform.aggregate is not None
+    with pytest.raises(ConfigError, match="sink.kind: transform.aggregate writes window rows to a Delta table"):
+        parse_pipeline(windows.replace('mode = "append"', 'mode = "merge"\nkey = "order_id"'))
+    evolving = EXAMPLE.replace(REQUIRED_LINE, f'{REQUIRED_LINE}\nschema_evolution = "add-columns"')
+    assert parse_pipeline(evolving).transform.schema_evolution == "add-columns"
+    with pytest.raises(ConfigError, match="'add-columns' needs Delta tables in append mode"):
+        parse_pipeline(evolving.replace('mode = "append"', 'mode = "merge"\nkey = "order_id"'))

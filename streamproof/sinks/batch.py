@@ -42,6 +42,7 @@ from streamproof.transform import (
     late_condition,
     quarantined_records,
     valid_records,
+    with_derived_columns,
     with_extra_columns,
 )
 
@@ -101,6 +102,8 @@ class BatchWriter:
                 kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
                 late = late_condition(transform, late_event_watermark_ms(self.spec.checkpoint_dir, batch_id))
             kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
+            if transform.columns:
+                kept = with_derived_columns(kept, transform)
             counts = self._count(parsed, late)
             late_count = counts["late"]
             quarantine_late = transform.watermark is not None and transform.late == "quarantine"
