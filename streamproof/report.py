@@ -37,7 +37,7 @@ def report_table(report: Report) -> Table:
         table.add_row("upstream duplicates", f"{report.upstream_duplicates:,}")
     if report.superseded:
         table.add_row("superseded (folded into a later state)", f"{report.superseded:,}")
-    if report.dropped_late:
+    if _late_in_play(report):
         table.add_row("dropped late (older than the watermark)", f"{report.dropped_late:,}")
     if report.unit == "windows":
         table.add_row("records in closed windows", f"{report.aggregated:,}")
@@ -65,6 +65,11 @@ def report_table(report: Report) -> Table:
     return table
 
 
+def _late_in_play(report: Report) -> bool:
+    """Whether lateness touched this pipeline: then dropped_late is a term worth printing even at 0."""
+    return report.dropped_late > 0 or "late" in report.quarantine_reasons
+
+
 def identity_row(report: Report) -> tuple[str, str]:
     """The identity with every term's value, e.g. ``source = expected + quarantined + upstream dups``,
     ``40,000 = 38,142 + 714 + 1,144: holds``."""
@@ -73,7 +78,7 @@ def identity_row(report: Report) -> tuple[str, str]:
     terms = [*delivered, ("quarantined", report.quarantined), ("upstream dups", report.upstream_duplicates)]
     if report.superseded:
         terms.append(("superseded", report.superseded))
-    if report.dropped_late:
+    if _late_in_play(report):
         terms.append(("dropped late", report.dropped_late))
     verdict = "holds" if report.identity_holds else "[bold red]does NOT hold[/]"
     values = " + ".join(f"{value:,}" for _, value in terms)
