@@ -347,7 +347,7 @@ def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int,
     spark = build_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")
     started = time.monotonic()
     cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=_emit_plain,
-                       **upstream)  # fmt: skip
+                       duplicates=upstream["duplicates"], late=upstream["late"])  # fmt: skip
     console.print(matrix_table(cells))
     console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
     _write(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))

@@ -425,7 +425,8 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
         )  # fmt: skip
         flagged = source.join(late_ones.withColumn(LATE_FLAG, F.lit(True)), list(COORDINATES), "left")
         return flagged.withColumn(LATE_FLAG, F.coalesce(F.col(LATE_FLAG), F.lit(False)))
-    ranges, previous = [], {}
+    ranges: list[tuple[str, int, int, int, int]] = []
+    previous: dict[str, dict[str, int]] = {}
     for batch_id in batches:
         watermark_ms = late_event_watermark_ms(spec.checkpoint_dir, batch_id)
         ends = batch_end_offsets(spec.checkpoint_dir, batch_id)
