@@ -294,6 +294,7 @@ def reconcile_windows(
         )
         .first()
     )  # fmt: skip
+    assert row is not None  # an aggregation without grouping always returns one row
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
     aggregated, pending = int(row["aggregated"] or 0), int(row["pending"] or 0)
     return replace(
