@@ -47,6 +47,9 @@ def is_empty(checkpoint: str | Path) -> bool:
     return not logged_batches(checkpoint)
 
 
+FILE_LOG = "_file_source_log"  # batch_end_offsets' key for a file source's position (its log entry)
+
+
 def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[str, int]]:
     """End offsets of a batch as logged by Spark: ``{topic: {partition: offset}}`` of the first source.
 
@@ -63,6 +66,8 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[s
         offsets = json.loads(lines[2])
     except json.JSONDecodeError as error:
         raise PipelineError(f"{path}: offset log entry is not valid JSON ({error})") from None
+    if isinstance(offsets.get("logOffset"), int):  # a file source: the batch is entry N of its own file log
+        return {FILE_LOG: {"logOffset": int(offsets["logOffset"])}}
     return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
 
 
@@ -348,6 +353,11 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
     that sink recorded: Spark re-runs it with the same range, the sinks that hold it skip it, the others
     write it. A damaged checkpoint is kept aside, never deleted. Returns what was done, in one line.
     """
+    if spec.source.kind != "kafka":
+        raise PipelineError(
+            f"checkpoint recover rebuilds Kafka offsets from the sinks' records; a {spec.source.kind} source's "
+            "position is Spark's own file log: restore a backup (`streamproof checkpoint restore`) instead"
+        )
     import time
 
     from streamproof.guarantees import wiring_for

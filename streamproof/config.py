@@ -143,6 +143,27 @@ class KafkaSource(_Strict):
         return options
 
 
+class FilesSource(_Strict):
+    """``[source] kind = "files"``: a folder of JSON-lines files, read by Spark's file source.
+
+    Each line is a record; its coordinates are the file's path (``_src_topic``) and its line number from 1
+    (``_src_offset``; ``_src_partition`` is 0). Spark logs the files of each batch in the checkpoint before
+    the batch runs, so a replay reads the same files: the source half of exactly-once. Files are read whole
+    (one task per file) as UTF-8 text; add new files, never append to one already read.
+    """
+
+    kind: Literal["files"]
+    path: str = Field(min_length=1)
+    pattern: str = Field("*.json", validation_alias=AliasChoices("pattern", "pathGlobFilter"))
+    max_files_per_trigger: int | None = Field(
+        None, validation_alias=AliasChoices("max_files_per_trigger", "maxFilesPerTrigger"), gt=0
+    )
+
+
+SOURCE_KINDS = ("kafka", "files")
+SourceSpec = Annotated[KafkaSource | FilesSource, Field(discriminator="kind")]
+
+
 class Dedup(_Strict):
     """``[transform] dedup``: keep the first record of each ``columns`` value, with state bounded by a watermark.
 
@@ -532,7 +553,7 @@ class PipelineSpec(_Strict):
     name: str = Field(min_length=1)
     guarantee: Guarantee = "exactly-once"
     checkpoint: str | None = None
-    source: KafkaSource
+    source: SourceSpec
     transform: Transform
     sink: SinkSpec | None = None
     sinks: list[SinkSpec] = Field(default_factory=list)
@@ -587,6 +608,17 @@ class PipelineSpec(_Strict):
                         "values and exactly-once cannot hold; derive it from the record instead, e.g. "
                         f'{name} = "_src_timestamp" (Kafka\'s record timestamp)'
                     )
+        if isinstance(self.source, FilesSource):
+            if self.guarantee == "at-most-once":
+                raise ValueError(
+                    "guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a files source supports "
+                    "exactly-once and at-least-once"
+                )
+            if self.transform.watermark is not None:
+                raise ValueError(
+                    "transform: dedup and windows need a kafka source (late records are recomputed from Kafka offset "
+                    "ranges); a files source carries records as they are"
+                )
         where = "sink" if self.sink is not None else "sinks"
         if self.transform.schema_evolution == "add-columns":
             if self.transform.aggregate is not None:
@@ -787,6 +819,8 @@ def _location(parts: tuple[int | str, ...]) -> str:
             text += f"[{part}]"
         elif part in SINK_KINDS and index > 0 and (parts[index - 1] == "sink" or isinstance(parts[index - 1], int)):
             continue  # the discriminator of the sink union, not a key of the file
+        elif part in SOURCE_KINDS and index > 0 and parts[index - 1] == "source":
+            continue  # the discriminator of the source union
         else:
             text += f".{part}" if text else str(part)
     return text
@@ -797,11 +831,12 @@ def _first_error_line(error: ValidationError) -> str:
     location = _location(first["loc"])
     kind, message = first["type"], first["msg"]
     given = first.get("input")
+    kinds = SOURCE_KINDS if location == "source" else SINK_KINDS
     if kind == "union_tag_invalid":
         location = f"{location}.kind"
-        message = f"{first.get('ctx', {}).get('tag')!r} is not one of {', '.join(SINK_KINDS)}"
+        message = f"{first.get('ctx', {}).get('tag')!r} is not one of {', '.join(kinds)}"
     elif kind == "union_tag_not_found":
-        location, message = f"{location}.kind", f"missing (one of {', '.join(SINK_KINDS)})"
+        location, message = f"{location}.kind", f"missing (one of {', '.join(kinds)})"
     elif kind == "literal_error":
         allowed = first.get("ctx", {}).get("expected", "")
         allowed = allowed.replace("'", "").replace(" or ", ", ")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from streamproof.errors import ConfigError
 
-REPLAYABLE_SOURCES = ("kafka",)
+REPLAYABLE_SOURCES = ("kafka", "files")
 NON_REPLAYABLE_SOURCES = ("socket", "rate")
 IDEMPOTENT_SINKS = ("delta", "postgres", "kafka", "files")
 NON_IDEMPOTENT_SINKS = ("console", "memory")

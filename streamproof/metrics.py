@@ -102,6 +102,8 @@ def partition_lag(progress: dict[str, Any]) -> dict[str, dict[str, int]]:
         if not isinstance(end, dict) or not isinstance(latest, dict):
             continue
         for topic, partitions in latest.items():
+            if not isinstance(partitions, dict):  # a file source's {"logOffset": N}: no partitions, no lag
+                continue
             for partition, offset in partitions.items():
                 behind = int(offset) - int((end.get(topic) or {}).get(partition, 0))
                 lags.setdefault(topic, {})[str(partition)] = max(0, behind)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from streamproof import faults
+from streamproof import faults, sources
 from streamproof.checkpoint import RunLock, check_readable, committed_batches, logged_batches
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
@@ -31,7 +31,6 @@ from streamproof.metrics import PipelineMetrics, partition_lag
 from streamproof.session import build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
 from streamproof.sinks.batch import BatchResult, BatchWriter
-from streamproof.sources import kafka as kafka_source
 from streamproof.transform import check_derived_columns, parse_records, stateful_stream
 
 if TYPE_CHECKING:
@@ -186,7 +185,7 @@ def start_query(
     if batches.progress is not None:  # at-most-once: never replay; start after the last batch marked done
         batches.progress.wipe_spark_logs()
         starting_offsets = batches.progress.starting_offsets()
-    stream = kafka_source.read_stream(spark, spec.source, starting_offsets=starting_offsets)
+    stream = sources.read_stream(spark, spec, starting_offsets=starting_offsets)
     parsed = stateful_stream(parse_records(stream, spec.transform), spec.transform)
     stream_writer = (
         parsed.writeStream.queryName(spec.name)
@@ -226,7 +225,7 @@ def _run_locked(
 ) -> RunSummary:
     if spec.guarantee != "at-most-once":  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`")
-    kafka_source.require_topic(spec.source)
+    sources.require_available(spec)
     sinks = open_sinks(spec)
     refuse_if_checkpoint_lost(None, spec, sinks)  # before the JVM starts, for the sinks readable without it
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this line.

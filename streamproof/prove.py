@@ -542,6 +542,11 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     from streamproof.verify import verify_pipeline
 
     spec = load_pipeline(pipeline_file)
+    if spec.source.kind != "kafka":
+        raise ConfigError(
+            f"--matrix generates its data into Kafka topics and needs a kafka source, not {spec.source.kind}: "
+            "prove this pipeline with --crash-at POINT or --random-kills K on its own data"
+        )
     stamp = time.strftime("%Y%m%dT%H%M%S")
     max_offsets = max(100, -(-count // 3))  # three batches: one committed before the crash in batch 1, one after
     cells = []

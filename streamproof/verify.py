@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from streamproof import sources
 from streamproof.config import PipelineSpec
 from streamproof.sinks.base import Check
-from streamproof.sources import kafka as kafka_source
 from streamproof.transform import COORDINATES, EXACT_SUM, REJECT_REASON, parse_records, window_end, window_rows
 
 if TYPE_CHECKING:
@@ -393,7 +393,7 @@ def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> 
     per source record with its coordinates, ``_valid`` and ``columns``."""
     from pyspark.sql import functions as F
 
-    parsed = parse_records(kafka_source.read_batch(spark, spec.source), spec.transform)
+    parsed = parse_records(sources.read_batch(spark, spec), spec.transform)
     return parsed.select(*COORDINATES, *columns, F.col(REJECT_REASON).isNull().alias(VALID))
 
 
@@ -521,7 +521,7 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
         else source.select(*COORDINATES).limit(0)
     )  # fmt: skip
     reasons = quarantine_reasons(quarantine_table)
-    generated = _generated(manifest_dir, spec.source.topic)
+    generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
     reports = []
     try:
         for sink in sinks:
