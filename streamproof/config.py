@@ -608,6 +608,12 @@ class PipelineSpec(_Strict):
                         "values and exactly-once cannot hold; derive it from the record instead, e.g. "
                         f'{name} = "_src_timestamp" (Kafka\'s record timestamp)'
                     )
+        if self.guarantee == "at-most-once" and self.transform.watermark is not None:
+            raise ValueError(
+                "guarantee: at-most-once restarts without Spark's checkpoint, state included, so dedup would forget "
+                "the ids it saw and let resends through (duplicates at-most-once promises never to write); use "
+                "exactly-once or at-least-once with dedup and windows"
+            )
         if isinstance(self.source, FilesSource):
             if self.guarantee == "at-most-once":
                 raise ValueError(

@@ -547,6 +547,9 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
             f"--matrix generates its data into Kafka topics and needs a kafka source, not {spec.source.kind}: "
             "prove this pipeline with --crash-at POINT or --random-kills K on its own data"
         )
+    if spec.transform.watermark is not None and "at-most-once" in (guarantees := tuple(guarantees)):
+        emit("at-most-once skipped: a pipeline with dedup or windows refuses it (its restarts lose Spark's state)")
+        guarantees = tuple(g for g in guarantees if g != "at-most-once")
     stamp = time.strftime("%Y%m%dT%H%M%S")
     max_offsets = max(100, -(-count // 3))  # three batches: one committed before the crash in batch 1, one after
     cells = []

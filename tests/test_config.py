@@ -283,3 +283,15 @@ def test_aggregate_and_schema_evolution_need_delta_append(tmp_path: Path) -> Non
     assert parse_pipeline(evolving).transform.schema_evolution == "add-columns"
     with pytest.raises(ConfigError, match="'add-columns' needs Delta tables in append mode"):
         parse_pipeline(evolving.replace('mode = "append"', 'mode = "merge"\nkey = "order_id"'))
+
+
+def test_dedup_is_refused_at_most_once() -> None:
+    """At-most-once restarts from a wiped checkpoint: dedup state gone, resends pass again (the matrix showed 41
+    and 87 duplicates before this refusal)."""
+    dedup = 'dedup = { columns = ["event_id"], watermark = "event_time" }'
+    text = EXAMPLE.replace(REQUIRED_LINE, f"{REQUIRED_LINE}\n{dedup}").replace(
+        'guarantee = "exactly-once"', 'guarantee = "at-most-once"'
+    )
+    with pytest.raises(ConfigError, match="guarantee: at-most-once restarts without Spark's checkpoint, state incl"):
+        parse_pipeline(text)
+    assert parse_pipeline(text.replace('"at-most-once"', '"at-least-once"')).transform.dedup is not None
