@@ -95,10 +95,12 @@ class BatchWriter:
             if transform.watermark is None:
                 records, kept, late = parsed, valid_records(parsed), F.lit(False)
             else:
-                window_only = [c for c in parsed.columns if c not in self._record_columns(parsed)]
+                aggregate = transform.aggregate
+                fields = schema_field_names(transform.schema_)
+                # The union gave the record rows the window columns too (null): drop them from the records.
+                window_only = [c for c in aggregate.output_columns if c not in fields] if aggregate else []
                 records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH, *window_only)
                 kept = parsed.where(F.col(BRANCH) == KEPT_BY_DEDUP)
-                aggregate = transform.aggregate
                 kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
                 late = late_condition(transform, late_event_watermark_ms(self.spec.checkpoint_dir, batch_id))
             kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
@@ -141,14 +143,6 @@ class BatchWriter:
             duplicates_dropped=counts["valid"] - late_count - counts["kept"] if transform.aggregate is None else 0,
             late=late_count,
         )
-
-    def _record_columns(self, parsed: DataFrame) -> list[str]:
-        """The columns of a parsed record (what the window rows add to the union is not among them)."""
-        aggregate = self.spec.transform.aggregate
-        if aggregate is None:
-            return parsed.columns
-        fields = schema_field_names(self.spec.transform.schema_)
-        return [c for c in parsed.columns if c in fields or c not in aggregate.output_columns]
 
     @staticmethod
     def _count(parsed: DataFrame, late: Column) -> dict[str, int]:
