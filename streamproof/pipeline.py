@@ -28,7 +28,7 @@ from streamproof.checkpoint import RunLock, check_readable, committed_batches, l
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.metrics import PipelineMetrics, partition_lag
-from streamproof.session import build_session
+from streamproof.session import NO_DATA_BATCHES, build_session
 from streamproof.sinks.base import open_sinks, refuse_if_checkpoint_lost
 from streamproof.sinks.batch import BatchResult, BatchWriter
 from streamproof.transform import check_derived_columns, parse_records, stateful_stream
@@ -187,6 +187,9 @@ def start_query(
         starting_offsets = batches.progress.starting_offsets()
     stream = sources.read_stream(spark, spec, starting_offsets=starting_offsets)
     parsed = stateful_stream(parse_records(stream, spec.transform), spec.transform)
+    # A window is written by the first batch after the watermark passes its end: with no new data, only a batch
+    # without data (Spark's no-data batch) writes it, and at the end of an available-now run only that one.
+    spark.conf.set(NO_DATA_BATCHES, str(spec.transform.aggregate is not None).lower())
     stream_writer = (
         parsed.writeStream.queryName(spec.name)
         .option("checkpointLocation", str(spec.checkpoint_dir))
@@ -257,7 +260,7 @@ def _run_locked(
     started = time.monotonic()
     try:
         query = _run_through_outages(spark, spec, writer, stop, summary, emit, available_now=available_now)
-        _wait_for_last_progress(query, summary)
+        _wait_for_last_progress(query, summary, writer)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -344,11 +347,14 @@ def _stop_at_batch_boundary(
     query.stop()
 
 
-def _wait_for_last_progress(query: StreamingQuery, summary: RunSummary, timeout_s: float = 30.0) -> None:
+def _wait_for_last_progress(
+    query: StreamingQuery, summary: RunSummary, writer: BatchWriter, timeout_s: float = 30.0
+) -> None:
     # Progress events reach the Python listener asynchronously; the last one may still be on its way
-    # when the query ends, and its batch line must not be lost.
+    # when the query ends, and its batch line must not be lost (nor the listener removed under it: a batch
+    # without data that closed windows has a line too).
     last = query.lastProgress
-    if last is None or int(last["numInputRows"]) == 0:
+    if last is None or (int(last["numInputRows"]) == 0 and last["batchId"] not in writer.results):
         return
     deadline = time.monotonic() + timeout_s
     while last["batchId"] not in summary.batch_ids and time.monotonic() < deadline:

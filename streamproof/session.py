@@ -88,6 +88,9 @@ def jit_option(settings: SparkSettings) -> str:
     return _QUICK_START_JIT if jit == "quick-start" else ""
 
 
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
 def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = None) -> dict[str, str]:
     """Spark configuration streamproof starts every session with (user ``[spark.conf]`` wins)."""
     conf = {
@@ -107,7 +110,8 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
         "spark.sql.session.timeZone": "UTC",
         # No extra batch without data just to move the watermark on: the dedup state is evicted by the next batch
         # with data anyway, and every batch then holds records (one batch line, one keyed sink commit each).
-        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        # Window pipelines turn it back on (pipeline.start_query): closed windows must not wait for new data.
+        NO_DATA_BATCHES: "false",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": " ".join(
