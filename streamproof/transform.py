@@ -49,7 +49,7 @@ PARSE_ONCE = True  # False: the former plan, for the before/after benchmark only
 # With dedup or windows on, a batch holds two branches (stateful_stream): every parsed record, and what the stateful
 # operators let through (the records dedup kept, or the closed windows). This column says which branch a row is of.
 BRANCH = "_branch"
-ALL_RECORDS, KEPT_BY_DEDUP = 0, 1
+ALL_RECORDS, OPERATOR_OUTPUT = 0, 1
 LATE = "late"  # the quarantine reason of a record older than the watermark
 
 
@@ -165,14 +165,12 @@ def with_extra_columns(rows: DataFrame) -> DataFrame:
     found = rows.select(F.explode(F.map_keys(F.col(EXTRA_FIELDS))).alias("k")).distinct().collect()
     kept = [c for c in rows.columns if c != EXTRA_FIELDS]
     taken = {c.lower() for c in kept}
-    # "_" starts streamproof's own columns (coordinates, raw value): a field so named is not carried.
-    names = sorted({row["k"] for row in found if _COLUMN_NAME.match(row["k"]) and not row["k"].startswith("_")
-                    and row["k"].lower() not in taken})  # fmt: skip
-    by_lower: dict[str, str] = {}
-    for name in names:  # "Channel" and "channel" in one batch: Delta's columns ignore case, keep the first
-        by_lower.setdefault(name.lower(), name)
-    names = sorted(by_lower.values())
-    return rows.select(*kept, *(F.col(EXTRA_FIELDS).getItem(name).alias(name) for name in names))
+    names: dict[str, str] = {}  # by lower case: Delta's column names ignore case ("Channel" and "channel": the first)
+    for name in sorted(row["k"] for row in found):
+        # "_" starts streamproof's own columns (coordinates, raw value): a field so named is not carried.
+        if _COLUMN_NAME.match(name) and not name.startswith("_") and name.lower() not in taken:
+            names.setdefault(name.lower(), name)
+    return rows.select(*kept, *(F.col(EXTRA_FIELDS).getItem(name).alias(name) for name in sorted(names.values())))
 
 
 def with_derived_columns(rows: DataFrame, transform: Transform) -> DataFrame:
@@ -239,7 +237,7 @@ def stateful_stream(parsed: DataFrame, transform: Transform) -> DataFrame:
     Spark's stateful operators drop late records (older than the watermark) and duplicates without a trace, so
     they cannot be the only path: every parsed record also comes through untouched (``ALL_RECORDS``), and the
     batch writer takes invalid records and late ones from that branch (:func:`late_condition`), the sink's
-    rows from the operators' branch (``KEPT_BY_DEDUP``: the records dedup kept, or the closed windows).
+    rows from the operators' branch (``OPERATOR_OUTPUT``: the records dedup kept, or the closed windows).
     Invalid records never enter the operators (their key may be null or shared). The operators' state lives
     in the checkpoint, so a replayed batch drops, and emits, exactly what it did before.
 
@@ -260,7 +258,7 @@ def stateful_stream(parsed: DataFrame, transform: Transform) -> DataFrame:
     if aggregate is not None:
         kept = window_rows(kept, aggregate, column)
     return parsed.withColumn(BRANCH, F.lit(ALL_RECORDS)).unionByName(
-        kept.withColumn(BRANCH, F.lit(KEPT_BY_DEDUP)), allowMissingColumns=True
+        kept.withColumn(BRANCH, F.lit(OPERATOR_OUTPUT)), allowMissingColumns=True
     )
 
 

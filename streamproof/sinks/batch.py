@@ -36,8 +36,8 @@ from streamproof.sinks.delta import append_batch
 from streamproof.transform import (
     ALL_RECORDS,
     BRANCH,
-    KEPT_BY_DEDUP,
     LATE,
+    OPERATOR_OUTPUT,
     REJECT_REASON,
     late_condition,
     quarantined_records,
@@ -100,7 +100,7 @@ class BatchWriter:
                 # The union gave the record rows the window columns too (null): drop them from the records.
                 window_only = [c for c in aggregate.output_columns if c not in fields] if aggregate else []
                 records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH, *window_only)
-                kept = parsed.where(F.col(BRANCH) == KEPT_BY_DEDUP)
+                kept = parsed.where(F.col(BRANCH) == OPERATOR_OUTPUT)
                 kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
                 late = late_condition(transform, late_event_watermark_ms(self.spec.checkpoint_dir, batch_id))
             kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
