@@ -101,14 +101,10 @@ def format_batch_line(
 def stateful_summary(result: BatchResult, spec: PipelineSpec) -> str:
     """What dedup and windows did in a batch, appended to its batch line, e.g.
     ``12 duplicates dropped, 3 late (quarantined)`` or ``40 windows closed, 3 late (dropped)``."""
-    dedup, aggregate = spec.transform.dedup, spec.transform.aggregate
-    handled = "dropped" if dedup is not None and dedup.late == "drop" else "quarantined"
-    done = (
-        f"{result.rows_out} windows closed"
-        if aggregate is not None
-        else f"{result.duplicates_dropped} duplicates dropped"
-    )
-    return f"{done}, {result.late} late ({handled})"
+    handled = "dropped" if spec.transform.late == "drop" else "quarantined"
+    if spec.transform.aggregate is not None:
+        return f"{result.rows_out} windows closed, {result.late} late ({handled})"
+    return f"{result.duplicates_dropped} duplicates dropped, {result.late} late ({handled})"
 
 
 def _rows_dropped_by_watermark(progress: dict[str, Any]) -> int | None:
@@ -156,8 +152,7 @@ def _progress_listener(
             line = format_batch_line(spec.name, progress.batchId, rows_in, rows_out, quarantined, rate, duration, lag)
             if result is not None and len(result.sink_seconds) > 1:
                 line += "; " + ", ".join(f"{name} {sec:.1f} s" for name, sec in result.sink_seconds.items())
-            watermark = spec.transform.watermark
-            if watermark is not None and result is not None:
+            if spec.transform.watermark is not None and result is not None:
                 line += "; " + stateful_summary(result, spec)
                 dropped_by_spark = _rows_dropped_by_watermark(document)
                 # Windows count partial aggregates dropped, not records: comparable for dedup alone.
