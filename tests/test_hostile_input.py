@@ -4,7 +4,7 @@
   broken and deeply nested JSON, values of every JSON type in every field, numbers beyond any range, NaN and
   infinities, timestamps in other formats and outside years 1-9999, undeclared and reserved field names);
   each comes out of the transform exactly once, valid or with a known reason.
-* Property, on a real run: two drawn topics of such records (null and random keys, plus one 1 MB message) go
+* Property, on a real run: a drawn topic of such records (null and random keys, plus one 1 MB message) go
   through ``streamproof run`` (Kafka -> Delta, exactly-once, schema evolution on); verification finds
   every record in the sink or in quarantine: 0 lost, 0 duplicated, 0 unexpected, the identity holding.
 * Property, config loader: any drawn TOML document (known keys with values of any type, or random text)
@@ -95,7 +95,7 @@ def test_every_hostile_record_gets_exactly_one_outcome(spark: Any, values: list[
 BIG_MESSAGE = b'{"event_id":"big","order_id":"o","pad":"' + b"x" * (1 << 20) + b'"}'
 
 
-@settings(max_examples=2, deadline=None, phases=(Phase.generate,), suppress_health_check=[
+@settings(max_examples=1, deadline=None, phases=(Phase.generate,), suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(records=st.lists(st.tuples(st.none() | st.binary(max_size=8), hostile_values), min_size=50, max_size=300))
 def test_a_real_run_accounts_for_every_hostile_record(

@@ -3,7 +3,7 @@ count a recomputation from the source gives.
 
 Data as in test_dedup.py (30,000 records, 3% resends, 1% late, 0.5% malformed). Pipeline:
 examples/customer_windows_to_delta.toml with 1-minute windows per status and a 1-minute delay, three batches.
-The crash matrix, exactly-once, at mid-sink-write and after-sink-commit (the full matrix is
+A crash-matrix cell, exactly-once, after-sink-commit (every point:
 `streamproof prove examples/customer_windows_to_delta.toml --matrix`), one SIGKILL in batch 1: 0 lost,
 0 duplicated, 0 unexpected windows; the records of still-open windows counted as pending; and
 ``source_records = in closed windows + in open windows + quarantined + upstream_duplicates``.
@@ -20,14 +20,15 @@ from conftest import STATEFUL_DATA as UPSTREAM
 from conftest import STATEFUL_EVENTS as EVENTS
 from conftest import stateful_example
 from streamproof.config import load_pipeline
-from streamproof.faults import AFTER_SINK_COMMIT, MID_SINK_WRITE
+from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.infra import KafkaBroker
 from streamproof.prove import MatrixCell, run_matrix
 from streamproof.verify import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1200)]
 
-POINTS = (MID_SINK_WRITE, AFTER_SINK_COMMIT)
+# The suite's 30-minute budget keeps one cell: the replay of a batch whose windows Delta already holds.
+POINTS = (AFTER_SINK_COMMIT,)
 
 
 @pytest.fixture(scope="module")
