@@ -626,25 +626,25 @@ class PipelineSpec(_Strict):
                     "ranges); a files source carries records as they are"
                 )
         where = "sink" if self.sink is not None else "sinks"
+        # Schema merging and window rows both need a Delta table in append mode.
+        other = next((sink for sink in self.sink_specs
+                      if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append")), None)  # fmt: skip
+        other_text = "" if other is None else other.kind + (
+            f" in {other.mode} mode" if isinstance(other, DeltaSinkSpec) else "")  # fmt: skip
         if self.transform.schema_evolution == "add-columns":
             if self.transform.aggregate is not None:
                 raise ValueError("transform.schema_evolution: 'add-columns' carries record fields; windows have none")
-            for sink in self.sink_specs:
-                if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):
-                    raise ValueError(
-                        f"transform.schema_evolution: 'add-columns' needs Delta tables in append mode (schema "
-                        f"merging), and {where} {sink.name!r} is {sink.kind}"
-                        + (f" in {sink.mode} mode" if isinstance(sink, DeltaSinkSpec) else "")
-                        + ": remove schema_evolution or that sink"
-                    )
+            if other is not None:
+                raise ValueError(
+                    f"transform.schema_evolution: 'add-columns' needs Delta tables in append mode (schema merging), "
+                    f"and {where} {other.name!r} is {other_text}: remove schema_evolution or that sink"
+                )
         if self.transform.aggregate is not None:
-            for sink in self.sink_specs:
-                if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):
-                    raise ValueError(
-                        f"{where}.kind: transform.aggregate writes window rows to a Delta table in append mode "
-                        f'(kind = "delta", mode = "append"), not to {sink.kind}'
-                        + (f" in {sink.mode} mode" if isinstance(sink, DeltaSinkSpec) else "")
-                    )
+            if other is not None:
+                raise ValueError(
+                    f"{where}.kind: transform.aggregate writes window rows to a Delta table in append mode "
+                    f'(kind = "delta", mode = "append"), not to {other_text}'
+                )
             return self
         fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
         for sink in self.sink_specs:
