@@ -620,6 +620,12 @@ class PipelineSpec(_Strict):
                     "guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a files source supports "
                     "exactly-once and at-least-once"
                 )
+            for sink in self.sink_specs:
+                if isinstance(sink, PostgresSinkSpec | KafkaSinkSpec):
+                    raise ValueError(
+                        f"source.kind: a files source feeds delta and files sinks; the {sink.kind} sink {sink.name!r} "
+                        "keys its writes on Kafka partitions"
+                    )
             if self.transform.watermark is not None:
                 raise ValueError(
                     "transform: dedup and windows need a kafka source (late records are recomputed from Kafka offset "

@@ -295,3 +295,16 @@ def test_dedup_is_refused_at_most_once() -> None:
     with pytest.raises(ConfigError, match="guarantee: at-most-once restarts without Spark's checkpoint, state incl"):
         parse_pipeline(text)
     assert parse_pipeline(text.replace('"at-most-once"', '"at-least-once"')).transform.dedup is not None
+
+
+def test_files_source_feeds_delta_and_files_sinks_only(tmp_path: Path) -> None:
+    text = EXAMPLE.replace('kind = "kafka"', f'kind = "files"\npath = "{tmp_path}"').replace(
+        'bootstrap_servers = "127.0.0.1:9092"\n', "").replace('topic = "orders"\n', "").replace(
+        'starting_offsets = "earliest"\n', "").replace("max_offsets_per_trigger = 100000\n", "")  # fmt: skip
+    assert parse_pipeline(text).source.kind == "files"
+    kafka_sink = (
+        text.replace('kind = "delta"', 'kind = "kafka"\ntopic = "out"')
+        .replace('path = ".streamproof/tables/orders"\n', "").replace('mode = "append"', "")
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="source.kind: a files source feeds delta and files sinks; the kafka sink"):
+        parse_pipeline(kafka_sink)

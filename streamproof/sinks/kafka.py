@@ -38,7 +38,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamproof.config import KafkaSinkSpec, PipelineSpec
+from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.sinks.base import (
@@ -269,8 +269,10 @@ class KafkaSink(Sink):
         from streamproof.generator import ensure_topic
         from streamproof.sources.kafka import admin_config, require_topic
 
-        partitions = len(require_topic(self.pipeline.source))
-        settings = {k: v for k, v in admin_config(self.pipeline.source).items() if k != "bootstrap.servers"}
+        source = self.pipeline.source
+        assert isinstance(source, KafkaSource), "config refuses a Kafka sink behind a files source"
+        partitions = len(require_topic(source))
+        settings = {k: v for k, v in admin_config(source).items() if k != "bootstrap.servers"}
         ensure_topic(self.spec.bootstrap_servers, self.spec.topic, partitions, client_settings=settings)
         ensure_topic(self.spec.bootstrap_servers, self.spec.markers, 1, config={"cleanup.policy": "compact"},
                      client_settings=settings)  # fmt: skip
