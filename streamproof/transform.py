@@ -312,10 +312,20 @@ def late_condition(transform: Transform, watermark_ms: int) -> Column:
 
     if transform.watermark is None or watermark_ms <= 0:  # no watermark (yet: first batch): nothing is late
         return F.lit(False)
-    column = transform.watermark[0]
-    watermark = F.timestamp_millis(F.lit(watermark_ms))
-    if transform.dedup is not None or transform.aggregate is None:
-        is_late = F.col(column) <= watermark
-    else:
-        is_late = window_end(column, transform.aggregate.window) <= watermark
+    is_late = behind_watermark(transform, F.lit(watermark_ms))
     return F.coalesce(is_late & F.col(REJECT_REASON).isNull(), F.lit(False))
+
+
+def behind_watermark(transform: Transform, watermark_ms: Column) -> Column:
+    """Spark's late predicate for the pipeline's stateful operators, against a watermark in epoch milliseconds:
+    the event time (dedup) or its window's end (windows without dedup) at or before it. The batch writer
+    (:func:`late_condition`) and verification (:func:`streamproof.verify.late_flags`) both use it."""
+    from pyspark.sql import functions as F
+
+    assert transform.watermark is not None
+    column = transform.watermark[0]
+    if transform.dedup is not None or transform.aggregate is None:
+        behind = F.col(column)
+    else:
+        behind = window_end(column, transform.aggregate.window)
+    return behind <= F.timestamp_millis(watermark_ms)

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from streamproof import sources
 from streamproof.config import PipelineSpec
 from streamproof.sinks.base import Check
-from streamproof.transform import COORDINATES, EXACT_SUM, REJECT_REASON, parse_records, window_end, window_rows
+from streamproof.transform import COORDINATES, EXACT_SUM, REJECT_REASON, behind_watermark, parse_records, window_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -416,7 +416,6 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
 
     transform = spec.transform
     assert transform.watermark is not None
-    column = transform.watermark[0]
     batches = logged_batches(spec.checkpoint_dir)
     if batches != list(range(len(batches))):
         late_ones = (
@@ -442,10 +441,7 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
         (F.col("_src_topic") == F.col("_b_topic")) & (F.col("_src_partition") == F.col("_b_partition"))
         & (F.col("_src_offset") >= F.col("_b_start")) & (F.col("_src_offset") < F.col("_b_end"))
     )  # fmt: skip
-    behind = F.col(column) if transform.dedup is not None or transform.aggregate is None else (
-        window_end(column, transform.aggregate.window)
-    )  # fmt: skip
-    late = F.col(VALID) & (F.col("_b_watermark") > 0) & (behind <= F.timestamp_millis(F.col("_b_watermark")))
+    late = F.col(VALID) & (F.col("_b_watermark") > 0) & behind_watermark(transform, F.col("_b_watermark"))
     joined = source.join(batch_ranges, in_batch, "left")
     return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
         *(c for c in joined.columns if c.startswith("_b_"))
