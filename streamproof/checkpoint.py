@@ -48,6 +48,7 @@ def is_empty(checkpoint: str | Path) -> bool:
 
 
 FILE_LOG = "_file_source_log"  # batch_end_offsets' key for a file source's position (its log entry)
+DELTA_LOG = "_delta_source_version"  # batch_end_offsets' key for a Delta source's position (version, file index)
 
 
 def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[str, int]]:
@@ -68,6 +69,8 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[s
         raise PipelineError(f"{path}: offset log entry is not valid JSON ({error})") from None
     if isinstance(offsets.get("logOffset"), int):  # a file source: the batch is entry N of its own file log
         return {FILE_LOG: {"logOffset": int(offsets["logOffset"])}}
+    if isinstance(offsets.get("reservoirVersion"), int):  # a Delta source: table version and index of its files
+        return {DELTA_LOG: {"reservoirVersion": int(offsets["reservoirVersion"]), "index": int(offsets["index"])}}
     return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
 
 

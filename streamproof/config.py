@@ -160,8 +160,45 @@ class FilesSource(_Strict):
     )
 
 
-SOURCE_KINDS = ("kafka", "files")
-SourceSpec = Annotated[KafkaSource | FilesSource, Field(discriminator="kind")]
+class DeltaSource(_Strict):
+    """``[source] kind = "delta"``: a Delta table read as a stream (bronze -> silver, for one).
+
+    Spark's Delta source logs the table version (and file index) of every batch in the checkpoint before the batch
+    runs and replays exactly that range: the source half of exactly-once. A record is a row of the table (an
+    append-only table; Delta stops the stream on an update or a delete), or with ``read_change_feed = true`` a
+    change of the table's change data feed from ``starting_version`` (default 0): an ``insert`` or an
+    ``update_postimage`` is a record, a ``delete`` goes to quarantine with reason ``deleted_upstream`` (visible,
+    not applied), an ``update_preimage`` is not a record (the value before an update, delivered before).
+
+    Coordinates: a table streamproof wrote carries each row's Kafka coordinates (``_src_topic``, ``_src_partition``,
+    ``_src_offset``), and the records keep them, so a silver row traces back to its Kafka record. Another table
+    names the columns that identify a row in ``coordinates``; ``_src_topic`` is then their values as JSON. A change
+    other than an insert gets ``@v<version>:<change type>`` after its topic, so every change has its own.
+    """
+
+    kind: Literal["delta"]
+    path: str = Field(min_length=1)
+    read_change_feed: bool = Field(False, validation_alias=AliasChoices("read_change_feed", "readChangeFeed"))
+    starting_version: int | None = Field(
+        None, validation_alias=AliasChoices("starting_version", "startingVersion"), ge=0
+    )
+    coordinates: list[str] | None = Field(None, min_length=1)
+    max_files_per_trigger: int | None = Field(
+        None, validation_alias=AliasChoices("max_files_per_trigger", "maxFilesPerTrigger"), gt=0
+    )
+
+    @model_validator(mode="after")
+    def _starting_version_needs_the_feed(self) -> DeltaSource:
+        if self.starting_version is not None and not self.read_change_feed:
+            raise ValueError(
+                "starting_version: a table read without its change feed starts from its whole current content "
+                "(what verification compares with); set read_change_feed = true to start from a version"
+            )
+        return self
+
+
+SOURCE_KINDS = ("kafka", "files", "delta")
+SourceSpec = Annotated[KafkaSource | FilesSource | DeltaSource, Field(discriminator="kind")]
 
 
 class Dedup(_Strict):
@@ -614,22 +651,23 @@ class PipelineSpec(_Strict):
                 "the ids it saw and let resends through (duplicates at-most-once promises never to write); use "
                 "exactly-once or at-least-once with dedup and windows"
             )
-        if isinstance(self.source, FilesSource):
+        if isinstance(self.source, FilesSource | DeltaSource):
+            kind = self.source.kind
             if self.guarantee == "at-most-once":
                 raise ValueError(
-                    "guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a files source supports "
+                    f"guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a {kind} source supports "
                     "exactly-once and at-least-once"
                 )
             for sink in self.sink_specs:
                 if isinstance(sink, PostgresSinkSpec | KafkaSinkSpec):
                     raise ValueError(
-                        f"source.kind: a files source feeds delta and files sinks; the {sink.kind} sink {sink.name!r} "
+                        f"source.kind: a {kind} source feeds delta and files sinks; the {sink.kind} sink {sink.name!r} "
                         "keys its writes on Kafka partitions"
                     )
             if self.transform.watermark is not None:
                 raise ValueError(
                     "transform: dedup and windows need a kafka source (late records are recomputed from Kafka offset "
-                    "ranges); a files source carries records as they are"
+                    f"ranges); a {kind} source carries records as they are"
                 )
         where = "sink" if self.sink is not None else "sinks"
         # Schema merging and window rows both need a Delta table in append mode.

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from streamproof.errors import ConfigError
 
-REPLAYABLE_SOURCES = ("kafka", "files")
+REPLAYABLE_SOURCES = ("kafka", "files", "delta")
 NON_REPLAYABLE_SOURCES = ("socket", "rate")
 IDEMPOTENT_SINKS = ("delta", "postgres", "kafka", "files")
 NON_IDEMPOTENT_SINKS = ("console", "memory")
@@ -67,7 +67,7 @@ def refusal(guarantee: str, source_kind: str, sink_kind: str) -> str | None:
     """Why this combination cannot honour its guarantee (one line), or None when it can.
 
     >>> refusal("exactly-once", "socket", "delta")
-    "source.kind: 'socket' cannot replay a batch after a crash, so exactly-once is impossible; use kafka"
+    "source.kind: 'socket' cannot replay a batch after a crash, so exactly-once is impossible; use kafka, files, delta"
     >>> refusal("at-least-once", "kafka", "delta") is None
     True
     """

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 COORDINATES = ("_src_topic", "_src_partition", "_src_offset")
 SOURCE_COLUMNS = (*COORDINATES, "_src_timestamp")
 REJECT_REASON = "_reject_reason"
+# A source may say itself that a row is not a deliverable record (a Delta change feed's delete): this column, when
+# the source rows have it, takes precedence over every other reason.
+SOURCE_REASON = "_source_reason"
 RAW_VALUE = "_raw_value"
 _CORRUPT = "_corrupt_record"
 _PARSED = "_parsed"
@@ -69,6 +72,7 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         F.col("timestamp").alias("_src_timestamp"),
         F.col("value").alias(RAW_VALUE),
         F.col("value").cast("string").alias(_TEXT),
+        *([F.col(SOURCE_REASON)] if SOURCE_REASON in kafka_records.columns else []),
     )
     parsed_value = F.from_json(
         F.col(_TEXT), schema_with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
@@ -95,16 +99,17 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         *[F.col(f"{_PARSED}.{name}").alias(name) for name in fields],
         *extra,
         RAW_VALUE,
-        _reject_reason(transform).alias(REJECT_REASON),
+        _reject_reason(transform, from_source=SOURCE_REASON in kafka_records.columns).alias(REJECT_REASON),
     )
 
 
-def _reject_reason(transform: Transform) -> Column:
+def _reject_reason(transform: Transform, *, from_source: bool = False) -> Column:
     from pyspark.sql import functions as F
 
     parsed, text = F.col(_PARSED), F.col(_TEXT)
+    first = F.when(F.col(SOURCE_REASON).isNotNull(), F.col(SOURCE_REASON)) if from_source else F
     reason = (
-        F.when(F.col(RAW_VALUE).isNull() | (F.length(F.col(RAW_VALUE)) == 0), F.lit("empty"))
+        first.when(F.col(RAW_VALUE).isNull() | (F.length(F.col(RAW_VALUE)) == 0), F.lit("empty"))
         .when(~F.expr(f"is_valid_utf8({_TEXT})"), F.lit("not_utf8"))
         .when(parsed.isNull(), F.lit("invalid_json"))
         .when(
