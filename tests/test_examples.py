@@ -5,8 +5,9 @@ Data: 4,000 generated orders (0.5% malformed), two batches, run until drained an
 sink of the example 0 lost / 0 duplicated / 0 unexpected, every record accounted for. No crash here: each
 sink kind and mode is killed mid-write and after its commit in test_sinks_exactly_once.py. Not run again:
 ``orders_to_delta.toml`` (the plugin tests run it through crashes), ``orders_dedup_to_delta.toml`` and
-``customer_windows_to_delta.toml`` (test_dedup.py runs them through the crash matrix) and ``all_sinks.toml``
-(its six sinks are those of test_sinks_exactly_once.py).
+``customer_windows_to_delta.toml`` (test_dedup.py runs them through the crash matrix), ``all_sinks.toml``
+(its six sinks are those of test_sinks_exactly_once.py) and ``orders_silver_from_bronze.toml`` (its source is a
+Delta table: test_delta_source.py runs the same pipeline through a crash).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
 ALREADY_RUN = (
     "orders_to_delta.toml", "all_sinks.toml", "orders_dedup_to_delta.toml", "customer_windows_to_delta.toml",
+    "orders_silver_from_bronze.toml",
 )
 EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.toml") if path.name not in ALREADY_RUN)
 
