@@ -93,6 +93,7 @@ LONGEST_FIRST = (
     "test_sinks_exactly_once.py",
     "test_testing_plugin.py",
     "test_outages.py",
+    "test_delta_source.py",
     "test_files_source.py",
     "test_checkpoint_recovery.py",
     "test_examples.py",

@@ -1,4 +1,4 @@
-"""The proof matrix, CI-sized: Delta append; 3 guarantees x 4 named crash points; 50,000 events per cell
+"""The proof matrix, CI-sized: Delta append; 3 guarantees x 4 named crash points; 30,000 events per cell
 (0.5% malformed), each cell on a fresh topic, table and checkpoint, one SIGKILL of the pipeline's process
 group in batch 1, restart until drained, record-by-record reconciliation.
 
@@ -38,7 +38,7 @@ def matrix(kafka_broker: KafkaBroker, spark: Any, matrix_workdir: Path) -> dict[
         matrix_workdir / "base", name="matrix", topic="matrix", bootstrap=kafka_broker.bootstrap_servers,
         max_offsets=10_000,
     )  # fmt: skip
-    cells = run_matrix(pipeline_file, spark, workdir=matrix_workdir, count=50_000, malformed=0.005, seed=7)
+    cells = run_matrix(pipeline_file, spark, workdir=matrix_workdir, count=30_000, malformed=0.005, seed=7)
     return {(cell.guarantee, cell.point): cell for cell in cells}
 
 

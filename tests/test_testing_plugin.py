@@ -18,14 +18,15 @@ from streamproof.verify import Report
 
 @pytest.mark.integration
 @pytest.mark.crash
-def test_five_random_kills_exactly_once_through_the_plugin(streamproof_prover: Prover) -> None:
+def test_three_random_kills_exactly_once_through_the_plugin(streamproof_prover: Prover) -> None:
+    # Three kills, not five (the 30-minute CI budget): the five-kill run took 200 s of the suite.
     report = streamproof_prover.prove(
-        REPO / "examples" / "orders_to_delta.toml", events=60_000, random_kills=5, seed=5, batch_size=3_000
+        REPO / "examples" / "orders_to_delta.toml", events=40_000, random_kills=3, seed=5, batch_size=3_000
     )
     _, harness = streamproof_prover.runs[-1]
-    assert len(harness.crashes) == 5 and harness.runs == 6
+    assert len(harness.crashes) == 3 and harness.runs == 4
     assert surviving_processes(harness.process_groups) == []
-    assert report.source_records == 60_000
+    assert report.source_records == 40_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
 
 
