@@ -131,6 +131,19 @@ def test_a_table_streamproof_did_not_write_is_read_by_the_columns_that_identify_
         sources.read_batch(spark, parse_pipeline(feed, source_name="silver.toml"))
 
 
+def test_a_bronze_row_reaches_the_transform_with_every_value_as_it_was(spark: Any, tmp_path: Path) -> None:
+    values = "'e1' AS event_id, 'o1' AS order_id, 'c1' AS customer_id, 1.0E-7D AS amount, 'paid' AS status"
+    spark.sql(
+        f"SELECT {values}, timestamp'2026-11-23 08:00:01.123456' AS event_time, 'orders' AS _src_topic, "
+        "3 AS _src_partition, 41L AS _src_offset, timestamp'2026-11-23 08:00:02' AS _src_timestamp"
+    ).write.format("delta").save(str(tmp_path / "bronze"))
+    spec = parse_pipeline(_silver(tmp_path, feed=False, sink='mode = "append"'), source_name="silver.toml")
+    (row,) = parse_records(sources.read_batch(spark, spec), spec.transform).collect()
+    assert row["_reject_reason"] is None and row["amount"] == 1.0e-7, row
+    assert (row["_src_topic"], row["_src_partition"], row["_src_offset"]) == ("orders", 3, 41)
+    assert row["event_time"].microsecond == 123456 and row["_src_timestamp"].second == 2  # to_json keeps microseconds
+
+
 def test_delta_source_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     def refused(text: str, match: str) -> None:
         with pytest.raises(ConfigError, match=match):

@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
 FEED_COLUMNS = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
 DELETED = "deleted_upstream"  # the quarantine reason of a delete in the change feed
+# to_json writes times to the millisecond by default: a bronze time with microseconds would reach silver changed.
+_JSON_TIMES = {
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+}
 
 
 def table_path(spec: PipelineSpec) -> Path:
@@ -144,6 +149,6 @@ def _records(table: DataFrame, source: DeltaSource) -> DataFrame:
         partition.alias("partition"),
         offset.alias("offset"),
         timestamp.alias("timestamp"),
-        F.to_json(F.struct(*data)).cast("binary").alias("value"),
+        F.to_json(F.struct(*data), _JSON_TIMES).cast("binary").alias("value"),
         reason.alias(SOURCE_REASON),
     )
