@@ -18,15 +18,16 @@ from streamproof.verify import Report
 
 @pytest.mark.integration
 @pytest.mark.crash
-def test_three_random_kills_exactly_once_through_the_plugin(streamproof_prover: Prover) -> None:
-    # Three kills, not five (the 30-minute CI budget): the five-kill run took 200 s of the suite.
+def test_two_random_kills_exactly_once_through_the_plugin(streamproof_prover: Prover) -> None:
+    # Two kills, not five (the 30-minute CI budget: five took 200 s); random kills of the pipeline itself are
+    # tested in test_crash_recovery.py, this test is about the plugin's API.
     report = streamproof_prover.prove(
-        REPO / "examples" / "orders_to_delta.toml", events=40_000, random_kills=3, seed=5, batch_size=3_000
+        REPO / "examples" / "orders_to_delta.toml", events=30_000, random_kills=2, seed=5, batch_size=3_000
     )
     _, harness = streamproof_prover.runs[-1]
-    assert len(harness.crashes) == 3 and harness.runs == 4
+    assert len(harness.crashes) == 2 and harness.runs == 3
     assert surviving_processes(harness.process_groups) == []
-    assert report.source_records == 40_000
+    assert report.source_records == 30_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
 
 
