@@ -15,17 +15,25 @@ A guarantee changes how a pipeline is *wired*, never what it computes:
   and every start begins from that file with a fresh checkpoint. A crash between the two loses the
   batch; nothing is ever written twice.
 
+Every question "may this guarantee lose or duplicate?" is answered here (:class:`Wiring`), nowhere else.
+
 Example::
 
-    >>> wiring_for("at-least-once")
-    Wiring(guarantee='at-least-once', idempotent_sink=False, progress_before_write=False, replays_on_restart=True)
+    >>> wiring = wiring_for("at-least-once")
+    >>> wiring.may_lose, wiring.may_duplicate, wiring.idempotent_sink
+    (False, True, False)
+    >>> wiring_for("at-least-once").allows(lost=0, duplicated=12, unexpected=0)
+    True
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from streamproof.errors import ConfigError
+
+Guarantee = Literal["exactly-once", "at-least-once", "at-most-once"]
 
 REPLAYABLE_SOURCES = ("kafka", "files", "delta")
 NON_REPLAYABLE_SOURCES = ("socket", "rate")
@@ -38,21 +46,43 @@ KNOWN_SINKS = IDEMPOTENT_SINKS + NON_IDEMPOTENT_SINKS
 
 @dataclass(frozen=True)
 class Wiring:
-    """How a pipeline is put together for one guarantee."""
+    """How a pipeline is put together for one guarantee, and what damage a crash may then leave."""
 
     guarantee: str
-    idempotent_sink: bool  # batch writes keyed on (pipeline, batch id)
-    progress_before_write: bool  # at-most-once: offsets marked done before the sink write
-    replays_on_restart: bool  # a restart re-runs the batch that was in flight
+    # Batch writes keyed on (pipeline, batch id), so a replay writes nothing; the batch must then be
+    # replay-deterministic (a replay must compute the rows the keyed write skips).
+    idempotent_sink: bool
+    # At-most-once: the batch's offsets are marked done in streamproof's progress file before the sink write, and
+    # every start begins from that file with Spark's logs wiped (no replay, and none of Spark's state kept).
+    progress_before_write: bool
+    may_lose: bool
+    may_duplicate: bool
+
+    @property
+    def exactly_once(self) -> bool:
+        """Neither loss nor duplicates are allowed."""
+        return not (self.may_lose or self.may_duplicate)
+
+    def allows(self, *, lost: int, duplicated: int, unexpected: int) -> bool:
+        """Whether the damage found is within what the guarantee promises (unexpected rows never are).
+
+        >>> wiring_for("at-most-once").allows(lost=3, duplicated=0, unexpected=0)
+        True
+        >>> wiring_for("exactly-once").allows(lost=0, duplicated=1, unexpected=0)
+        False
+        """
+        return not unexpected and (not lost or self.may_lose) and (not duplicated or self.may_duplicate)
 
 
 _WIRINGS = {
-    "exactly-once": Wiring("exactly-once", idempotent_sink=True, progress_before_write=False, replays_on_restart=True),
-    "at-least-once": Wiring(
-        "at-least-once", idempotent_sink=False, progress_before_write=False, replays_on_restart=True
-    ),
-    "at-most-once": Wiring("at-most-once", idempotent_sink=False, progress_before_write=True, replays_on_restart=False),
-}
+    "exactly-once": Wiring("exactly-once", idempotent_sink=True, progress_before_write=False, may_lose=False,
+                           may_duplicate=False),
+    "at-least-once": Wiring("at-least-once", idempotent_sink=False, progress_before_write=False, may_lose=False,
+                            may_duplicate=True),
+    "at-most-once": Wiring("at-most-once", idempotent_sink=False, progress_before_write=True, may_lose=True,
+                           may_duplicate=False),
+}  # fmt: skip
+GUARANTEES: tuple[str, ...] = tuple(_WIRINGS)
 
 
 def wiring_for(guarantee: str) -> Wiring:

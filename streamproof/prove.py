@@ -45,7 +45,7 @@ from typing import IO, TYPE_CHECKING, Any
 from streamproof import faults
 from streamproof.checkpoint import batch_end_offsets, next_batch_to_run
 from streamproof.config import (
-    GUARANTEES,
+
     DeltaSinkSpec,
     FilesSinkSpec,
     PipelineSpec,
@@ -54,6 +54,7 @@ from streamproof.config import (
     load_pipeline,
 )
 from streamproof.errors import ConfigError, PipelineError
+from streamproof.guarantees import GUARANTEES
 from streamproof.pipeline import BATCH_COMMITTED, BATCH_LINE_PATTERN
 from streamproof.session import JIT_ENV
 

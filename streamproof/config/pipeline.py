@@ -1,0 +1,220 @@
+"""A whole pipeline file: its sections, and the rules that tie them together.
+
+Each rule is one validator, run in the order written; the first that fails names its key in one line
+(``sink.key: 'order_id' must be listed in transform.required ...``).
+
+Example::
+
+    >>> from streamproof.config import parse_pipeline
+    >>> spec = parse_pipeline('''
+    ... name = "orders"
+    ... [source]
+    ... kind = "kafka"
+    ... topic = "orders"
+    ... [transform]
+    ... schema = "event_id STRING"
+    ... [sink]
+    ... kind = "delta"
+    ... path = "/tmp/orders"
+    ... ''')
+    >>> [sink.name for sink in spec.sink_specs], str(spec.quarantine_path)
+    (['delta'], '/tmp/orders_quarantine')
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from streamproof.config.fields import Strict, schema_field_names
+from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
+from streamproof.config.sinks import (
+    AnySinkSpec,
+    DeltaSinkSpec,
+    FilesSinkSpec,
+    KafkaSinkSpec,
+    PostgresSinkSpec,
+    SinkSpec,
+)
+from streamproof.config.sources import DeltaSource, FilesSource, SourceSpec
+from streamproof.config.transform import Transform, replay_unsafe
+from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, wiring_for
+
+
+class PipelineSpec(Strict):
+    """A whole pipeline file: one ``[sink]``, or several ``[[sinks]]`` fed from the same stream (fan-out).
+
+    Relative paths in it (checkpoint, tables, folders) are relative to the directory the command runs in
+    (:func:`streamproof.config.load_pipeline`); a URI (``hdfs://...``) is kept as it is.
+    """
+
+    name: str = Field(min_length=1)
+    guarantee: Guarantee = "exactly-once"
+    checkpoint: str | None = None
+    source: SourceSpec
+    transform: Transform
+    sink: SinkSpec | None = None
+    sinks: list[SinkSpec] = Field(default_factory=list)
+    trigger: Trigger = Trigger()
+    spark: SparkSettings = SparkSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    retry: RetrySettings = RetrySettings()
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source_name: str = PrivateAttr(default="PIPELINE.toml")  # the file it was read from, for hints
+    # Values that came from ${NAME} references, mapped back to the reference: a dumped file keeps the
+    # reference, never the secret it resolved to.
+    _env_references: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_cannot_honour_the_guarantee(cls, data: Any) -> Any:
+        # Runs before field validation so that "socket under exactly-once" explains itself, instead of
+        # reading as a mere unknown kind.
+        if not isinstance(data, dict):
+            return data
+        source, guarantee = data.get("source"), data.get("guarantee", "exactly-once")
+        sinks = [data["sink"]] if isinstance(data.get("sink"), dict) else []
+        sinks += [item for item in data.get("sinks") or [] if isinstance(item, dict)]
+        if isinstance(source, dict) and isinstance(guarantee, str):
+            for sink in sinks:
+                reason = refusal(guarantee, str(source.get("kind")), str(sink.get("kind")))
+                if reason and source.get("kind") in KNOWN_SOURCES and sink.get("kind") in KNOWN_SINKS:
+                    raise ValueError(reason)
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", value):
+            raise ValueError(f"{value!r} must be letters, digits, '_', '.' or '-' (it names files and ids)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_form_of_sinks_with_distinct_labels(self) -> PipelineSpec:
+        if (self.sink is None) == (not self.sinks):
+            raise ValueError("sink: give exactly one of [sink] (one destination) or [[sinks]] (several)")
+        labels = [sink.name for sink in self.sink_specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"sinks: two sinks are named {labels!r}: give each a distinct label")
+        return self
+
+    @model_validator(mode="after")
+    def _keyed_writes_need_replayable_columns(self) -> PipelineSpec:
+        if not wiring_for(self.guarantee).idempotent_sink:
+            return self
+        for name, expression in self.transform.columns.items():
+            if reason := replay_unsafe(expression):
+                raise ValueError(
+                    f"transform.columns.{name}: {reason}, so a batch replayed after a crash would write other "
+                    "values and exactly-once cannot hold; derive it from the record instead, e.g. "
+                    f'{name} = "_src_timestamp" (Kafka\'s record timestamp)'
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _state_needs_spark_checkpoint(self) -> PipelineSpec:
+        if wiring_for(self.guarantee).progress_before_write and self.transform.watermark is not None:
+            raise ValueError(
+                "guarantee: at-most-once restarts without Spark's checkpoint, state included, so dedup would forget "
+                "the ids it saw and let resends through (duplicates at-most-once promises never to write); use "
+                "exactly-once or at-least-once with dedup and windows"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _file_and_table_sources_feed_folder_sinks(self) -> PipelineSpec:
+        if not isinstance(self.source, FilesSource | DeltaSource):
+            return self
+        kind = self.source.kind
+        if wiring_for(self.guarantee).progress_before_write:
+            raise ValueError(
+                f"guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a {kind} source supports "
+                "exactly-once and at-least-once"
+            )
+        for sink in self.sink_specs:
+            if isinstance(sink, PostgresSinkSpec | KafkaSinkSpec):
+                raise ValueError(
+                    f"source.kind: a {kind} source feeds delta and files sinks; the {sink.kind} sink {sink.name!r} "
+                    "keys its writes on Kafka partitions"
+                )
+        if self.transform.watermark is not None:
+            raise ValueError(
+                "transform: dedup and windows need a kafka source (late records are recomputed from Kafka offset "
+                f"ranges); a {kind} source carries records as they are"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _schema_merging_and_windows_need_delta_append(self) -> PipelineSpec:
+        other = next((sink for sink in self.sink_specs
+                      if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append")), None)  # fmt: skip
+        other_text = "" if other is None else other.kind + (
+            f" in {other.mode} mode" if isinstance(other, DeltaSinkSpec) else "")  # fmt: skip
+        if self.transform.schema_evolution == "add-columns":
+            if self.transform.aggregate is not None:
+                raise ValueError("transform.schema_evolution: 'add-columns' carries record fields; windows have none")
+            if other is not None:
+                raise ValueError(
+                    f"transform.schema_evolution: 'add-columns' needs Delta tables in append mode (schema merging), "
+                    f"and {self._sinks_key} {other.name!r} is {other_text}: remove schema_evolution or that sink"
+                )
+        if self.transform.aggregate is not None and other is not None:
+            raise ValueError(
+                f"{self._sinks_key}.kind: transform.aggregate writes window rows to a Delta table in append mode "
+                f'(kind = "delta", mode = "append"), not to {other_text}'
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sink_columns_are_schema_fields(self) -> PipelineSpec:
+        if self.transform.aggregate is not None:  # window rows: the sinks name no record field
+            return self
+        fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
+        for sink in self.sink_specs:
+            named = sink.schema_columns()
+            for key, column in named:
+                if column not in fields:
+                    raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a field of the schema")
+            # A record without its key or group cannot be upserted or totalled: it must be quarantined instead.
+            stateful = named and not isinstance(sink, KafkaSinkSpec)
+            for key in ("key", "by"):
+                column = getattr(sink, key, None)
+                if stateful and column and column not in self.transform.required:
+                    raise ValueError(
+                        f"{self._sinks_key}.{key}: {column!r} must be listed in transform.required (a record without "
+                        "it has nowhere to go but quarantine)"
+                    )
+        return self
+
+    @property
+    def _sinks_key(self) -> str:
+        """How the file names its sinks: ``sink`` or ``sinks``."""
+        return "sink" if self.sink is not None else "sinks"
+
+    @property
+    def sink_specs(self) -> list[AnySinkSpec]:
+        """Every sink of the pipeline, in file order."""
+        return [self.sink] if self.sink is not None else list(self.sinks)
+
+    def resolve_path(self, path: str) -> Path:
+        """A path of the file, relative to the current directory when the file was loaded (URIs pass unchanged)."""
+        if "://" in path:
+            return Path(path)
+        candidate = Path(path).expanduser()
+        return candidate if candidate.is_absolute() else (self._base_dir / candidate).resolve()
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.resolve_path(self.checkpoint or f".streamproof/checkpoints/{self.name}")
+
+    @property
+    def quarantine_path(self) -> Path:
+        if self.transform.quarantine:
+            return self.resolve_path(self.transform.quarantine)
+        first = self.sink_specs[0]
+        if isinstance(first, DeltaSinkSpec | FilesSinkSpec):
+            return self.resolve_path(f"{first.path}_quarantine")
+        return self.resolve_path(f".streamproof/tables/{self.name}_quarantine")
