@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from streamproof import pipeline
 from streamproof.config import load_pipeline
-from streamproof.sinks import batch as batch_module
+from streamproof.pipeline import batches as batch_module
+from streamproof.pipeline.query import run
 
 TIMINGS: dict[str, list[float]] = {}
 
@@ -43,7 +43,7 @@ def main() -> None:
     batch_module.append_batch = timed("quarantine_append", batch_module.append_batch)
     batch_module.BatchWriter.__call__ = timed("foreach_batch", batch_module.BatchWriter.__call__)
     batch_module.BatchWriter._write_retrying = timed("sink_writes", batch_module.BatchWriter._write_retrying)
-    pipeline.run(spec, available_now=True, max_batches=max_batches)
+    run(spec, available_now=True, max_batches=max_batches, on_event=lambda event: print(event.line()))
     print(json.dumps(TIMINGS))
 
 

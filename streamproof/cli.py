@@ -17,10 +17,32 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
-from streamproof.config import PipelineSpec
+from streamproof import maintenance
+from streamproof.bench.runner import BENCHMARKS, check_request, run_on_local_servers, summary_lines, write_results
+from streamproof.bench.scaling import plot_scaling
+from streamproof.checkpoint.folder import backup, restore
+from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
+from streamproof.checkpoint.recover import recover
+from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.demo import run_demo
 from streamproof.errors import ConfigError, StreamproofError, first_line
 from streamproof.faults import NAMED_POINTS
+from streamproof.generator import EventMix
+from streamproof.generator import generate as produce
+from streamproof.harness.matrix import run_matrix, upstream_shares
+from streamproof.harness.proof import prove_pipeline
+from streamproof.infra import KafkaBroker, PostgresServer, default_state_dir
+from streamproof.pipeline.events import Event, RunSummary
+from streamproof.pipeline.query import run as run_pipeline
+from streamproof.reconcile import reports_document, verify_pipeline
+from streamproof.render import matrix_html, matrix_table, print_reports, report_html
+from streamproof.session import build_session
+from streamproof.sinks import open_sinks
 
 app = typer.Typer(
     add_completion=False,
@@ -64,8 +86,6 @@ def friendly_errors(command: F) -> F:
 
 
 def _state_dir(state_dir: Path | None) -> Path:
-    from streamproof.infra import default_state_dir
-
     return state_dir.resolve() if state_dir else default_state_dir()
 
 
@@ -79,8 +99,6 @@ def infra_up(
     state_dir: StateDir = None,
 ) -> None:
     """Start the local Kafka broker, and PostgreSQL with --postgres (idempotent: running ones are reused)."""
-    from streamproof.infra import KafkaBroker, PostgresServer
-
     console.print(KafkaBroker(_state_dir(state_dir), port, controller_port).up())
     if postgres:
         console.print(PostgresServer(_state_dir(state_dir), pg_port).up())
@@ -93,8 +111,6 @@ def infra_down(
     state_dir: StateDir = None,
 ) -> None:
     """Stop the broker (and PostgreSQL) that `infra up` started (only those)."""
-    from streamproof.infra import KafkaBroker, PostgresServer
-
     console.print(KafkaBroker(_state_dir(state_dir)).down(wipe=wipe))
     server = PostgresServer(_state_dir(state_dir))
     if server.home.exists():
@@ -105,8 +121,6 @@ def infra_down(
 @friendly_errors
 def infra_status(state_dir: StateDir = None) -> None:
     """Show whether the local broker (and PostgreSQL) run and answer."""
-    from streamproof.infra import KafkaBroker, PostgresServer
-
     console.print(KafkaBroker(_state_dir(state_dir)).status())
     server = PostgresServer(_state_dir(state_dir))
     if server.home.exists():
@@ -147,10 +161,6 @@ def generate(
     state_dir: StateDir = None,
 ) -> None:
     """Produce deterministic JSON order events (idempotent producer, acks=all)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from streamproof.generator import generate as produce
-
     with Progress(
         TextColumn("generating"),
         BarColumn(),
@@ -160,19 +170,11 @@ def generate(
         transient=True,
     ) as progress:
         task = progress.add_task("generate", total=count)
-        result = produce(
-            bootstrap_servers,
-            topic,
-            count,
-            partitions=partitions,
-            malformed=malformed,
-            seed=seed,
-            duplicates=duplicates,
-            late=late,
-            schema_change_at=schema_change_at,
-            manifest_dir=_state_dir(state_dir) / "generated",
-            on_progress=lambda done: progress.update(task, completed=done),
-        )
+        mix = EventMix(seed=seed, malformed=malformed, duplicates=duplicates, late=late,
+                       schema_change_at=schema_change_at)  # fmt: skip
+        result = produce(bootstrap_servers, topic, count, partitions=partitions,
+                         manifest_dir=_state_dir(state_dir) / "generated",
+                         on_progress=lambda done: progress.update(task, completed=done), **mix)  # fmt: skip
     console.print(
         f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
         f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
@@ -189,29 +191,20 @@ def run(
     max_batches: Annotated[int | None, typer.Option(min=1, help="Stop after this many batches.")] = None,
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
-    from streamproof.config import load_pipeline
-    from streamproof.pipeline import run as run_pipeline
-
     spec = load_pipeline(pipeline)
     if console.is_terminal:
         summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches)
     else:
-        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches)
-    console.print(
-        f"[{spec.name}] stopped ({summary.stopped_by}): {summary.batches} batches, {summary.rows_in:,} rows in, "
-        f"{summary.rows_out:,} to sink, {summary.quarantined:,} quarantined, {summary.seconds:.1f} s",
-        markup=False,
-    )
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event)
+    console.print(summary.line(), markup=False)
 
 
-def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None) -> Any:
+def _print_event(event: Event) -> None:
+    console.print(event.line(), markup=False)
+
+
+def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None) -> RunSummary:
     """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
-    from rich.live import Live
-    from rich.text import Text
-
-    from streamproof.pipeline import RunSummary
-    from streamproof.pipeline import run as run_pipeline
-
     started = time.monotonic()
     seen = RunSummary(spec.name)
 
@@ -226,11 +219,11 @@ def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batche
 
     with Live(status(), console=console, refresh_per_second=2, transient=True) as live:
 
-        def emit(line: str) -> None:
-            console.print(line, markup=False)
+        def show(event: Event) -> None:
+            _print_event(event)
             live.update(status())
 
-        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, emit=emit,
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=show,
                                summary=seen)  # fmt: skip
     return summary
 
@@ -244,11 +237,6 @@ def verify(
     state_dir: StateDir = None,
 ) -> None:
     """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
-    from streamproof.config import load_pipeline
-    from streamproof.report import print_reports, report_html
-    from streamproof.session import build_session
-    from streamproof.verify import reports_document, verify_pipeline
-
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     reports = verify_pipeline(spark, spec, manifest_dir=_state_dir(state_dir) / "generated")
@@ -295,9 +283,6 @@ def prove(
 
     Exit 1 when an exactly-once run loses or duplicates anything.
     """
-    from streamproof.config import load_pipeline
-    from streamproof.session import build_session
-
     chosen = [bool(matrix), crash_at is not None, random_kills is not None]
     if sum(chosen) > 1:
         raise ConfigError("choose one of --matrix, --crash-at, --random-kills")
@@ -305,45 +290,24 @@ def prove(
     state = _state_dir(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     command = "streamproof prove " + " ".join(sys.argv[2:])
-    emit = _emit_plain
     if matrix:
-        dedup = spec.transform.dedup is not None
-        upstream = {
-            "duplicates": duplicates if duplicates is not None else 0.02 if dedup else 0.0,
-            "late": late if late is not None else 0.01 if dedup else 0.0,
-        }
         _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
-                      upstream)  # fmt: skip
+                      upstream_shares(spec, duplicates, late))  # fmt: skip
         return
-    from streamproof.prove import run_with_crashes, run_with_random_kills
-    from streamproof.report import print_reports, report_html
-    from streamproof.verify import reports_document, verify_pipeline
-
-    log_dir = state / "logs" / stamp
-    if crash_at is not None:
-        points = [point.strip() for value in crash_at for point in value.split(",") if point.strip()]
-        harness = run_with_crashes(pipeline, points, log_dir=log_dir, emit=emit)
-    else:
-        kills = 2 if random_kills is None else random_kills
-        harness = run_with_random_kills(pipeline, kills=kills, seed=seed, log_dir=log_dir, emit=emit)
-    spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
-    reports = verify_pipeline(spark, spec, manifest_dir=state / "generated")
-    for report in reports:
-        report.crashes = [crash.to_dict() for crash in harness.crashes]
-    print_reports(console, reports)
-    _write(json_file, json.dumps(reports_document(reports), indent=2))
-    _write(html_file, report_html(reports, harness.timeline, command))
-    if not all(report.ok for report in reports):
+    points = [point.strip() for value in crash_at or [] for point in value.split(",") if point.strip()]
+    proof = prove_pipeline(pipeline, crash_at=points, random_kills=0 if points else (random_kills or 2), seed=seed,
+                           log_dir=state / "logs" / stamp, emit=_emit_plain,
+                           manifest_dir=state / "generated")  # fmt: skip
+    print_reports(console, proof.reports)
+    _write(json_file, json.dumps(reports_document(proof.reports), indent=2))
+    _write(html_file, report_html(proof.reports, proof.harness.timeline, command))
+    if not proof.ok:
         raise typer.Exit(1)
 
 
 def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int, malformed: float, seed: int,
                   json_file: Path | None, html_file: Path | None, command: str,
                   upstream: dict[str, float]) -> None:  # fmt: skip
-    from streamproof.prove import run_matrix
-    from streamproof.report import matrix_html, matrix_table
-    from streamproof.session import build_session
-
     spark = build_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")
     started = time.monotonic()
     cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=_emit_plain,
@@ -352,8 +316,7 @@ def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int,
     console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
     _write(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))
     _write(html_file, matrix_html(cells, command))
-    failed = [cell for cell in cells if cell.guarantee == "exactly-once" and cell.outcome != "clean"]
-    if failed:
+    if any(cell.exactly_once and cell.outcome != "clean" for cell in cells):
         raise typer.Exit(1)
 
 
@@ -378,13 +341,6 @@ def checkpoint_show(
     last: Annotated[int, typer.Option(min=1, help="How many of the newest batches to list.")] = 20,
 ) -> None:
     """Per batch: the offsets Spark logged and whether it committed; beside it, each sink's last batch."""
-    from rich.table import Table
-
-    from streamproof.checkpoint import batch_end_offsets, committed_batches, logged_batches
-    from streamproof.config import load_pipeline
-    from streamproof.session import build_session
-    from streamproof.sinks.base import open_sinks
-
     spec = load_pipeline(pipeline)
     logged, committed = logged_batches(spec.checkpoint_dir), set(committed_batches(spec.checkpoint_dir))
     table = Table(title=f"checkpoint {spec.checkpoint_dir}")
@@ -424,9 +380,6 @@ def checkpoint_backup(
     to: Annotated[Path | None, typer.Option("--to", help="Backup folder (default: a stamped sibling).")] = None,
 ) -> None:
     """Copy the checkpoint; refused while a pipeline runs on it (the copy would not be consistent)."""
-    from streamproof.checkpoint import backup
-    from streamproof.config import load_pipeline
-
     spec = load_pipeline(pipeline)
     console.print(f"backed up {spec.checkpoint_dir} to {backup(spec.checkpoint_dir, to)}")
 
@@ -438,9 +391,6 @@ def checkpoint_restore(
     source: Annotated[Path, typer.Option("--from", help="The backup folder to restore.")],
 ) -> None:
     """Replace the checkpoint by a backup (the current one is kept aside)."""
-    from streamproof.checkpoint import restore
-    from streamproof.config import load_pipeline
-
     spec = load_pipeline(pipeline)
     aside = restore(spec.checkpoint_dir, source)
     console.print(f"restored {spec.checkpoint_dir} from {source}" + (f"; the previous one is {aside}" if aside else ""))
@@ -450,10 +400,6 @@ def checkpoint_restore(
 @friendly_errors
 def checkpoint_recover(pipeline: PipelineFile) -> None:
     """Rebuild a lost or damaged checkpoint from the end offsets the sinks recorded with each batch."""
-    from streamproof.checkpoint import recover
-    from streamproof.config import load_pipeline
-    from streamproof.session import build_session
-
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-recover:{spec.name}")
     console.print(recover(spark, spec), markup=False)
@@ -472,29 +418,13 @@ def maintain(
     ] = False,
 ) -> None:
     """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table)."""
-    from streamproof.config import load_pipeline
-    from streamproof.maintenance import check_retention, delta_tables, optimize, vacuum
-    from streamproof.session import build_session
-
-    if not do_optimize and vacuum_hours is None:
-        raise ConfigError("nothing to do: give --optimize, --vacuum HOURS or both")
-    if vacuum_hours is not None:
-        check_retention(vacuum_hours, allow_short_retention=allow_short_retention)
+    maintenance.check_request(compact=do_optimize, vacuum_hours=vacuum_hours,
+                              allow_short_retention=allow_short_retention)  # fmt: skip
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-maintain:{spec.name}")
-    from delta.tables import DeltaTable
-
-    for table in delta_tables(spec):
-        if not DeltaTable.isDeltaTable(spark, str(table)):
-            console.print(f"{table}: not written yet, skipped")
-            continue
-        if do_optimize:
-            done = optimize(spark, table)
-            console.print(f"{table}: OPTIMIZE removed {done.files_removed} files, added {done.files_added}")
-        if vacuum_hours is not None:
-            result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
-                            allow_short_retention=allow_short_retention)  # fmt: skip
-            console.print(f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files")
+    for line in maintenance.maintain(spark, spec, compact=do_optimize, vacuum_hours=vacuum_hours,
+                                     allow_short_retention=allow_short_retention):  # fmt: skip
+        console.print(line, markup=False)
 
 
 @app.command()
@@ -506,8 +436,6 @@ def demo(
     state_dir: StateDir = None,
 ) -> None:
     """The whole story on embedded defaults: Kafka up, 1M events, exactly-once through SIGKILLs, proof."""
-    from streamproof.demo import run_demo
-
     report = run_demo(console, _state_dir(state_dir), count=count, kills=kills, seed=seed)
     if not report.ok:
         raise typer.Exit(1)
@@ -537,40 +465,18 @@ def bench(
     state_dir: StateDir = None,
 ) -> None:
     """Benchmarks with ratios against baselines of the same run; JSON in benchmarks/results/."""
-    from streamproof.bench import BENCHMARKS, check_request, plot_scaling, run_benchmarks, write_results
-    from streamproof.infra import KafkaBroker, PostgresServer
-
     chosen = names or list(BENCHMARKS)
     check_request(chosen, events)
     if plot is not None and "scaling" not in chosen:
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
-    state = _state_dir(state_dir)
-    started: list[Any] = []
-    if bootstrap_servers is None:
-        broker = KafkaBroker(state)
-        bootstrap_servers = broker.bootstrap_servers
-        if not broker.running():
-            console.print(broker.up())
-            started.append(broker)
-    if "sinks" in chosen:
-        postgres = PostgresServer(state)
-        if not postgres.running():
-            console.print(postgres.up())
-            started.append(postgres)
-    try:
-        options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds}}
-        document = run_benchmarks(chosen, bootstrap=bootstrap_servers, state_dir=state, events=events,
-                                  emit=_emit_plain, options=options)  # fmt: skip
-    finally:
-        for server in reversed(started):
-            console.print(server.down())
+    options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds}}
+    document = run_on_local_servers(chosen, state_dir=_state_dir(state_dir), bootstrap=bootstrap_servers,
+                                    events=events, emit=_emit_plain, options=options)  # fmt: skip
     path = write_results(document, results_dir, json_file)
     if plot is not None:
         console.print(f"plot written to {plot_scaling(document, plot)}")
-    for name, result in document["results"].items():
-        shown = ("ratios", "targets_met", "latency", "latency_after_warmup", "ratios_vs_delta_append", "median_s")
-        summary = {key: value for key, value in result.items() if key in shown}
-        console.print(f"{name}: {json.dumps(summary)}", markup=False)
+    for line in summary_lines(document):
+        console.print(line, markup=False)
     console.print(f"results written to {path}")
 
 
@@ -580,4 +486,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

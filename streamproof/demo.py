@@ -15,8 +15,13 @@ from pathlib import Path
 
 from rich.console import Console
 
+from streamproof.config import load_pipeline
+from streamproof.generator import generate
+from streamproof.harness.crashes import run_with_random_kills
 from streamproof.infra import KafkaBroker, free_port, port_in_use
-from streamproof.verify import Report
+from streamproof.reconcile import Report, verify_pipeline
+from streamproof.render import print_reports
+from streamproof.session import build_session
 
 DEMO_PIPELINE = """\
 # Written by streamproof; re-run the check with: streamproof verify {pipeline_file}
@@ -88,13 +93,6 @@ def run_demo(
     partitions: int = 4,
 ) -> Report:
     """Run the demo and return its report (also written as JSON under ``state_dir/reports``)."""
-    from streamproof.config import load_pipeline
-    from streamproof.generator import generate
-    from streamproof.prove import run_with_random_kills
-    from streamproof.report import print_reports
-    from streamproof.session import build_session
-    from streamproof.verify import verify_pipeline
-
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     console.rule("1. Kafka")
     broker = _demo_broker(console, state_dir)

@@ -7,6 +7,7 @@ is shown for any of these (DESIGN: exit 2 = bad input, 1 = loss or duplicates fo
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 class StreamproofError(Exception):
@@ -91,3 +92,11 @@ def first_line(error: BaseException | str, limit: int = 300) -> str:
         if stripped and not stripped.startswith(_TRACE_NOISE):
             return stripped[:limit]
     return text.strip()[:limit] or type(error).__name__
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log, to show under an error line (``(no log)`` when there is none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

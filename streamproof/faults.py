@@ -3,7 +3,7 @@
 A crash is a SIGKILL of the pipeline's whole process tree (the Python driver, the Spark JVM it started,
 and PySpark's Python workers, which PySpark puts in a process group of their own), never a Python
 exception: nothing gets to clean up, flush or roll back, exactly like a power cut. The harness
-(:mod:`streamproof.prove`) arms one point for one batch through the environment variable
+(:mod:`streamproof.harness`) arms one point for one batch through the environment variable
 ``STREAMPROOF_CRASH_AT`` (``"<point>@<batch_id>"``) of the child it starts; sinks call :func:`reached`
 at each phase and the process dies there if armed.
 
@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -44,7 +45,6 @@ AFTER_SINK_COMMIT = "after-sink-commit"
 AFTER_CHECKPOINT_COMMIT = "after-checkpoint-commit"
 RANDOM = "random"
 NAMED_POINTS = (BEFORE_SINK_WRITE, MID_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT_COMMIT)
-CRASH_POINTS = (*NAMED_POINTS, RANDOM)
 
 
 @dataclass(frozen=True)
@@ -102,29 +102,50 @@ def armed_crash() -> ArmedCrash | None:
     return crash
 
 
-def process_tree_groups(root: int) -> list[int]:
-    """Process groups of ``root`` and of all its descendants, ``root``'s own group last.
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process as ``/proc/<pid>/stat`` shows it."""
 
-    PySpark's daemon (a child of the JVM) leads a group of its own with the Python workers in it, so
-    killing the driver's group alone would leave workers running, able to finish a write after the crash.
-    """
-    parents: dict[int, int] = {}
-    groups: dict[int, int] = {}
+    pid: int
+    parent: int
+    group: int
+    state: str  # "Z": exited, waiting to be reaped
+
+
+def process_table() -> dict[int, ProcessInfo]:
+    """Every process of the machine, by pid: one scan of ``/proc`` (a process that exits meanwhile is skipped)."""
+    table = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(") ", 1)[1].split()
         except (OSError, IndexError):
             continue
         pid = int(stat.parent.name)
-        parents[pid], groups[pid] = int(fields[1]), int(fields[2])
+        table[pid] = ProcessInfo(pid, int(fields[1]), int(fields[2]), fields[0])
+    return table
+
+
+def process_tree_groups(root: int) -> list[int]:
+    """Process groups of ``root`` and of all its descendants, ``root``'s own group last.
+
+    PySpark's daemon (a child of the JVM) leads a group of its own with the Python workers in it, so
+    killing the driver's group alone would leave workers running, able to finish a write after the crash.
+    """
+    table = process_table()
     tree, frontier = {root}, [root]
     while frontier:
         parent = frontier.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
+        children = [info.pid for info in table.values() if info.parent == parent and info.pid not in tree]
         tree.update(children)
         frontier.extend(children)
-    own = groups.get(root, root)
-    return sorted({groups[pid] for pid in tree if pid in groups} - {own}) + [own]
+    own = table[root].group if root in table else root
+    return sorted({table[pid].group for pid in tree if pid in table} - {own}) + [own]
+
+
+def surviving_processes(process_groups: list[int]) -> list[int]:
+    """Pids of live processes still in any of the given process groups (expected after a kill: none)."""
+    groups = set(process_groups)
+    return [info.pid for info in process_table().values() if info.state != "Z" and info.group in groups]
 
 
 def kill_process_tree(root: int) -> None:
@@ -148,6 +169,30 @@ def kill_from_task(driver_pid: int) -> None:
     print(f"[streamproof] crash point {MID_SINK_WRITE} reached in a write task: SIGKILL", file=sys.stderr, flush=True)
     kill_process_tree(driver_pid)
     time.sleep(60)
+
+
+@dataclass(frozen=True)
+class CrashInTask:
+    """The ``mid-sink-write`` crash of a sink that writes from Python tasks: the batch's last partition
+    kills the pipeline's process tree when its write reaches the point, by which time the other
+    partitions may have committed: the hardest case for a per-partition commit.
+
+    >>> CrashInTask.armed(False, partitions=4) is None
+    True
+    """
+
+    driver_pid: int
+    partition_id: int
+
+    @staticmethod
+    def armed(kill_mid_write: bool, partitions: int) -> CrashInTask | None:
+        """The crash for a write of ``partitions`` tasks, when the batch carries the harness's flag."""
+        return CrashInTask(os.getpid(), partitions - 1) if kill_mid_write else None
+
+    def reached(self, partition_id: int) -> None:
+        """Called by each task at its mid-write point; the chosen one kills the driver's whole tree."""
+        if partition_id == self.partition_id:
+            kill_from_task(self.driver_pid)
 
 
 def reached(point: str, batch_id: int) -> None:
@@ -188,10 +233,10 @@ def sink_write(
     done = threading.Event()
     if mid_write_armed(batch_id, sink, first_sink=first_sink) and not in_tasks:
         if files_in is not None:
-            target, args = _kill_when_new_file_appears, (files_in, _data_files(files_in), batch_id, done)
+            watch = functools.partial(_kill_when_new_file_appears, files_in, _data_files(files_in), batch_id, done)
         else:
-            target, args = _kill_while_group_runs, (spark_context, group, batch_id, done)
-        threading.Thread(target=target, args=args, name="streamproof-mid-write-crash", daemon=True).start()
+            watch = functools.partial(_kill_while_group_runs, spark_context, group, batch_id, done)
+        threading.Thread(target=watch, name="streamproof-mid-write-crash", daemon=True).start()
     try:
         yield
     finally:

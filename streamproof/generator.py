@@ -46,9 +46,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, TypedDict, Unpack
+
+from confluent_kafka import KafkaException, Producer
 
 from streamproof.errors import ConfigError, InfraError
-from streamproof.sources.kafka import client_config
+from streamproof.kafka_client import client_config, ensure_topic, topic_end_offsets
 
 MALFORMED_KINDS = ("broken_json", "missing_required", "wrong_type", "empty_value", "binary_garbage")
 STATUSES = ("created", "paid", "shipped", "delivered", "cancelled")
@@ -57,7 +60,6 @@ EVENT_SPACING_MS = 10  # event time advances 10 ms per event: 1M events span und
 LATE_BY = timedelta(hours=6)  # a late event's time is this far behind: older than any sensible watermark delay
 RECENT_EVENTS = 2_000  # a resend mostly repeats one of the last this many events
 OLD_EVENTS_KEPT = 10_000  # and otherwise one drawn from a sample of this many older ones
-UPSTREAM_KINDS = ("duplicate", "late")
 TYPE_CHANGE = "type_change"
 TYPE_CHANGE_ONE_IN = 20
 CHANNELS = ("web", "app", "store")
@@ -102,16 +104,19 @@ def event_time_text(index: int, jitter_ms: int, behind_ms: int = 0) -> str:
     return f"{_second_text(millis // 1000)}.{millis % 1000:03d}Z"
 
 
+class EventMix(TypedDict, total=False):
+    """What the generated events hold besides valid orders (each a keyword of :func:`order_events`, :func:`generate`):
+    ``seed`` (default 42), shares of ``malformed``, ``duplicates`` and ``late`` events, and ``schema_change_at``."""
+
+    seed: int
+    malformed: float
+    duplicates: float
+    late: float
+    schema_change_at: int | None
+
+
 def order_events(
-    count: int,
-    *,
-    seed: int = 42,
-    malformed: float = 0.0,
-    partitions: int = 4,
-    start_index: int = 0,
-    duplicates: float = 0.0,
-    late: float = 0.0,
-    schema_change_at: int | None = None,
+    count: int, *, partitions: int = 4, start_index: int = 0, **mix: Unpack[EventMix]
 ) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
     """Yield ``(partition, key, value, kind)`` for records ``start_index .. start_index+count-1``; ``kind`` is
     None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``.
@@ -120,6 +125,8 @@ def order_events(
     >>> json.loads(first[2])["event_id"]
     'ev-1-0000000000'
     """
+    seed, malformed = mix.get("seed", 42), mix.get("malformed", 0.0)
+    duplicates, late, schema_change_at = mix.get("duplicates", 0.0), mix.get("late", 0.0), mix.get("schema_change_at")
     for option, fraction in (("--malformed", malformed), ("--duplicates", duplicates), ("--late", late)):
         if not 0.0 <= fraction <= 1.0:
             raise ConfigError(f"{option} {fraction}: must be a fraction between 0 and 1")
@@ -151,13 +158,14 @@ def order_events(
         key = order_id.encode()
         partition = zlib.crc32(key) % partitions
         kind = "late" if is_late else None
+        record: str | bytes = event
         if malformed and rng.random() < malformed:
             kind = MALFORMED_KINDS[rng.randrange(len(MALFORMED_KINDS))]
-            event = _spoil(event, kind, rng)
+            record = _spoil(event, kind, rng)
         elif schema_change_at is not None and index >= schema_change_at:  # a record is invalid for one reason
-            event, changed = _changed_schema(event, upstream)
+            record, changed = _changed_schema(event, upstream)
             kind = TYPE_CHANGE if changed else kind
-        value = event.encode() if isinstance(event, str) else event
+        value = record.encode() if isinstance(record, str) else record
         if duplicates and kind not in (*MALFORMED_KINDS, TYPE_CHANGE):  # only valid events are resent
             if len(recent) == recent.maxlen:  # the oldest recent event joins the sample of older ones
                 older_seen += 1
@@ -204,74 +212,21 @@ def _spoil(event: str, kind: str, rng: random.Random) -> str | bytes:
     return b"\xff\xfe" + rng.randbytes(rng.randrange(4, 64))
 
 
-def ensure_topic(
-    bootstrap_servers: str,
-    topic: str,
-    partitions: int,
-    timeout_s: float = 30.0,
-    config: dict[str, str] | None = None,
-    client_settings: dict[str, object] | None = None,
-) -> int:
-    """Create the topic with ``partitions`` partitions (and topic ``config``) if missing; return its
-    partition count. ``client_settings`` add librdkafka settings (security) to the admin client."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient(client_config(bootstrap_servers, **(client_settings or {})))
-    try:
-        metadata = admin.list_topics(timeout=timeout_s)
-    except KafkaException:
-        raise InfraError(f"cannot reach Kafka at {bootstrap_servers}: start it with `streamproof infra up`") from None
-    existing = metadata.topics.get(topic)
-    if existing is not None and existing.error is None:
-        return len(existing.partitions)
-    futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=config or {})]  # broker default
-    )
-    try:
-        futures[topic].result(timeout=timeout_s)
-    except KafkaException as error:
-        if "TOPIC_ALREADY_EXISTS" not in str(error):
-            raise InfraError(f"cannot create topic {topic!r} on {bootstrap_servers}: {error}") from None
-    return partitions
-
-
-def topic_end_offsets(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
-    """High watermark of every partition of ``topic``."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(client_config(bootstrap_servers, **{"group.id": "streamproof-offsets"}))
-    try:
-        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-            for p in sorted(partitions)
-        }
-    finally:
-        consumer.close()
-
-
 def generate(
     bootstrap_servers: str,
     topic: str,
     count: int,
     *,
     partitions: int = 4,
-    malformed: float = 0.0,
-    seed: int = 42,
-    duplicates: float = 0.0,
-    late: float = 0.0,
-    schema_change_at: int | None = None,
     manifest_dir: Path | None = None,
     on_progress: Callable[[int], None] | None = None,
+    **mix: Unpack[EventMix],
 ) -> GenerationResult:
     """Produce ``count`` events into ``topic`` (created if missing) and wait until all are acknowledged.
 
     With ``manifest_dir``, the run is appended to ``<manifest_dir>/<topic>.json`` so verification can
     compare its counts with what the generator knowingly produced.
     """
-    from confluent_kafka import KafkaException, Producer
-
     if count < 0:
         raise ConfigError(f"--count {count}: must be zero or more")
     if partitions < 1:
@@ -301,16 +256,12 @@ def generate(
             },
         )
     )
-    result = GenerationResult(topic, count, partitions, seed)
+    result = GenerationResult(topic, count, partitions, mix.get("seed", 42))
     kinds: Counter[str] = Counter()
     started = time.monotonic()
     previous = _manifest_records(manifest_dir, topic)
-    for sent, (partition, key, value, kind) in enumerate(
-        order_events(
-            count, seed=seed, malformed=malformed, partitions=partitions, start_index=previous,
-            duplicates=duplicates, late=late, schema_change_at=schema_change_at,
-        )
-    ):  # fmt: skip
+    events = order_events(count, partitions=partitions, start_index=previous, **mix)
+    for sent, (partition, key, value, kind) in enumerate(events):
         if kind:
             kinds[kind] += 1
         while True:
@@ -349,10 +300,10 @@ def _manifest_path(manifest_dir: Path, topic: str) -> Path:
 
 def _manifest_records(manifest_dir: Path | None, topic: str) -> int:
     # Event indexes continue across runs into one topic, so event ids stay unique.
-    return 0 if manifest_dir is None else load_manifest(manifest_dir, topic).get("records", 0)
+    return 0 if manifest_dir is None else int(load_manifest(manifest_dir, topic).get("records", 0))
 
 
-def load_manifest(manifest_dir: Path, topic: str) -> dict[str, object]:
+def load_manifest(manifest_dir: Path, topic: str) -> dict[str, Any]:
     """What the generator produced into ``topic`` so far: records, malformed, by kind, runs."""
     path = _manifest_path(manifest_dir, topic)
     if not path.exists():
@@ -369,13 +320,13 @@ def _append_manifest(manifest_dir: Path, result: GenerationResult) -> None:
         "malformed_by_kind": {},
         "runs": [],
     }
-    manifest["records"] = int(manifest["records"]) + result.count  # type: ignore[call-overload]
-    manifest["malformed"] = int(manifest["malformed"]) + result.malformed  # type: ignore[call-overload]
+    manifest["records"] = int(manifest["records"]) + result.count
+    manifest["malformed"] = int(manifest["malformed"]) + result.malformed
     for upstream_kind in ("duplicates", "late"):
-        manifest[upstream_kind] = int(manifest.get(upstream_kind, 0)) + getattr(result, upstream_kind)  # type: ignore[call-overload]
-    by_kind = Counter(manifest["malformed_by_kind"])  # type: ignore[arg-type]
+        manifest[upstream_kind] = int(manifest.get(upstream_kind, 0)) + getattr(result, upstream_kind)
+    by_kind = Counter(manifest["malformed_by_kind"])
     by_kind.update(result.malformed_by_kind)
     manifest["malformed_by_kind"] = dict(sorted(by_kind.items()))
     manifest["end_offsets"] = {str(p): o for p, o in result.end_offsets.items()}
-    manifest["runs"].append({k: v for k, v in asdict(result).items() if k != "end_offsets"})  # type: ignore[union-attr]
+    manifest["runs"].append({k: v for k, v in asdict(result).items() if k != "end_offsets"})
     _manifest_path(manifest_dir, result.topic).write_text(json.dumps(manifest, indent=2))

@@ -22,7 +22,10 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -44,6 +47,28 @@ JAR_SETS = ("spark", "kafka")
 _JAR_NAME = re.compile(r"^(?P<artifact>.+)-(?P<version>\d+\.[^-]*(?:-[A-Za-z0-9.]+)?)\.jar$")
 
 
+@functools.cache
+def check_java() -> str:
+    """Return the Java major version; raise :class:`SetupError` if java is missing or older than 17."""
+    java = shutil.which("java", path=_java_path())
+    if java is None:
+        raise SetupError("`java` is not on PATH: install Java 17 (apt-get install -y openjdk-17-jdk-headless)")
+    banner = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', banner)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8.0_..."
+        major = int(match.group(2))
+    if major < 17:
+        raise SetupError(f"Java 17 or newer is needed, found {banner.splitlines()[0] if banner else java}")
+    return str(major)
+
+
+def _java_path() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    path = os.environ.get("PATH", "")
+    return f"{java_home}/bin{os.pathsep}{path}" if java_home else path
+
+
 def cache_root() -> Path:
     """Folder holding resolved jar sets; ``STREAMPROOF_CACHE`` overrides ``~/.cache/streamproof``."""
     override = os.environ.get("STREAMPROOF_CACHE")
@@ -63,10 +88,12 @@ def artifact_id(jar_file_name: str) -> str:
 
 
 def pyspark_jars_dir() -> Path:
-    """The ``jars/`` folder of the installed pyspark wheel (Spark's own JVM classpath)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent / "jars"
+    """The ``jars/`` folder of the installed pyspark wheel (Spark's own JVM classpath), found without importing
+    pyspark (which starts nothing, but takes a while to import)."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise SetupError("pyspark is not installed: run `make setup`")
+    return Path(spec.origin).resolve().parent / "jars"
 
 
 @dataclass(frozen=True)
@@ -79,9 +106,7 @@ class JarSet:
         digest.update(self.pom.read_bytes())
         digest.update(MAVEN_SETTINGS.read_bytes())
         if self.name == "spark":
-            import pyspark
-
-            digest.update(pyspark.__version__.encode())
+            digest.update(importlib.metadata.version("pyspark").encode())
         return digest.hexdigest()[:16]
 
     def folder(self) -> Path:

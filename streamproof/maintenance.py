@@ -17,16 +17,17 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
 
-from streamproof.checkpoint import RunLock
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from streamproof.checkpoint.folder import RunLock
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 DEFAULT_RETENTION_HOURS = 168.0
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -44,6 +45,38 @@ class OptimizeResult:
     path: str
     files_removed: int
     files_added: int
+
+
+def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_hours: float | None,
+             allow_short_retention: bool = False) -> Iterator[str]:  # fmt: skip
+    """OPTIMIZE (``compact``) and/or VACUUM each Delta table of the pipeline; one line per table and step done
+    (``streamproof maintain``). A table not written yet is skipped, and said so."""
+    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention)
+    for table in delta_tables(spec):
+        if not DeltaTable.isDeltaTable(spark, str(table)):
+            yield f"{table}: not written yet, skipped"
+            continue
+        if compact:
+            done = optimize(spark, table)
+            yield f"{table}: OPTIMIZE removed {done.files_removed} files, added {done.files_added}"
+        if vacuum_hours is not None:
+            result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
+                            allow_short_retention=allow_short_retention)  # fmt: skip
+            yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
+
+
+def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_retention: bool) -> None:
+    """Refuse a maintenance request that does nothing, or a retention too short, before Spark starts.
+
+    >>> check_request(compact=False, vacuum_hours=None, allow_short_retention=False)
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: nothing to do: give --optimize, --vacuum HOURS or both
+    """
+    if not compact and vacuum_hours is None:
+        raise ConfigError("nothing to do: give --optimize, --vacuum HOURS or both")
+    if vacuum_hours is not None:
+        check_retention(vacuum_hours, allow_short_retention=allow_short_retention)
 
 
 def delta_tables(spec: PipelineSpec) -> list[Path]:
@@ -87,16 +120,14 @@ def vacuum(
 
 def optimize(spark: SparkSession, table: Path) -> OptimizeResult:
     """OPTIMIZE (bin-packing compaction) one table."""
-    from delta.tables import DeltaTable
-
-    metrics = DeltaTable.forPath(spark, str(table)).optimize().executeCompaction().first()["metrics"]
+    row = DeltaTable.forPath(spark, str(table)).optimize().executeCompaction().first()
+    assert row is not None, "OPTIMIZE returns one row of metrics"
+    metrics = row["metrics"]
     return OptimizeResult(str(table), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"]))
 
 
 def unreferenced_files(spark: SparkSession, table: Path) -> list[Path]:
     """Data files in the table's folder that the current version does not reference (local tables)."""
-    from urllib.parse import unquote, urlparse
-
     files = spark.read.format("delta").load(str(table)).inputFiles()
     referenced = {Path(unquote(urlparse(uri).path)).resolve() for uri in files}
     on_disk = {path.resolve() for path in table.rglob("*.parquet") if "_delta_log" not in path.parts}

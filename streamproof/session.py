@@ -12,46 +12,20 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import pyspark
+from pyspark.sql import SparkSession
 
 from streamproof.config import SparkSettings
-from streamproof.errors import ConfigError, SetupError
-from streamproof.jars import cached_jars
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from streamproof.errors import ConfigError
+from streamproof.jars import cache_root, cached_jars, check_java, jar_set
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
-
-
-@functools.cache
-def check_java() -> str:
-    """Return the Java major version; raise :class:`SetupError` if java is missing or older than 17."""
-    java = shutil.which("java", path=_java_path())
-    if java is None:
-        raise SetupError("`java` is not on PATH: install Java 17 (apt-get install -y openjdk-17-jdk-headless)")
-    banner = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
-    match = re.search(r'version "(\d+)(?:\.(\d+))?', banner)
-    major = int(match.group(1)) if match else 0
-    if major == 1 and match and match.group(2):  # "1.8.0_..."
-        major = int(match.group(2))
-    if major < 17:
-        raise SetupError(f"Java 17 or newer is needed, found {banner.splitlines()[0] if banner else java}")
-    return str(major)
-
-
-def _java_path() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    path = os.environ.get("PATH", "")
-    return f"{java_home}/bin{os.pathsep}{path}" if java_home else path
 
 
 def startup_archive() -> Path:
@@ -61,10 +35,6 @@ def startup_archive() -> Path:
     a running SparkSession about 4 s sooner (measured 9.5 s -> 5.8 s on 2 cores), which every restart
     after a crash pays. It is only valid for the exact JDK and classpath it was made with, hence the key.
     """
-    import pyspark
-
-    from streamproof.jars import cache_root, jar_set
-
     java_banner = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
     key = hashlib.sha256(
         "\n".join([java_banner, pyspark.__file__, pyspark.__version__, jar_set("spark").key()]).encode()
@@ -151,113 +121,9 @@ def build_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     builder = SparkSession.builder.appName(app_name)
     for key, value in session_conf(settings, archive_classes_to=archive_classes_to).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
-
-
-def prepare_startup_archive() -> Path:
-    """Set-up step: run one short session through the code paths a pipeline uses, and let the JVM write the
-    classes it loaded to :func:`startup_archive` when it exits. Idempotent: an existing archive is kept.
-    """
-    import tempfile
-
-    archive = startup_archive()
-    if archive.exists():
-        return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_suffix(".partial")
-    partial.unlink(missing_ok=True)
-    spark = build_session(app_name="streamproof-setup", archive_classes_to=partial)
-    with tempfile.TemporaryDirectory() as scratch:
-        _exercise_pipeline_code_paths(spark, Path(scratch))
-    gateway_process = spark.sparkContext._gateway.proc  # type: ignore[attr-defined]
-    spark.stop()
-    # The JVM writes the archive as it exits: close its stdin (PySpark's exit signal) and wait for it.
-    gateway_process.stdin.close()
-    gateway_process.wait(timeout=600)
-    if not partial.exists():
-        raise SetupError(f"the JVM did not write its class-data archive to {partial}")
-    partial.rename(archive)
-    return archive
-
-
-def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
-    from streamproof.config import Transform
-    from streamproof.transform import parse_records, quarantined_records, valid_records
-
-    transform = Transform.model_validate({"schema": "event_id STRING, amount DOUBLE, event_time TIMESTAMP",
-                                          "required": ["event_id"]})  # fmt: skip
-    records = [
-        (b'{"event_id":"e1","amount":1.5,"event_time":"2026-01-01T00:00:00Z"}', "t", 0, 0),
-        (b'{"event_id":"e2","amount":"x"}', "t", 0, 1),
-        (b"\xff", "t", 0, 2),
-    ]
-    raw = spark.createDataFrame(records, "value BINARY, topic STRING, partition INT, offset LONG").selectExpr(
-        "value", "topic", "partition", "offset", "current_timestamp() AS timestamp"
-    )
-    parsed = parse_records(raw, transform).cache()
-    for batch_id, table in enumerate(("sink", "quarantine")):
-        frame = valid_records(parsed) if table == "sink" else quarantined_records(parsed)
-        (frame.write.format("delta").mode("append").option("txnAppId", "streamproof/setup")
-         .option("txnVersion", batch_id).option("userMetadata", "{}").save(str(scratch / table)))  # fmt: skip
-    spark.read.format("delta").load(str(scratch / "sink")).count()
-    _exercise_sinks(spark, valid_records(parsed), scratch)
-    # The Kafka connector's classes, without a broker: resolving the relation's schema connects to nothing.
-    kafka = spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:1").option("subscribe", "x")
-    assert "offset" in kafka.load().schema.fieldNames()
-    # A streaming query with foreachBatch, as a pipeline runs one.
-    (scratch / "in").mkdir()
-    (scratch / "in" / "1.txt").write_text('{"event_id":"e3","amount":2.0}\n')
-    stream = spark.readStream.format("text").load(str(scratch / "in")).selectExpr(
-        "CAST(value AS BINARY) AS value", "'t' AS topic", "0 AS partition", "0L AS offset",
-        "current_timestamp() AS timestamp",
-    )  # fmt: skip
-    query = (
-        parse_records(stream, transform).writeStream.option("checkpointLocation", str(scratch / "checkpoint"))
-        .foreachBatch(lambda batch, batch_id: valid_records(batch).write.format("delta").mode("append")
-                      .option("txnAppId", "streamproof/setup-stream").option("txnVersion", batch_id)
-                      .save(str(scratch / "stream-sink")))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
-    query.awaitTermination(300)
-
-
-def _exercise_sinks(spark: SparkSession, rows: DataFrame, scratch: Path) -> None:
-    """Delta MERGE and Spark's file sink, through the sinks' own code (their classes are many, and cold)."""
-    from streamproof.config import parse_pipeline
-    from streamproof.sinks.base import Batch, open_sinks
-
-    spec = parse_pipeline(f"""
-name = "setup"
-[source]
-kind = "kafka"
-topic = "setup"
-[transform]
-schema = "event_id STRING, amount DOUBLE, event_time TIMESTAMP"
-required = ["event_id"]
-[[sinks]]
-kind = "delta"
-path = "{scratch / "merge"}"
-mode = "merge"
-key = "event_id"
-[[sinks]]
-kind = "files"
-path = "{scratch / "files"}"
-""")
-    for sink in open_sinks(spec):
-        for batch_id in (0, 1):
-            sink.write(rows, Batch("setup", batch_id, {"setup": {"0": batch_id}}, keyed=True, rows=1))
-
-
-if __name__ == "__main__":
-    try:
-        print(f"JVM start-up archive: {prepare_startup_archive()}")
-    except SetupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None

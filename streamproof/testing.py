@@ -27,6 +27,10 @@ and a fresh topic, and its checkpoint and tables at a temporary folder, so nothi
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,15 +38,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from confluent_kafka import Producer
 
-from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline, parse_pipeline
+from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer, free_port
+from streamproof.kafka_client import client_config, ensure_topic
 
+# pytest loads this plugin at the start of every run of a suite that has streamproof installed, whether it uses
+# the fixtures or not: the rooms that bring Spark with them (the harness, the checker: +0.5 s of imports, measured
+# in docs/architecture.md) are imported when a fixture or Prover first needs them.
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from streamproof.prove import HarnessResult
-    from streamproof.verify import Report
+    from streamproof.harness.proof import Proof
+    from streamproof.reconcile import Report
 
 
 class GuaranteeBroken(AssertionError):
@@ -52,8 +61,9 @@ class GuaranteeBroken(AssertionError):
 def assert_guarantee_held(report: Report, where: Path | None = None) -> None:
     """Raise :class:`GuaranteeBroken` with the exact counts when the report breaks its guarantee.
 
-    >>> from streamproof.verify import Report
-    >>> assert_guarantee_held(Report("p", "at-least-once", "delta", 10, 10, 0, 0, 12, 0, 2, 0))  # dups allowed
+    >>> from streamproof.reconcile import Report
+    >>> assert_guarantee_held(Report(pipeline="p", guarantee="at-least-once", sink="delta", source_records=10,
+    ...     expected=10, quarantined=0, upstream_duplicates=0, sink_records=12, lost=0, duplicated=2, unexpected=0))
     """
     if report.guarantee_held:
         return
@@ -72,7 +82,7 @@ class Prover:
     broker: KafkaBroker
     spark: SparkSession
     workdir: Path
-    runs: list[tuple[Report, HarnessResult]] = field(default_factory=list)
+    proofs: list[Proof] = field(default_factory=list)
 
     def prove(
         self,
@@ -92,12 +102,12 @@ class Prover:
         several batches for the crashes to land in.
         """
         from streamproof.generator import generate
-        from streamproof.prove import cell_spec, run_with_crashes, run_with_random_kills
-        from streamproof.verify import verify_pipeline
+        from streamproof.harness.matrix import cell_spec
+        from streamproof.harness.proof import prove_pipeline
 
         spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
-        run_dir = self.workdir / f"proof-{len(self.runs) + 1}"
-        topic = f"streamproof-test-{time.strftime('%H%M%S')}-{len(self.runs) + 1}-{spec.name}"
+        run_dir = self.workdir / f"proof-{len(self.proofs) + 1}"
+        topic = f"streamproof-test-{time.strftime('%H%M%S')}-{len(self.proofs) + 1}-{spec.name}"
         if records is None:
             generate(self.broker.bootstrap_servers, topic, events, partitions=4, malformed=malformed, seed=seed)
             total = events
@@ -110,23 +120,14 @@ class Prover:
         pipeline_file = run_dir / "pipeline.toml"
         run_dir.mkdir(parents=True, exist_ok=True)
         pipeline_file.write_text(dump_pipeline(proof_spec))
-        if random_kills:
-            harness = run_with_random_kills(pipeline_file, kills=random_kills, seed=seed, log_dir=run_dir / "logs")
-        else:
-            harness = run_with_crashes(pipeline_file, list(crash_at), log_dir=run_dir / "logs")
-        reports = verify_pipeline(self.spark, parse_pipeline(pipeline_file.read_text(), source_name=str(pipeline_file)))
-        for report in reports:
-            report.crashes = [crash.to_dict() for crash in harness.crashes]
-            self.runs.append((report, harness))
+        crashes = {"random_kills": random_kills} if random_kills else {"crash_at": list(crash_at)}
+        proof = prove_pipeline(pipeline_file, **crashes, seed=seed, log_dir=run_dir / "logs", spark=self.spark)
+        self.proofs.append(proof)
+        for report in proof.reports:
             assert_guarantee_held(report, where=run_dir)
-        return reports[0]
+        return proof.reports[0]
 
     def _produce(self, topic: str, records: Iterable[bytes | str | dict[str, Any]]) -> int:
-        from confluent_kafka import Producer
-
-        from streamproof.generator import ensure_topic
-        from streamproof.sources.kafka import client_config
-
         ensure_topic(self.broker.bootstrap_servers, topic, 4)
         producer = Producer(client_config(self.broker.bootstrap_servers, **{"enable.idempotence": True, "acks": "all"}))
         count = 0
@@ -162,11 +163,6 @@ def streamproof_postgres() -> Iterator[PostgresServer]:
     Its state lives in a fresh folder under the system temp dir that the ``postgres`` system user can
     reach (as root the server runs as that user). Sink files use ``password = "${STREAMPROOF_PG_PASSWORD}"``.
     """
-    import os
-    import secrets
-    import shutil
-    import tempfile
-
     # A password no log line could hold by chance, so that tests can grep logs for it.
     os.environ.setdefault(PG_PASSWORD_ENV, f"sp-{secrets.token_hex(12)}")
     state = Path(tempfile.mkdtemp(prefix="streamproof-pg-"))
@@ -187,8 +183,6 @@ def streamproof_spark() -> Iterator[SparkSession]:
     A test's JVMs live seconds: unless ``$STREAMPROOF_JIT`` says otherwise, they compile with C1 only
     (``[spark] jit = "quick-start"``), this session and the pipeline runs the tests start alike.
     """
-    import os
-
     from streamproof.session import JIT_ENV, build_session
 
     os.environ.setdefault(JIT_ENV, "quick-start")

@@ -30,15 +30,19 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from streamproof.config import Aggregate, Transform, schema_field_names, schema_field_type
+from pyspark.errors import PySparkException
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+from streamproof.config import Aggregate, Transform, duration_seconds, schema_field_names, schema_field_type
+from streamproof.errors import ConfigError, first_line
 
+# Where a record came from, carried by every sink row: what reconciliation matches on.
 COORDINATES = ("_src_topic", "_src_partition", "_src_offset")
 SOURCE_COLUMNS = (*COORDINATES, "_src_timestamp")
+SOURCE_COLUMNS_DDL = "_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
 REJECT_REASON = "_reject_reason"
 # A source may say itself that a row is not a deliverable record (a Delta change feed's delete): this column, when
 # the source rows have it, takes precedence over every other reason.
@@ -48,7 +52,6 @@ _CORRUPT = "_corrupt_record"
 _PARSED = "_parsed"
 _TEXT = "_text"
 EXTRA_FIELDS = "_extra_fields"  # schema_evolution = "add-columns": the undeclared top-level fields, as text
-PARSE_ONCE = True  # False: the former plan, for the before/after benchmark only
 # With dedup or windows on, a batch holds two branches (stateful_stream): every parsed record, and what the stateful
 # operators let through (the records dedup kept, or the closed windows). This column says which branch a row is of.
 BRANCH = "_branch"
@@ -56,13 +59,43 @@ ALL_RECORDS, OPERATOR_OUTPUT = 0, 1
 LATE = "late"  # the quarantine reason of a record older than the watermark
 
 
+def record_schema(transform: Transform) -> str:
+    """The DDL of a sink row: the declared fields, then the source coordinates and timestamp.
+
+    >>> record_schema(Transform.model_validate({"schema": "event_id STRING"}))
+    'event_id STRING, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP'
+    """
+    return f"{transform.schema_}, {SOURCE_COLUMNS_DDL}"
+
+
+def struct_type(ddl: str) -> StructType:
+    """The Spark schema of a DDL string of fields (a schema, or :func:`record_schema`); Spark parses it, so a
+    session must run.
+
+    >>> struct_type("event_id STRING, amount DOUBLE").fieldNames()     # doctest: +SKIP
+    ['event_id', 'amount']
+    """
+    schema = StructType.fromDDL(ddl)
+    assert isinstance(schema, StructType), f"not a list of fields: {ddl!r}"
+    return schema
+
+
+def recency(order_by: str, table: str | None = None) -> Column:
+    """How recent a record is, as one value to compare: ``order_by`` (a null is oldest), then the coordinates
+    (topic, partition, offset). The latest record of a key is the one with the greatest value: the rule the Delta
+    MERGE, the PostgreSQL upsert (written in SQL there, :func:`streamproof.sinks.postgres.newer_than`) and
+    verification all apply. ``table`` qualifies the columns (a MERGE's ``s`` and ``t``).
+    """
+    prefix = f"{table}." if table else ""
+    value = F.col(f"{prefix}`{order_by}`")
+    return F.struct(value.isNotNull(), value, *(F.col(f"{prefix}{column}") for column in COORDINATES))
+
+
 def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
     """Kafka rows -> one row per record: schema fields, coordinates, raw value and reject reason.
 
     Works on streaming and batch DataFrames alike.
     """
-    from pyspark.sql import functions as F
-
     fields = schema_field_names(transform.schema_)
     schema_with_corrupt = f"{transform.schema_}, {_CORRUPT} STRING"
     decoded = kafka_records.select(
@@ -83,14 +116,11 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         every_field = F.from_json(F.col(_TEXT), "MAP<STRING, STRING>")
         parsed_value = F.struct(parsed_value.alias("p"), F.map_filter(
             every_field, lambda key, _: ~F.array_contains(declared, F.lower(key))).alias("x"))  # fmt: skip
-    if PARSE_ONCE:
-        # A filter on the reject reason (valid_records, quarantined_records) is pushed below a projection with
-        # the alias replaced by its expression, so from_json would run once per reference (7 times a record:
-        # measured 3.6x slower). A generator output cannot be inlined: explode of a one-element array
-        # parses each record exactly once whatever filter follows.
-        parsed = decoded.select("*", F.explode(F.array(parsed_value)).alias(_PARSED))
-    else:
-        parsed = decoded.withColumn(_PARSED, parsed_value)
+    # A filter on the reject reason (valid_records, quarantined_records) is pushed below a projection with
+    # the alias replaced by its expression, so from_json would run once per reference (7 times a record:
+    # measured 3.6x slower). A generator output cannot be inlined: explode of a one-element array
+    # parses each record exactly once whatever filter follows.
+    parsed = decoded.select("*", F.explode(F.array(parsed_value)).alias(_PARSED))
     if transform.schema_evolution == "add-columns":
         parsed = parsed.withColumn(EXTRA_FIELDS, F.col(f"{_PARSED}.x")).withColumn(_PARSED, F.col(f"{_PARSED}.p"))
         extra = [F.col(EXTRA_FIELDS)]
@@ -104,8 +134,6 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
 
 
 def _reject_reason(transform: Transform, *, from_source: bool = False) -> Column:
-    from pyspark.sql import functions as F
-
     parsed, text = F.col(_PARSED), F.col(_TEXT)
     first = F.when(F.col(SOURCE_REASON).isNotNull(), F.col(SOURCE_REASON)) if from_source else F
     reason = (
@@ -134,8 +162,6 @@ def _range_checks(transform: Transform) -> list[tuple[str, Callable[[Column], Co
     """Values JSON parsing accepts but no sink should get: NaN and infinities (``1e400`` parses as Infinity),
     times outside years 1-9999 (which Python, PostgreSQL drivers and many readers cannot represent), and, for
     a window's summed columns, magnitudes whose exact sum could overflow."""
-    from pyspark.sql import functions as F
-
     summed = set(transform.aggregate.sum) if transform.aggregate is not None else set()
     checks: list[tuple[str, Callable[[Column], Column]]] = []
     for name in schema_field_names(transform.schema_):
@@ -163,8 +189,6 @@ def with_extra_columns(rows: DataFrame) -> DataFrame:
     >>> with_extra_columns(valid_records(parsed)).columns[-1]                     # doctest: +SKIP
     'coupon_code'
     """
-    from pyspark.sql import functions as F
-
     if EXTRA_FIELDS not in rows.columns:
         return rows
     found = rows.select(F.explode(F.map_keys(F.col(EXTRA_FIELDS))).alias("k")).distinct().collect()
@@ -184,8 +208,6 @@ def with_derived_columns(rows: DataFrame, transform: Transform) -> DataFrame:
     >>> with_derived_columns(valid_records(parsed), spec.transform).columns[-1]          # doctest: +SKIP
     'amount_cents'
     """
-    from pyspark.sql import functions as F
-
     return rows.select("*", *(F.expr(sql).alias(name) for name, sql in transform.columns.items()))
 
 
@@ -193,12 +215,7 @@ def check_derived_columns(spark: SparkSession, transform: Transform, *, exactly_
     """Analyse each derived column against the record's columns before the query starts: an expression Spark
     cannot resolve, or (exactly-once) one Catalyst knows to be nondeterministic (``rand()``, ``uuid()``, a
     nondeterministic UDF), is a :class:`~streamproof.errors.ConfigError` naming the key."""
-    from pyspark.errors import PySparkException
-
-    from streamproof.errors import ConfigError, first_line
-
-    record = f"{transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
-    empty = spark.createDataFrame([], record)
+    empty = spark.createDataFrame([], record_schema(transform))
     # PySpark logs every analysis error it raises with the JVM stack (logger SQLQueryContextLogger); this one is
     # the user's expression, reported in one line below.
     context_logger = logging.getLogger("SQLQueryContextLogger")
@@ -219,16 +236,12 @@ def check_derived_columns(spark: SparkSession, transform: Transform, *, exactly_
 
 def valid_records(parsed: DataFrame) -> DataFrame:
     """The records that belong in the sink: schema fields plus source coordinates."""
-    from pyspark.sql import functions as F
-
     data_columns = [c for c in parsed.columns if c not in (*SOURCE_COLUMNS, RAW_VALUE, REJECT_REASON)]
     return parsed.where(F.col(REJECT_REASON).isNull()).select(*data_columns, *SOURCE_COLUMNS)
 
 
 def quarantined_records(parsed: DataFrame) -> DataFrame:
     """The invalid records: coordinates, reason and raw bytes (binary, since they may not be text)."""
-    from pyspark.sql import functions as F
-
     return parsed.where(F.col(REJECT_REASON).isNotNull()).select(
         *SOURCE_COLUMNS,  # the extra fields of schema evolution stay in raw_value
         F.col(REJECT_REASON).alias("reason"),
@@ -248,8 +261,6 @@ def stateful_stream(parsed: DataFrame, transform: Transform) -> DataFrame:
 
     >>> stateful_stream(parse_records(kafka_stream, spec.transform), spec.transform)   # doctest: +SKIP
     """
-    from pyspark.sql import functions as F
-
     if transform.watermark is None:
         return parsed
     column, delay = transform.watermark
@@ -275,8 +286,6 @@ def window_rows(records: DataFrame, aggregate: Aggregate, event_time: str) -> Da
 
     Works on a batch DataFrame too: verification recomputes the windows with this same function.
     """
-    from pyspark.sql import functions as F
-
     measures = [F.sum(F.col(c).cast(EXACT_SUM)).alias(f"sum_{c}") for c in aggregate.sum]
     if aggregate.count:
         measures.append(F.count(F.lit(1)).alias("events"))
@@ -294,10 +303,6 @@ def window_end(event_time: str, size: str) -> Column:
     Not ``F.window(...).end``: outside an aggregation Spark rewrites ``window`` into a projection *and a filter*
     that drops every row whose time is null, which would silently remove records from a count.
     """
-    from pyspark.sql import functions as F
-
-    from streamproof.config import duration_seconds
-
     size_us = int(round(duration_seconds(size) * 1_000_000))
     micros = F.unix_micros(F.col(event_time))
     return F.timestamp_micros(micros - F.pmod(micros, F.lit(size_us)) + F.lit(size_us))
@@ -313,8 +318,6 @@ def late_condition(transform: Transform, watermark_ms: int) -> Column:
     >>> late_condition(spec.transform, 1767225600000)                                   # doctest: +SKIP
     Column<'((event_time <= timestamp_millis(1767225600000)) AND (_reject_reason IS NULL))'>
     """
-    from pyspark.sql import functions as F
-
     if transform.watermark is None or watermark_ms <= 0:  # no watermark (yet: first batch): nothing is late
         return F.lit(False)
     is_late = behind_watermark(transform, F.lit(watermark_ms))
@@ -324,9 +327,7 @@ def late_condition(transform: Transform, watermark_ms: int) -> Column:
 def behind_watermark(transform: Transform, watermark_ms: Column) -> Column:
     """Spark's late predicate for the pipeline's stateful operators, against a watermark in epoch milliseconds:
     the event time (dedup) or its window's end (windows without dedup) at or before it. The batch writer
-    (:func:`late_condition`) and verification (:func:`streamproof.verify.late_flags`) both use it."""
-    from pyspark.sql import functions as F
-
+    (:func:`late_condition`) and verification (:func:`streamproof.reconcile.late_flags`) both use it."""
     assert transform.watermark is not None
     column = transform.watermark[0]
     if transform.dedup is not None or transform.aggregate is None:

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from streamproof.bench import check_request, commit_timestamps, ratio
+from streamproof.bench.common import ratio
+from streamproof.bench.latency import commit_timestamps
+from streamproof.bench.runner import check_request
 from streamproof.errors import ConfigError
 from streamproof.infra import KafkaBroker
 
@@ -79,7 +81,7 @@ def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
 
 
 def test_steady_rate_leaves_out_the_first_batch() -> None:
-    from streamproof.bench import PipelineRun
+    from streamproof.bench.common import PipelineRun
 
     run = PipelineRun("p", rows_in=300, query_started_at=1.0)
     run.batches = [{"t": 11.0, "batch": 0, "rows": 100, "duration_s": 10.0},

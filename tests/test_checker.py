@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamproof.verify import Counts, reconcile
+from streamproof.reconcile.checker import Counts, reconcile
 
 SOURCE_SCHEMA = "_src_topic STRING, _src_partition INT, _src_offset LONG, event_id STRING, _valid BOOLEAN"
 COORDS_SCHEMA = "_src_topic STRING, _src_partition INT, _src_offset LONG"
@@ -102,7 +102,7 @@ def _order_history(spark: Any) -> Any:
 
 
 def test_latest_state_per_key_is_clean_when_each_key_holds_its_newest_record(spark: Any) -> None:
-    from streamproof.verify import reconcile_latest
+    from streamproof.reconcile.checker import reconcile_latest
 
     sink = spark.createDataFrame([("t", 0, 1, "o1"), ("t", 1, 1, "o2"), ("t", 1, 2, "o3")], LATEST_SINK)
     counts = reconcile_latest(_order_history(spark), sink, _coords(spark, [("t", 1, 3)]), "order_id", "event_time")
@@ -111,7 +111,7 @@ def test_latest_state_per_key_is_clean_when_each_key_holds_its_newest_record(spa
 
 
 def test_latest_state_counts_a_stale_key_as_lost_and_extra_rows_exactly(spark: Any) -> None:
-    from streamproof.verify import reconcile_latest
+    from streamproof.reconcile.checker import reconcile_latest
 
     sink = [
         ("t", 0, 0, "o1"),  # an older record of o1: its latest update was lost
@@ -133,7 +133,7 @@ TOTALS_SINK = "customer_id STRING, amount DECIMAL(38, 10), events LONG"
 def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> None:
     from decimal import Decimal
 
-    from streamproof.verify import reconcile_totals
+    from streamproof.reconcile.checker import reconcile_totals
 
     source = spark.createDataFrame(
         [("t", 0, 0, "c1", 0.1, True), ("t", 0, 1, "c1", 0.2, True), ("t", 0, 2, "c2", 5.0, True),
@@ -180,7 +180,8 @@ def test_late_flags_follow_each_batch_offset_range_and_the_previous_batch_waterm
     from pyspark.sql import functions as F
 
     from streamproof.config import parse_pipeline
-    from streamproof.verify import LATE_FLAG, late_flags
+    from streamproof.reconcile.checker import LATE_FLAG
+    from streamproof.reconcile.history import late_flags
 
     checkpoint = tmp_path / "cp"
     (checkpoint / "offsets").mkdir(parents=True)
@@ -199,7 +200,7 @@ schema = "event_id STRING, event_time TIMESTAMP"
 dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
 [sink]
 kind = "delta"
-path = "{tmp_path / 'sink'}"
+path = "{tmp_path / "sink"}"
 ''')
     # offset 8 lies beyond the last logged batch: not read yet, so not late whatever its time.
     times = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
@@ -221,9 +222,9 @@ def test_window_rows_are_compared_value_by_value(spark: Any) -> None:
     from pyspark.sql import functions as F
 
     from streamproof.config import parse_pipeline
-    from streamproof.verify import reconcile_windows
+    from streamproof.reconcile.checker import reconcile_windows
 
-    spec = parse_pipeline('''
+    spec = parse_pipeline("""
 name = "w"
 [source]
 kind = "kafka"
@@ -235,7 +236,7 @@ aggregate = { window = "1 minute", by = ["g"], sum = ["amount"], watermark = "ev
 [sink]
 kind = "delta"
 path = "/tmp/unused"
-''')
+""")
     rows = [("t", 0, 0, "a", 1.25, "00:00:10"), ("t", 0, 1, "a", 2.5, "00:00:50"), ("t", 0, 2, "a", 4.0, "00:01:30"),
             ("t", 0, 3, "a", 8.0, "00:02:30"), ("t", 0, 4, "b", 16.0, "00:00:20")]  # fmt: skip
     source = spark.createDataFrame(

@@ -19,11 +19,12 @@ import pytest
 
 from conftest import assert_every_sink_clean, run_cli
 from streamproof import faults
-from streamproof.checkpoint import RunLock, backup, logged_batches
+from streamproof.checkpoint.folder import RunLock, backup
+from streamproof.checkpoint.log import logged_batches
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
+from streamproof.harness.crashes import Harness
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
-from streamproof.prove import Harness
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

@@ -176,11 +176,15 @@ def test_postgres_password_is_kept_as_a_variable_name_never_its_value(monkeypatc
         (POSTGRES_SINK.replace('mode = "upsert"', 'mode = "accumulate"'), "sink.by: mode = 'accumulate' needs by"),
         (POSTGRES_SINK.replace('kind = "postgres"', 'kind = "mongo"'), "sink.kind: 'mongo' is not one of delta, post"),
         ('[sink]\nkind = "kafka"\ntopic = "bad topic"', "sink.topic: 'bad topic' is not a Kafka topic name"),
-        ('[sink]\nkind = "delta"\npath = "/t"\nmode = "merge"\nkey = "order_id"\norder_by = "when"',
-         "sink.order_by: 'when' is not a field of the schema"),  # fmt: skip
+        (
+            '[sink]\nkind = "delta"\npath = "/t"\nmode = "merge"\nkey = "order_id"\norder_by = "when"',
+            "sink.order_by: 'when' is not a field of the schema",
+        ),  # fmt: skip
         ('[sink]\nkind = "console"', "sink.kind: 'console' cannot skip a replayed batch"),
-        ('[[sinks]]\nkind = "files"\npath = "/a"\n[[sinks]]\nkind = "files"\npath = "/b"',
-         "sinks: two sinks are named ['files', 'files']"),  # fmt: skip
+        (
+            '[[sinks]]\nkind = "files"\npath = "/a"\n[[sinks]]\nkind = "files"\npath = "/b"',
+            "sinks: two sinks are named ['files', 'files']",
+        ),  # fmt: skip
     ],
 )
 def test_bad_sink_fails_with_one_line_naming_the_key(

@@ -14,10 +14,11 @@ import pytest
 
 from conftest import write_pipeline
 from streamproof.config import load_pipeline
+from streamproof.faults import surviving_processes
 from streamproof.generator import generate
+from streamproof.harness.crashes import run_with_random_kills
 from streamproof.infra import KafkaBroker
-from streamproof.prove import run_with_random_kills, surviving_processes
-from streamproof.verify import verify_pipeline
+from streamproof.reconcile import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

@@ -27,9 +27,9 @@ from conftest import run_cli, stateful_example
 from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline
 from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.generator import generate
+from streamproof.harness.matrix import MatrixCell, run_matrix
 from streamproof.infra import KafkaBroker
-from streamproof.prove import MatrixCell, run_matrix
-from streamproof.verify import verify_pipeline
+from streamproof.reconcile import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1500)]
 
@@ -96,4 +96,3 @@ def test_late_records_dropped_by_configuration_are_counted(
     })))  # fmt: skip
     (strict_report,) = verify_pipeline(spark, strict)
     assert strict_report.lost == report.dropped_late
-

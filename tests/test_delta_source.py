@@ -24,7 +24,7 @@ from streamproof.config import parse_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.generator import order_events
-from streamproof.prove import run_with_crashes
+from streamproof.harness.crashes import run_with_crashes
 from streamproof.transform import parse_records, valid_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]

@@ -24,7 +24,10 @@ from streamproof.testing import Prover
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
 ALREADY_RUN = (
-    "orders_to_delta.toml", "all_sinks.toml", "orders_dedup_to_delta.toml", "customer_windows_to_delta.toml",
+    "orders_to_delta.toml",
+    "all_sinks.toml",
+    "orders_dedup_to_delta.toml",
+    "customer_windows_to_delta.toml",
     "orders_silver_from_bronze.toml",
 )
 EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.toml") if path.name not in ALREADY_RUN)
@@ -57,7 +60,7 @@ def test_example_runs_and_reconciles(
 ) -> None:
     spec = on_test_servers(load_pipeline(example), streamproof_prover.broker.bootstrap_servers, streamproof_postgres)
     report = streamproof_prover.prove(spec, events=4_000, crash_at=(), batch_size=2_000)
-    reports = [run_report for run_report, _ in streamproof_prover.runs]
+    reports = streamproof_prover.proofs[-1].reports
     assert len(reports) == len(spec.sink_specs) and reports[0] is report
     for sink_report in reports:
         assert sink_report.source_records == 4_000, sink_report.to_dict()

@@ -19,7 +19,8 @@ from streamproof.config import parse_pipeline
 from streamproof.errors import ConfigError
 from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.generator import order_events
-from streamproof.prove import run_matrix, run_with_crashes
+from streamproof.harness.crashes import run_with_crashes
+from streamproof.harness.matrix import run_matrix
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

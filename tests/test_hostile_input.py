@@ -103,7 +103,7 @@ def test_a_real_run_accounts_for_every_hostile_record(
 ) -> None:
     from confluent_kafka import Producer
 
-    from streamproof.generator import ensure_topic
+    from streamproof.kafka_client import ensure_topic
 
     workdir = tmp_path_factory.mktemp("hostile")
     topic = f"hostile-{workdir.name}"
@@ -191,8 +191,9 @@ def test_any_pipeline_file_loads_or_fails_with_one_line(document: str, tmp_path_
 
 def test_the_cli_turns_a_bad_file_into_exit_2_and_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('name = "x"\n[source]\nkind = "kafka"\ntopic = 7\n[transform]\nschema = "a INT"\n'
-                   '[sink]\nkind = "delta"\n')
+    bad.write_text(
+        'name = "x"\n[source]\nkind = "kafka"\ntopic = 7\n[transform]\nschema = "a INT"\n[sink]\nkind = "delta"\n'
+    )
     result = run_cli("verify", str(bad))
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "source.topic" in result.stderr, result.stderr

@@ -26,7 +26,7 @@ from streamproof.metrics import partition_lag
 pytestmark = pytest.mark.integration
 
 _BATCH = re.compile(r"batch (\d+) committed: (\d+) rows in, (\d+) to sink, (\d+) quarantined")
-_SAMPLE = re.compile(r'^(streamproof_\w+)\{([^}]*)\} (\S+)$')
+_SAMPLE = re.compile(r"^(streamproof_\w+)\{([^}]*)\} (\S+)$")
 
 
 def _scrape(port: int) -> dict[tuple[str, str], float]:

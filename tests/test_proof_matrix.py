@@ -18,9 +18,9 @@ import pytest
 
 from conftest import write_pipeline
 from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
+from streamproof.harness.matrix import MatrixCell, run_matrix
 from streamproof.infra import KafkaBroker
-from streamproof.prove import MatrixCell, run_matrix
-from streamproof.report import matrix_html
+from streamproof.render import matrix_html
 
 # 8 cells of two JVM runs each: longer than the suite-wide timeout of one test on a loaded 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1800)]
@@ -130,7 +130,7 @@ def test_vacuum_removes_the_files_a_killed_write_left_and_the_table_reads_the_sa
     rest, and the table's rows are the same before and after."""
     from streamproof.config import load_pipeline
     from streamproof.maintenance import optimize, unreferenced_files, vacuum
-    from streamproof.verify import verify_pipeline
+    from streamproof.reconcile import verify_pipeline
 
     assert matrix[("exactly-once", MID_SINK_WRITE)].crashes
     cell = matrix_workdir / f"exactly-once-{MID_SINK_WRITE}"

@@ -23,8 +23,8 @@ from conftest import assert_every_sink_clean, write_pipeline
 from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.faults import MID_SINK_WRITE
 from streamproof.generator import generate
+from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import KafkaBroker
-from streamproof.prove import run_with_crashes
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

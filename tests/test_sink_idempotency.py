@@ -15,7 +15,8 @@ import pytest
 from streamproof.config import parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
-from streamproof.sinks.base import Batch, open_sink
+from streamproof.sinks import open_sink
+from streamproof.sinks.base import Batch
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ SINKS = {
 def test_first_write_then_replay_is_a_no_op(
     kind: str, spark: Any, kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    from streamproof.generator import ensure_topic
+    from streamproof.kafka_client import ensure_topic
 
     assert PG_PASSWORD_ENV in os.environ
     ensure_topic(kafka_broker.bootstrap_servers, "idem-in", 2)
@@ -107,7 +108,7 @@ def test_a_replay_that_differs_from_the_recorded_batch_is_a_precise_error(
     kind: str, message: str, spark: Any, kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer,
     tmp_path: Path,
 ) -> None:  # fmt: skip
-    from streamproof.generator import ensure_topic
+    from streamproof.kafka_client import ensure_topic
 
     ensure_topic(kafka_broker.bootstrap_servers, "idem-in", 2)
     text = SINKS[kind].format(workdir=tmp_path, pg_port=streamproof_postgres.port,

@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 
 from streamproof.config import load_pipeline
+from streamproof.faults import surviving_processes
 from streamproof.generator import generate
+from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
-from streamproof.prove import run_with_crashes, surviving_processes
-from streamproof.verify import Report, verify_pipeline
+from streamproof.reconcile import Report, verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

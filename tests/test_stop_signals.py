@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from conftest import REPO, run_cli, write_pipeline
-from streamproof.checkpoint import committed_batches, logged_batches
+from streamproof.checkpoint.log import committed_batches, logged_batches
 from streamproof.config import load_pipeline
 from streamproof.generator import generate
 from streamproof.infra import KafkaBroker
-from streamproof.verify import verify_pipeline
+from streamproof.reconcile import verify_pipeline
 
 pytestmark = pytest.mark.integration
 

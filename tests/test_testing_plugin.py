@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from streamproof.prove import surviving_processes
+from streamproof.faults import surviving_processes
+from streamproof.reconcile import Report
 from streamproof.testing import GuaranteeBroken, Prover, assert_guarantee_held
-from streamproof.verify import Report
 
 
 @pytest.mark.integration
@@ -24,7 +24,7 @@ def test_two_random_kills_exactly_once_through_the_plugin(streamproof_prover: Pr
     report = streamproof_prover.prove(
         REPO / "examples" / "orders_to_delta.toml", events=30_000, random_kills=2, seed=5, batch_size=3_000
     )
-    _, harness = streamproof_prover.runs[-1]
+    harness = streamproof_prover.proofs[-1].harness
     assert len(harness.crashes) == 2 and harness.runs == 3
     assert surviving_processes(harness.process_groups) == []
     assert report.source_records == 30_000
@@ -56,7 +56,9 @@ def test_user_records_go_through_as_given(streamproof_prover: Prover, tmp_path: 
 def test_guarantee_check_fails_with_exact_counts(
     guarantee: str, lost: int, duplicated: int, unexpected: int, broken: bool
 ) -> None:
-    report = Report("orders", guarantee, "delta", 100, 100, 0, 0, 100 - lost + duplicated, lost, duplicated, unexpected,
+    report = Report(pipeline="orders", guarantee=guarantee, sink="delta", source_records=100, expected=100,
+                    quarantined=0, upstream_duplicates=0, sink_records=100 - lost + duplicated, lost=lost,
+                    duplicated=duplicated, unexpected=unexpected,
                     crashes=[{"point": "after-sink-commit", "batch_id": 1}])  # fmt: skip
     if not broken:
         assert_guarantee_held(report)

@@ -21,9 +21,9 @@ from conftest import STATEFUL_EVENTS as EVENTS
 from conftest import stateful_example
 from streamproof.config import load_pipeline
 from streamproof.faults import AFTER_SINK_COMMIT
+from streamproof.harness.matrix import MatrixCell, run_matrix
 from streamproof.infra import KafkaBroker
-from streamproof.prove import MatrixCell, run_matrix
-from streamproof.verify import verify_pipeline
+from streamproof.reconcile import verify_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1200)]
 

@@ -5,20 +5,12 @@ Each rule is one validator, run in the order written; the first that fails names
 
 Example::
 
-    >>> from streamproof.config import parse_pipeline
-    >>> spec = parse_pipeline('''
-    ... name = "orders"
-    ... [source]
-    ... kind = "kafka"
-    ... topic = "orders"
-    ... [transform]
-    ... schema = "event_id STRING"
-    ... [sink]
-    ... kind = "delta"
-    ... path = "/tmp/orders"
-    ... ''')
+    >>> spec = PipelineSpec.model_validate({
+    ...     "name": "orders", "source": {"kind": "kafka", "topic": "orders"},
+    ...     "transform": {"schema": "event_id STRING"},
+    ...     "sinks": [{"kind": "delta", "path": "/tmp/orders"}, {"kind": "kafka", "topic": "orders-out"}]})
     >>> [sink.name for sink in spec.sink_specs], str(spec.quarantine_path)
-    (['delta'], '/tmp/orders_quarantine')
+    (['delta', 'kafka'], '/tmp/orders_quarantine')
 """
 
 from __future__ import annotations
@@ -31,14 +23,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from streamproof.config.fields import Strict, schema_field_names
 from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
-from streamproof.config.sinks import (
-    AnySinkSpec,
-    DeltaSinkSpec,
-    FilesSinkSpec,
-    KafkaSinkSpec,
-    PostgresSinkSpec,
-    SinkSpec,
-)
+from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PostgresSinkSpec, SinkSpec
 from streamproof.config.sources import DeltaSource, FilesSource, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
 from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, wiring_for
@@ -181,10 +166,10 @@ class PipelineSpec(Strict):
             # A record without its key or group cannot be upserted or totalled: it must be quarantined instead.
             stateful = named and not isinstance(sink, KafkaSinkSpec)
             for key in ("key", "by"):
-                column = getattr(sink, key, None)
-                if stateful and column and column not in self.transform.required:
+                needed = getattr(sink, key, None)
+                if stateful and needed and needed not in self.transform.required:
                     raise ValueError(
-                        f"{self._sinks_key}.{key}: {column!r} must be listed in transform.required (a record without "
+                        f"{self._sinks_key}.{key}: {needed!r} must be listed in transform.required (a record without "
                         "it has nowhere to go but quarantine)"
                     )
         return self
@@ -214,7 +199,7 @@ class PipelineSpec(Strict):
     def quarantine_path(self) -> Path:
         if self.transform.quarantine:
             return self.resolve_path(self.transform.quarantine)
-        first = self.sink_specs[0]
-        if isinstance(first, DeltaSinkSpec | FilesSinkSpec):
-            return self.resolve_path(f"{first.path}_quarantine")
+        folder = self.sink_specs[0].folder
+        if folder is not None:
+            return self.resolve_path(f"{folder}_quarantine")
         return self.resolve_path(f".streamproof/tables/{self.name}_quarantine")

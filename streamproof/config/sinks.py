@@ -20,6 +20,7 @@ from streamproof.config.fields import Strict, kafka_passthrough, sql_identifier,
 class SinkSpecBase(Strict):
     """What every sink has: its kind, and a label that names it in reports (default: the kind)."""
 
+    kind: str  # each kind's model narrows it to its own name (the discriminator of the sink union)
     label: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
     @property
@@ -29,6 +30,11 @@ class SinkSpecBase(Strict):
     def schema_columns(self) -> list[tuple[str, str]]:
         """The schema columns the sink's settings name, each with its key (checked against the schema)."""
         return []
+
+    @property
+    def folder(self) -> str | None:
+        """The path of the folder the sink writes its files in (Delta, Parquet); None for a database or a topic."""
+        return None
 
 
 class DeltaSinkSpec(SinkSpecBase):
@@ -50,6 +56,10 @@ class DeltaSinkSpec(SinkSpecBase):
 
     def schema_columns(self) -> list[tuple[str, str]]:
         return [("key", str(self.key)), ("order_by", self.order_by)] if self.mode == "merge" else []
+
+    @property
+    def folder(self) -> str:
+        return self.path
 
 
 class PostgresSinkSpec(SinkSpecBase):
@@ -156,6 +166,10 @@ class FilesSinkSpec(SinkSpecBase):
     kind: Literal["files"]
     path: str = Field(min_length=1)
     format: Literal["parquet"] = "parquet"
+
+    @property
+    def folder(self) -> str:
+        return self.path
 
 
 SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec, Field(discriminator="kind")]

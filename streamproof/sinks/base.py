@@ -3,11 +3,14 @@
 Idempotency rule shared by all sinks (DESIGN.md, layer 3): under exactly-once a sink writes a batch
 *keyed* on (pipeline, batch id) in the same atomic step as the data (Delta SetTransaction, PostgreSQL
 ledger row, Kafka commit marker, Spark's file-sink log), so a batch that Spark replays after a crash
-writes nothing the second time. Every keyed commit also records the batch's source end offsets, so a
-lost checkpoint is detected instead of silently replayed (:func:`refuse_if_checkpoint_lost`).
+writes nothing the second time. Every keyed commit also records the batch's source end offsets
+(:meth:`Batch.commit_record`), so a lost checkpoint is detected instead of silently replayed
+(:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`), and a replay of a batch id with other
+offsets is a precise error (:func:`holds_batch`).
 
 Example (a sink used from your own ``foreachBatch``)::
 
+    >>> from streamproof.sinks import open_sink
     >>> sink = open_sink(spec, spec.sink_specs[0])                                   # doctest: +SKIP
     >>> sink.write(rows, Batch("orders", batch_id, end_offsets, keyed=True))         # doctest: +SKIP
     SinkWrite(rows_out=99900, replay_skipped=False)
@@ -15,36 +18,27 @@ Example (a sink used from your own ``foreachBatch``)::
 
 from __future__ import annotations
 
-import itertools
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from streamproof.checkpoint import is_empty
-from streamproof.config import (
-    DeltaSinkSpec,
-    FilesSinkSpec,
-    KafkaSinkSpec,
-    PipelineSpec,
-    PostgresSinkSpec,
-)
+from pyspark.sql import DataFrame, SparkSession
+
+from streamproof.config import AnySinkSpec, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
-from streamproof.transform import COORDINATES
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-AnySinkSpec = DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec
 Offsets = dict[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
 class Batch:
-    """One micro-batch as a sink sees it."""
+    """One micro-batch as a sink sees it.
+
+    >>> Batch("orders", 3, {"orders": {"0": 120}}, keyed=True).commit_metadata()
+    '{"streamproof": {"pipeline": "orders", "batch_id": 3, "end_offsets": {"orders": {"0": 120}}}}'
+    """
 
     pipeline: str
     batch_id: int
@@ -79,22 +73,6 @@ class SinkCommit:
     end_offsets: Offsets | None  # None where the sink's log does not record offsets
     keyed: bool  # written with the batch key (so a replay of it is skipped)
     complete: bool = True  # False: only some partitions of the batch committed (per-partition sinks)
-
-
-@dataclass(frozen=True)
-class Check:
-    """How verification compares this sink with the source (:mod:`streamproof.verify`).
-
-    * ``records``: one row per valid record, matched on source coordinates (or the dedup key);
-    * ``latest``: one row per business ``key``, holding the key's latest record by ``order_by``;
-    * ``totals``: one row per ``by`` group holding the sums of ``sums`` and the record count ``events``.
-    """
-
-    kind: Literal["records", "latest", "totals"]
-    key: str | None = None
-    order_by: str | None = None
-    by: str | None = None
-    sums: tuple[str, ...] = ()
 
 
 class Sink(ABC):
@@ -132,10 +110,6 @@ class Sink(ABC):
         """Where the rows go, for messages (a path, ``postgresql://.../table``, ``kafka://topic``); no secret."""
 
     @property
-    def check(self) -> Check:
-        return Check("records")
-
-    @property
     def data_files_folder(self) -> Path | None:
         """The local folder a write creates its data files in (Delta, Parquet), for the crash harness."""
         return None
@@ -170,7 +144,8 @@ class FolderSink(Sink):
 
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         super().__init__(pipeline, spec)
-        self.path = pipeline.resolve_path(spec.path)  # type: ignore[union-attr]
+        assert spec.folder is not None, "a folder sink's spec names its folder"
+        self.path = pipeline.resolve_path(spec.folder)
 
     @property
     def location(self) -> str:
@@ -179,129 +154,6 @@ class FolderSink(Sink):
     @property
     def data_files_folder(self) -> Path | None:
         return None if "://" in str(self.path) else self.path
-
-
-@dataclass(frozen=True)
-class CrashInTask:
-    """The ``mid-sink-write`` crash of a sink that writes from Python tasks: the batch's last partition
-    kills the pipeline's process tree when its write reaches the point, by which time the other
-    partitions may have committed: the hardest case for a per-partition commit."""
-
-    driver_pid: int
-    partition_id: int
-
-    @staticmethod
-    def for_batch(batch: Batch, partitions: int) -> CrashInTask | None:
-        import os
-
-        return CrashInTask(os.getpid(), partitions - 1) if batch.kill_mid_write else None
-
-    def reached(self, partition_id: int) -> None:
-        if partition_id == self.partition_id:
-            from streamproof.faults import kill_from_task
-
-            kill_from_task(self.driver_pid)
-
-
-BATCH_COMPLETE = "*"  # the source key of the record a per-partition sink writes once every partition committed
-
-
-def peek_source_key(rows: Iterable[tuple[Any, ...]], columns: tuple[str, ...]) -> tuple[str | None, Iterator[Any]]:
-    """The key of a task's share of a batch, by content: ``<topic>/<partition>@<first offset>`` of its first
-    row, and the rows (the first one put back). ``None`` for a task without rows.
-
-    Spark numbers a batch's partitions in an order that need not be the same when the batch is replayed
-    (after a rebuilt checkpoint it was not), so per-partition commits are keyed on what a task writes, not
-    on its number. A Kafka split holds one source partition in offset order, so the first row's coordinates
-    name it, and two splits of one partition (``minPartitions``) differ by their first offset.
-
-    >>> key, rows = peek_source_key(iter([("t", 2, 40), ("t", 2, 41)]), ("_src_topic", "_src_partition", "_src_offset"))
-    >>> key, len(list(rows))
-    ('t/2@40', 2)
-    """
-    iterator = iter(rows)
-    first = next(iterator, None)
-    if first is None:
-        return None, iter(())
-    topic, partition, offset = (first[columns.index(column)] for column in COORDINATES)
-    return f"{topic}/{partition}@{offset}", itertools.chain([first], iterator)
-
-
-class SourceRanges:
-    """Per source topic-partition: lowest offset, highest offset and count of the rows a partition wrote."""
-
-    def __init__(self, columns: tuple[str, ...]) -> None:
-        self.positions = tuple(columns.index(column) for column in COORDINATES)
-        self.ranges: dict[str, list[int]] = {}
-        self.count = 0
-
-    def add(self, row: tuple[Any, ...]) -> None:
-        topic_at, partition_at, offset_at = self.positions
-        offset = int(row[offset_at])
-        key = f"{row[topic_at]}/{row[partition_at]}"
-        low_high_count = self.ranges.setdefault(key, [offset, offset, 0])
-        low_high_count[0], low_high_count[1] = min(low_high_count[0], offset), max(low_high_count[1], offset)
-        low_high_count[2] += 1
-        self.count += 1
-
-    def as_json(self) -> dict[str, list[int]]:
-        return dict(sorted(self.ranges.items()))
-
-    def single_source(self) -> str:
-        """The one source partition the rows came from (a task must not mix several: see peek_source_key)."""
-        if len(self.ranges) != 1:
-            raise PipelineError(
-                f"a write task received records of {len(self.ranges)} source partitions: {sorted(self.ranges)}; "
-                "streamproof expects one per task (no repartitioning before a per-partition sink)"
-            )
-        return next(iter(self.ranges))
-
-
-def open_sink(pipeline: PipelineSpec, spec: AnySinkSpec) -> Sink:
-    """The runtime sink for one ``[sink]`` / ``[[sinks]]`` entry of a pipeline file."""
-    if isinstance(spec, DeltaSinkSpec):
-        from streamproof.sinks.delta import DeltaSink
-
-        return DeltaSink(pipeline, spec)
-    if isinstance(spec, PostgresSinkSpec):
-        from streamproof.sinks.postgres import PostgresSink
-
-        return PostgresSink(pipeline, spec)
-    if isinstance(spec, KafkaSinkSpec):
-        from streamproof.sinks.kafka import KafkaSink
-
-        return KafkaSink(pipeline, spec)
-    from streamproof.sinks.files import FilesSink
-
-    return FilesSink(pipeline, spec)
-
-
-def open_sinks(pipeline: PipelineSpec) -> list[Sink]:
-    """Every sink of the pipeline, in file order."""
-    return [open_sink(pipeline, spec) for spec in pipeline.sink_specs]
-
-
-def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink]) -> None:
-    """Refuse to start an exactly-once pipeline whose checkpoint is empty while a sink holds its batches.
-
-    A fresh checkpoint numbers batches from 0 again: keyed sinks would skip them as already written
-    (silent loss), and Delta's own streaming sink, keyed on the checkpoint's query id, would write them
-    again (silent duplicates). Neither is acceptable, so the start is refused, naming what the sink holds.
-    """
-    if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
-        return
-    for sink in sinks:
-        if spark is None and sink.needs_spark_for_commits():
-            continue  # checked again once the session runs
-        last = sink.last_commit(spark)
-        if last is not None:
-            offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
-            raise PipelineError(
-                f"checkpoint {pipeline.checkpoint_dir} is empty but {sink.location} already holds batches of "
-                f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
-                f"rebuild it from the sinks' records (`streamproof checkpoint recover {pipeline._source_name}`), "
-                "restore a backup, or write to a new sink"
-            )
 
 
 def holds_batch(sink: Sink, batch: Batch) -> bool:

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
 
 from streamproof.config import DeltaSinkSpec
-from streamproof.sinks.base import Batch, Check, FolderSink, SinkCommit, SinkWrite
-from streamproof.transform import COORDINATES
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
+from streamproof.transform import recency, record_schema, struct_type
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -59,30 +60,17 @@ def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: boo
 
 
 def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
-    """One row per ``key``: the latest by ``order_by`` (nulls oldest), ties broken by topic, partition, offset.
+    """One row per ``key``: the latest (:func:`streamproof.transform.recency`).
 
     Deterministic for a given set of rows, so a replayed batch reduces to the same rows.
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    newest_first = Window.partitionBy(key).orderBy(
-        F.col(order_by).desc_nulls_last(), *(F.col(column).desc() for column in COORDINATES)
-    )
+    newest_first = Window.partitionBy(key).orderBy(recency(order_by).desc())
     return rows.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1").drop("_rank")
 
 
 def newer_than(source: str, target: str, order_by: str) -> Column:
-    """``source`` row is newer than ``target`` row: by ``order_by`` (a null is oldest), then coordinates."""
-    from pyspark.sql import functions as F
-
-    def rank(alias: str) -> Column:
-        return F.struct(
-            F.col(f"{alias}.`{order_by}`").isNotNull(), F.col(f"{alias}.`{order_by}`"),
-            *(F.col(f"{alias}.{column}") for column in COORDINATES),
-        )  # fmt: skip
-
-    return rank(source) > rank(target)
+    """``source`` row is newer than ``target`` row (:func:`streamproof.transform.recency`)."""
+    return recency(order_by, source) > recency(order_by, target)
 
 
 class DeltaSink(FolderSink):
@@ -91,26 +79,14 @@ class DeltaSink(FolderSink):
     kind = "delta"
     spec: DeltaSinkSpec
 
-    @property
-    def check(self) -> Check:
-        if self.spec.mode == "merge":
-            return Check("latest", key=self.spec.key, order_by=self.spec.order_by)
-        return Check("records")
-
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new)."""
-        from delta.tables import DeltaTable
-        from pyspark.sql.types import StructType
-
         properties = {"delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
                       "delta.autoOptimize.autoCompact": self.spec.auto_compact}  # fmt: skip
         wanted = {name: "true" for name, on in properties.items() if on}
         if not wanted:
             return
-        schema = StructType.fromDDL(
-            f"{self.pipeline.transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, "
-            "_src_timestamp TIMESTAMP"
-        )
+        schema = struct_type(record_schema(self.pipeline.transform))
         builder = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(schema)
         for name, value in wanted.items():
             builder = builder.property(name, value)
@@ -128,8 +104,6 @@ class DeltaSink(FolderSink):
         return SinkWrite(0 if replay else batch.rows, replay)
 
     def _merge(self, rows: DataFrame, batch: Batch) -> None:
-        from delta.tables import DeltaTable
-
         spark = rows.sparkSession
         latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
         DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema).execute()
@@ -169,8 +143,6 @@ class DeltaSink(FolderSink):
         return SinkCommit(commits[0]["batch_id"], commits[0]["end_offsets"], keyed=True)
 
     def read(self, spark: SparkSession) -> DataFrame | None:
-        from delta.tables import DeltaTable
-
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
             return None
         return spark.read.format("delta").load(str(self.path))
@@ -178,8 +150,6 @@ class DeltaSink(FolderSink):
 
 def pipeline_commits(spark: SparkSession, table_path: str, pipeline: str, limit: int = 50) -> list[dict[str, Any]]:
     """The newest streamproof commit records of ``pipeline`` in a Delta table (newest first)."""
-    from delta.tables import DeltaTable
-
     if not DeltaTable.isDeltaTable(spark, table_path):
         return []
     history = DeltaTable.forPath(spark, table_path).history(limit).select("version", "userMetadata").collect()

@@ -23,13 +23,12 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import FilesSinkSpec
 from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
 
 METADATA_DIR = "_spark_metadata"
 FILE_STREAM_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
@@ -51,8 +50,9 @@ class FilesSink(FolderSink):
         self._file_stream_sink(rows.sparkSession).addBatch(batch.batch_id, rows._jdf)
         return SinkWrite(batch.rows)
 
-    def _file_stream_sink(self, spark: SparkSession) -> object:
-        jvm = spark._jvm  # type: ignore[attr-defined]
+    def _file_stream_sink(self, spark: SparkSession) -> Any:
+        jvm = spark._jvm
+        assert jvm is not None, "Spark's file sink is driven through the classic (JVM) session"
         parquet = jvm.org.apache.spark.sql.execution.datasources.parquet.ParquetFileFormat()
         no_partitions = jvm.PythonUtils.toSeq(jvm.java.util.ArrayList())
         no_options = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())

@@ -35,29 +35,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
+from streamproof.faults import CrashInTask
 from streamproof.guarantees import wiring_for
-from streamproof.sinks.base import (
-    BATCH_COMPLETE,
-    Batch,
-    CrashInTask,
-    Sink,
-    SinkCommit,
-    SinkWrite,
-    SourceRanges,
-    peek_source_key,
-)
-from streamproof.sources.kafka import client_config
-from streamproof.transform import COORDINATES, SOURCE_COLUMNS
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
-
-    from pyspark.sql import DataFrame, SparkSession
+from streamproof.kafka_client import client_config, ensure_topic, require_topic, source_client_config, topic_exists
+from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
 
 DECIDED_TIMEOUT_S = 120.0
 MARKER_WINDOW = 2000
@@ -80,7 +75,6 @@ def marker_key(pipeline: str, topic: str, source: str) -> str:
 
 
 def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
-    from confluent_kafka import Producer
 
     settings = {
         "transactional.id": transactional_id(pipeline, spec.topic, partition_id),
@@ -96,8 +90,6 @@ def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
 def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S) -> int:
     """Wait until no transaction that was open on the marker topic when called is still open; return the
     high watermark it waited for (everything below it is committed or aborted)."""
-    from confluent_kafka import IsolationLevel, TopicPartition
-    from confluent_kafka.admin import AdminClient, OffsetSpec
 
     admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
     partition = TopicPartition(spec.markers, 0)
@@ -120,7 +112,6 @@ def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S
 
 def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
     """Committed markers at offsets ``[start, end)`` of the marker topic (read_committed)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     if end <= start:
         return
@@ -188,7 +179,6 @@ class TransactionalWriter:
 
     def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
         """Write partition ``index``; yield ``(index, records written, skipped as a replay)``."""
-        from confluent_kafka import KafkaException
 
         source_key, rows = peek_source_key(rows, self.columns)
         if source_key is None:
@@ -266,13 +256,10 @@ class KafkaSink(Sink):
 
     def prepare(self, spark: SparkSession) -> None:
         """Create the output topic (as many partitions as the source's) and the compacted marker topic."""
-        from streamproof.generator import ensure_topic
-        from streamproof.sources.kafka import admin_config, require_topic
-
         source = self.pipeline.source
         assert isinstance(source, KafkaSource), "config refuses a Kafka sink behind a files source"
         partitions = len(require_topic(source))
-        settings = {k: v for k, v in admin_config(source).items() if k != "bootstrap.servers"}
+        settings = {k: v for k, v in source_client_config(source).items() if k != "bootstrap.servers"}
         ensure_topic(self.spec.bootstrap_servers, self.spec.topic, partitions, client_settings=settings)
         ensure_topic(self.spec.bootstrap_servers, self.spec.markers, 1, config={"cleanup.policy": "compact"},
                      client_settings=settings)  # fmt: skip
@@ -292,7 +279,7 @@ class KafkaSink(Sink):
         if not self._fenced:
             self._fence_zombies(count)
         writer = TransactionalWriter(self.spec, batch.pipeline, tuple(records.columns), batch.batch_id,
-                                     batch.end_offsets, CrashInTask.for_batch(batch, count))  # fmt: skip
+                                     batch.end_offsets, CrashInTask.armed(batch.kill_mid_write, count))  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
         self._record_batch_complete(batch)
         written = sum(count for _, count, _ in results)
@@ -300,7 +287,6 @@ class KafkaSink(Sink):
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the marker topic (a batch without it is partial)."""
-        from confluent_kafka import Producer
 
         producer = Producer(client_config(self.spec.bootstrap_servers, **{
             "enable.idempotence": True, "acks": "all", **self.spec.producer_options(),
@@ -315,7 +301,6 @@ class KafkaSink(Sink):
     def _fence_zombies(self, partitions: int) -> None:
         """Before the first batch of a run: abort what producers of a killed run left open, so that no
         task waits on another partition's zombie transaction. (In parallel: each waits on the broker.)"""
-        from concurrent.futures import ThreadPoolExecutor
 
         def fence(index: int) -> None:
             _producer(self.spec, self.pipeline.name, index).init_transactions(60)
@@ -327,7 +312,6 @@ class KafkaSink(Sink):
     def commits(self) -> list[SinkCommit]:
         """Batches with a committed marker of this pipeline and topic, oldest first; complete when the
         batch-complete record follows its shares."""
-        from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(client_config(self.spec.bootstrap_servers, **{"group.id": "streamproof-preflight"}))
         try:
@@ -351,9 +335,6 @@ class KafkaSink(Sink):
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The output topic as a ``read_committed`` consumer sees it, parsed back into columns."""
-        from pyspark.sql import functions as F
-
-        from streamproof.sources.kafka import topic_exists
 
         if not topic_exists(self.spec.bootstrap_servers, self.spec.topic):
             return None
@@ -363,14 +344,12 @@ class KafkaSink(Sink):
                    **self.spec.kafka_options, "kafka.isolation.level": "read_committed"}  # fmt: skip
         for name, value in options.items():
             reader = reader.option(name, value)
-        schema = (f"{self.pipeline.transform.schema_}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, "
-                  "_src_timestamp TIMESTAMP")  # fmt: skip
+        schema = record_schema(self.pipeline.transform)
         return reader.load().select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
 
 
 def _as_records(rows: DataFrame, key: str | None) -> DataFrame:
     """``key`` (the chosen column as text, or null), ``value`` (the row as JSON), then the coordinates."""
-    from pyspark.sql import functions as F
 
     data = [c for c in rows.columns if c not in SOURCE_COLUMNS]
     record_key = F.col(key).cast("string") if key else F.lit(None).cast("string")

@@ -32,29 +32,21 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import psycopg
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructType, TimestampType
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
-from streamproof.sinks.base import (
-    BATCH_COMPLETE,
-    Batch,
-    Check,
-    CrashInTask,
-    Sink,
-    SinkCommit,
-    SinkWrite,
-    SourceRanges,
-    peek_source_key,
-)
-from streamproof.transform import COORDINATES, SOURCE_COLUMNS
-
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
-
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import DataType
+from streamproof.faults import CrashInTask
+from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
 
 EXACT_NUMERIC = "numeric(38, 10)"
 
@@ -105,8 +97,6 @@ class PartitionWriter:
 
     def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
         """Write partition ``index``; yield ``(index, rows written, skipped as a replay)``."""
-        import psycopg
-
         source_key, rows = peek_source_key(rows, self.columns)
         if source_key is None:
             yield index, 0, False  # no valid row in this split: nothing to write, nothing to record
@@ -206,8 +196,9 @@ class PartitionWriter:
 
 
 def newer_than(source: str, target: str, order: str) -> str:
-    """SQL: the ``source`` row is newer than ``target``: by ``order`` (null oldest), then coordinates
-    (topic compared bytewise, as Spark does)."""
+    """SQL: the ``source`` row is newer than ``target``, by :func:`streamproof.transform.recency`'s rule: by
+    ``order`` (null oldest), then coordinates (topic compared bytewise, as Spark does). SQL's row comparison
+    yields null where a value is null, hence the cases."""
     same_order = f"{source}.{order} IS NOT DISTINCT FROM {target}.{order}"
     by_coordinates = (
         f'({source}._src_topic COLLATE "C", {source}._src_partition, {source}._src_offset) > '
@@ -236,17 +227,7 @@ class PostgresSink(Sink):
     def location(self) -> str:
         return f"{self.spec.redacted()}/{self.spec.db_schema}.{self.spec.table}"
 
-    @property
-    def check(self) -> Check:
-        if self.spec.mode == "upsert":
-            return Check("latest", key=self.spec.key, order_by=self.spec.order_by)
-        if self.spec.mode == "accumulate":
-            return Check("totals", by=self.spec.by, sums=tuple(self.spec.sum))
-        return Check("records")
-
     def _connect(self, autocommit: bool = False) -> Any:
-        import psycopg
-
         try:
             return psycopg.connect(self.spec.conninfo(), autocommit=autocommit)
         except psycopg.OperationalError as error:
@@ -258,9 +239,7 @@ class PostgresSink(Sink):
 
     def prepare(self, spark: SparkSession) -> None:
         """Create the schema, target table and ledger if missing; check an existing table has the columns."""
-        from pyspark.sql.types import StructType
-
-        fields = StructType.fromDDL(self.pipeline.transform.schema_).fields
+        fields = struct_type(self.pipeline.transform.schema_).fields
         columns = self._table_columns({field.name: postgres_type(field.dataType) for field in fields})
         definition = ", ".join(f"{quoted(name)} {kind}" for name, kind in columns.items())
         primary = {"upsert": self.spec.key, "accumulate": self.spec.by}.get(self.spec.mode)
@@ -303,7 +282,7 @@ class PostgresSink(Sink):
             self.spec, batch.pipeline, columns,
             tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,
             json.dumps(batch.end_offsets), batch.keyed,
-            CrashInTask.for_batch(batch, partitions.getNumPartitions()), self.spec.password(),
+            CrashInTask.armed(batch.kill_mid_write, partitions.getNumPartitions()), self.spec.password(),
         )  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
         if batch.keyed:
@@ -327,8 +306,6 @@ class PostgresSink(Sink):
         return rows.select(*(c for c in rows.columns if c not in SOURCE_COLUMNS), *SOURCE_COLUMNS)
 
     def commits(self) -> list[SinkCommit]:
-        import psycopg
-
         try:
             with self._connect() as connection:
                 rows = connection.execute(
@@ -364,9 +341,6 @@ class PostgresSink(Sink):
 def _as_copy_text(rows: DataFrame) -> DataFrame:
     """Every column as the text PostgreSQL's COPY reads: timestamps with their UTC offset, nested values as
     JSON, bytes as ``\\x`` hex; nulls stay null."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, BinaryType, MapType, StructType, TimestampType
-
     columns = []
     for column_field in rows.schema.fields:
         column, data_type = F.col(column_field.name), column_field.dataType

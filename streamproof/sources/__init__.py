@@ -11,30 +11,25 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import DeltaSource, FilesSource, PipelineSpec
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+from streamproof.kafka_client import require_topic
+from streamproof.sources import delta, files, kafka
 
 
 def require_available(spec: PipelineSpec) -> None:
     """Fail in one line when the source is not there (no topic, no folder, no table)."""
-    from streamproof.sources import delta, files, kafka
-
     if isinstance(spec.source, FilesSource):
         files.require_folder(spec)
     elif isinstance(spec.source, DeltaSource):
         delta.require_table(spec)
     else:
-        kafka.require_topic(spec.source)
+        require_topic(spec.source)
 
 
 def read_stream(spark: SparkSession, spec: PipelineSpec, *, starting_offsets: str | None = None) -> DataFrame:
     """The pipeline's source as a stream (``starting_offsets``: Kafka only, at-most-once restarts)."""
-    from streamproof.sources import delta, files, kafka
-
     if isinstance(spec.source, FilesSource):
         return files.read_stream(spark, spec)
     if isinstance(spec.source, DeltaSource):
@@ -44,8 +39,6 @@ def read_stream(spark: SparkSession, spec: PipelineSpec, *, starting_offsets: st
 
 def read_batch(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     """Everything the source holds now, as verification reads it."""
-    from streamproof.sources import delta, files, kafka
-
     if isinstance(spec.source, FilesSource):
         return files.read_batch(spark, spec)
     if isinstance(spec.source, DeltaSource):

@@ -28,16 +28,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamReader
 
 from streamproof.config import DeltaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, SOURCE_REASON
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from pyspark.sql import DataFrame, DataFrameReader, DataStreamReader, SparkSession
 
 CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
 FEED_COLUMNS = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)
@@ -50,7 +50,7 @@ _JSON_TIMES = {
 
 
 def table_path(spec: PipelineSpec) -> Path:
-    """The source table's folder, resolved against the pipeline file."""
+    """The source table's folder (a relative path is relative to the current directory at load: PipelineSpec)."""
     assert isinstance(spec.source, DeltaSource)
     return spec.resolve_path(spec.source.path)
 
@@ -64,8 +64,7 @@ def require_table(spec: PipelineSpec) -> None:
             "writes (its [sink] path), or run that pipeline first"
         )
     for sink in spec.sink_specs:
-        target = getattr(sink, "path", None)
-        if target is not None and spec.resolve_path(target) == path:
+        if sink.folder is not None and spec.resolve_path(sink.folder) == path:
             raise PipelineError(
                 f"source.path: {path} is also the sink {sink.name!r}: a pipeline cannot read its output"
             )
@@ -94,8 +93,6 @@ def _feed_options(reader: DataFrameReader | DataStreamReader, source: DeltaSourc
 
 def _checked(spark: SparkSession, spec: PipelineSpec) -> DeltaSource:
     """The source settings, after checking the table has what they need (one line each)."""
-    from delta.tables import DeltaTable
-
     source = spec.source
     assert isinstance(source, DeltaSource)
     require_table(spec)
@@ -124,8 +121,6 @@ def _checked(spark: SparkSession, spec: PipelineSpec) -> DeltaSource:
 
 def _records(table: DataFrame, source: DeltaSource) -> DataFrame:
     """Table rows (or changes) -> Kafka-shaped rows plus the reason a change is not a deliverable record."""
-    from pyspark.sql import functions as F
-
     bookkeeping = {*SOURCE_COLUMNS, *FEED_COLUMNS}
     data = [F.col(f"`{column}`") for column in table.columns if column not in bookkeeping]
     if source.coordinates:

@@ -17,19 +17,17 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from streamproof.config import FilesSource, PipelineSpec
 from streamproof.errors import PipelineError
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from pyspark.sql import DataFrame, SparkSession
-
 
 def folder(spec: PipelineSpec) -> Path:
-    """The folder of the pipeline's files source, resolved against the pipeline file."""
+    """The files source's folder (a relative path is relative to the current directory at load: PipelineSpec)."""
     assert isinstance(spec.source, FilesSource)
     return spec.resolve_path(spec.source.path)
 
@@ -58,8 +56,6 @@ def read_batch(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 
 
 def _lines(files: DataFrame) -> DataFrame:
-    from pyspark.sql import functions as F
-
     lines = F.split(F.col("value"), "\n", -1)
     exploded = files.select(
         F.col("_metadata.file_path").alias("topic"),

@@ -1,6 +1,6 @@
-"""Rendering of reports for people: terminal tables (rich) and a self-contained HTML page.
+"""Reports and proofs for people: terminal tables (rich) and self-contained HTML pages.
 
-The figures come from :class:`streamproof.verify.Report` and :class:`streamproof.prove.MatrixCell`
+The figures come from :class:`streamproof.reconcile.Report` and :class:`streamproof.harness.matrix.MatrixCell`
 unchanged; nothing here computes a count.
 """
 
@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-from streamproof.verify import Report
-
-if TYPE_CHECKING:
-    from streamproof.prove import MatrixCell, TimelineEvent
+from streamproof.guarantees import wiring_for
+from streamproof.harness.crashes import TimelineEvent
+from streamproof.harness.matrix import MatrixCell
+from streamproof.reconcile import Report
 
 
 def report_table(report: Report) -> Table:
@@ -90,7 +89,7 @@ def _verdict(report: Report) -> str:
         return "[bold green]OK: nothing lost, nothing duplicated[/]"
     if not report.guarantee_held:
         return f"[bold red]FAILED: {report.guarantee} broken[/]"
-    allowed = "duplicates" if report.guarantee == "at-least-once" else "loss"
+    allowed = "duplicates" if wiring_for(report.guarantee).may_duplicate else "loss"
     return f"[dark_orange]{allowed} found, as {report.guarantee} allows[/]"
 
 

@@ -15,6 +15,7 @@
 
 Example::
 
+    >>> from streamproof.sinks import open_sinks
     >>> writer = BatchWriter(spec, open_sinks(spec))                          # doctest: +SKIP
     >>> parsed.writeStream.foreachBatch(writer).start()                      # doctest: +SKIP
 """
@@ -24,10 +25,14 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from streamproof import faults
-from streamproof.checkpoint import ProgressFile, batch_end_offsets, late_event_watermark_ms
+from streamproof.checkpoint.folder import ProgressFile
+from streamproof.checkpoint.log import batch_end_offsets, late_event_watermark_ms
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
@@ -45,9 +50,6 @@ from streamproof.transform import (
     with_derived_columns,
     with_extra_columns,
 )
-
-if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
 
 
 @dataclass
@@ -81,9 +83,6 @@ class BatchWriter:
         self.results: dict[int, BatchResult] = {}
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
-        from pyspark import StorageLevel
-        from pyspark.sql import functions as F
-
         faults.batch_starting(batch_id)
         end_offsets = batch_end_offsets(self.spec.checkpoint_dir, batch_id)
         if self.progress is not None:
@@ -147,8 +146,6 @@ class BatchWriter:
     @staticmethod
     def _count(parsed: DataFrame, late: Column) -> dict[str, int]:
         """Records, invalid, valid, late and kept (for the sinks) in one job over the cached batch."""
-        from pyspark.sql import functions as F
-
         branch = F.col(BRANCH) if BRANCH in parsed.columns else F.lit(ALL_RECORDS)
         invalid = F.col(REJECT_REASON).isNotNull()
         rows = (

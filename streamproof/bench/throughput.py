@@ -1,0 +1,155 @@
+"""``streamproof bench throughput``: N order events (default 2,000,000, ~190 B of JSON, 4 partitions, 0.1% malformed)
+already in Kafka, drained by the exactly-once Kafka -> Delta pipeline (``benchmarks/pipelines/throughput_delta.toml``
+in a child process, as ``streamproof run --available-now`` runs it), against baselines of the same run: (a) the same
+query writing plain Parquet at-least-once, (b) a ``confluent-kafka`` consumer reading the topic and only
+deserialising the JSON, (c) Spark reading the topic and counting, (d) the same Delta pipeline at-least-once (the
+cost of exactly-once on the same sink); and the ceiling: Spark parsing a cached copy of the events with
+``from_json`` and writing Parquet.
+
+Example::
+
+    $ streamproof bench throughput --events 500000 --json bench.json                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+
+from streamproof.bench.common import PIPELINES, Bench, ratio, timed
+from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.errors import PipelineError
+from streamproof.kafka_client import client_config, topic_end_offsets
+from streamproof.transform import parse_records, valid_records
+
+
+def consumer_read_rate(bootstrap: str, topic: str, expected: int, timeout_s: float = 600) -> dict[str, Any]:
+    """Baseline (b): a ``confluent-kafka`` consumer reads every record and deserialises its JSON, nothing else."""
+
+    ends = topic_end_offsets(bootstrap, topic)
+    consumer = Consumer(client_config(bootstrap, **{
+        "group.id": f"streamproof-bench-{os.getpid()}", "enable.auto.commit": False,
+        "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
+    }))  # fmt: skip
+    consumer.assign([TopicPartition(topic, partition, 0) for partition in ends])
+    records = parsed = 0
+    started = time.monotonic()
+    deadline = started + timeout_s
+    try:
+        while records < expected and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                if message.error():
+                    continue
+                records += 1
+                try:
+                    json.loads(message.value() or b"")
+                    parsed += 1
+                except (ValueError, TypeError):
+                    pass
+        seconds = time.monotonic() - started
+    finally:
+        consumer.close()
+    if records < expected:
+        raise PipelineError(f"the consumer baseline read {records:,} of {expected:,} records in {timeout_s:.0f} s")
+    return {"records": records, "parsed": parsed, "seconds": round(seconds, 2),
+            "rows_per_second": round(records / seconds)}  # fmt: skip
+
+
+def spark_count_rate(spark: SparkSession, bootstrap: str, topic: str) -> dict[str, Any]:
+    """Baseline (c): Spark reads the topic and counts (the second of two runs: the first warms the JVM)."""
+    frame = spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+    counted = 0
+
+    def count() -> None:
+        nonlocal counted
+        counted = frame.load().count()
+
+    times = [timed(count) for _ in range(2)]
+    return {"records": counted, "seconds": round(times[-1], 2), "rows_per_second": round(counted / times[-1]),
+            "cold_seconds": round(times[0], 2)}  # fmt: skip
+
+
+def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: PipelineSpec, out: Path) -> dict[str, Any]:
+    """The ceiling: the events cached in memory, then parsed with the pipeline's ``from_json`` and written as
+    Parquet (best of two runs, the first warms the JVM); no Kafka, no batches, no commit protocol."""
+
+    raw = (
+        spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic).load()
+        .select("topic", "partition", "offset", "timestamp", "value").persist(StorageLevel.MEMORY_ONLY)
+    )  # fmt: skip
+    records = raw.count()
+    try:
+        times = [
+            timed(lambda: valid_records(parse_records(raw, spec.transform)).write.mode("overwrite").parquet(str(out)))
+            for _ in range(2)
+        ]
+    finally:
+        raw.unpersist()
+        shutil.rmtree(out, ignore_errors=True)
+    best = min(times)
+    return {"records": records, "seconds": round(best, 2), "rows_per_second": round(records / best),
+            "runs_s": [round(t, 2) for t in times]}  # fmt: skip
+
+
+def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
+    """Delta exactly-once against Parquet at-least-once, the raw consumer, Spark's count and the ceiling."""
+    topic = bench.topic(bench.events)
+    # Two rounds, interleaved, the faster run of each kept: on a shared 2-core machine one run in a few is
+    # slowed by a neighbour, and interleaving spreads a slow spell over both sides of the ratio.
+    delta_runs, files_runs, delta_alo_runs = [], [], []
+    for round_number in range(1, rounds + 1):
+        bench.emit(f"pipeline: Kafka -> Delta, exactly-once (round {round_number} of {rounds})")
+        delta_runs.append(bench.drain(bench.pipeline("throughput_delta", topic, f"throughput-delta-{round_number}")))
+        bench.emit(f"baseline (a): the same query to plain Parquet, at-least-once (round {round_number} of {rounds})")
+        files_runs.append(
+            bench.drain(bench.pipeline("throughput_files", topic, f"throughput-files-alo-{round_number}"))
+        )
+        bench.emit(f"baseline (d): the same Delta pipeline, at-least-once (round {round_number} of {rounds})")
+        delta_alo_runs.append(
+            bench.drain(bench.pipeline("throughput_delta_alo", topic, f"throughput-delta-alo-{round_number}"))
+        )
+    delta = max(delta_runs, key=lambda run: run.rows_per_second)
+    files = max(files_runs, key=lambda run: run.rows_per_second)
+    delta_alo = max(delta_alo_runs, key=lambda run: run.rows_per_second)
+    bench.emit("baseline (b): confluent-kafka consumer, json.loads only")
+    consumer = consumer_read_rate(bench.bootstrap, topic, bench.events)
+    bench.emit(f"  {consumer['rows_per_second']:,} records/s")
+    spark = bench.spark()
+    bench.emit("baseline (c): Spark reads the topic and counts")
+    count = spark_count_rate(spark, bench.bootstrap, topic)
+    bench.emit(f"  {count['rows_per_second']:,} rows/s")
+    bench.emit("ceiling: from_json + Parquet from a cached copy")
+    spec = load_pipeline(PIPELINES / "throughput_delta.toml")
+    ceiling = ceiling_rate(spark, bench.bootstrap, topic, spec, bench.workdir / "ceiling")
+    bench.emit(f"  {ceiling['rows_per_second']:,} rows/s")
+    rate = delta.rows_per_second
+    ratios = {
+        "delta_exactly_once_vs_parquet_at_least_once": ratio(rate, files.rows_per_second),
+        "delta_exactly_once_vs_consumer_read": ratio(rate, consumer["rows_per_second"]),
+        "delta_exactly_once_vs_spark_count": ratio(rate, count["rows_per_second"]),
+        "delta_exactly_once_vs_ceiling": ratio(rate, ceiling["rows_per_second"]),
+        "delta_exactly_once_vs_delta_at_least_once": ratio(rate, delta_alo.rows_per_second),
+    }
+    targets = {
+        "delta_exactly_once_vs_ceiling >= 0.5": (ratios["delta_exactly_once_vs_ceiling"] or 0) >= 0.5,
+        "delta_exactly_once_vs_parquet_at_least_once >= 0.9":
+            (ratios["delta_exactly_once_vs_parquet_at_least_once"] or 0) >= 0.9,
+    }  # fmt: skip
+    ratios["steady_delta_exactly_once_vs_parquet_at_least_once"] = ratio(
+        delta.steady_rows_per_second, files.steady_rows_per_second
+    )
+    return {"events": bench.events, "topic": topic, "delta_exactly_once": delta.to_dict(),
+            "parquet_at_least_once": files.to_dict(), "delta_at_least_once": delta_alo.to_dict(),
+            "all_runs_rows_per_second": {"delta_exactly_once": [round(r.rows_per_second) for r in delta_runs],
+                                         "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs],
+                                         "delta_at_least_once": [round(r.rows_per_second) for r in delta_alo_runs]},
+            "consumer_read": consumer, "spark_count": count, "ceiling": ceiling, "ratios": ratios,
+            "targets_met": targets}  # fmt: skip

@@ -1,0 +1,163 @@
+"""Spark's streaming checkpoint logs: the offset log (written before a batch runs) and the commit log
+(written after it succeeds); read here, and written anew by :func:`rebuild`.
+
+Invariant used everywhere in streamproof: batch N is *in flight* when ``offsets/N`` exists and
+``commits/N`` does not; on restart Spark re-runs exactly that offset range with the same batch id.
+
+Example::
+
+    >>> import tempfile
+    >>> checkpoint = Path(tempfile.mkdtemp()) / "orders"
+    >>> rebuild(checkpoint, {0: {"orders": {"0": 10}}, 1: {"orders": {"0": 25}}}, committed_through=0)
+    >>> logged_batches(checkpoint), committed_batches(checkpoint), next_batch_to_run(checkpoint)
+    ([0, 1], [0], 1)
+    >>> batch_end_offsets(checkpoint, 1)
+    {'orders': {'0': 25}}
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from streamproof.errors import PipelineError
+
+
+def _batch_files(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(f.name) for f in folder.iterdir() if f.name.isdigit())
+
+
+def logged_batches(checkpoint: str | Path) -> list[int]:
+    """Batch ids present in the offset log."""
+    return _batch_files(Path(checkpoint) / "offsets")
+
+
+def committed_batches(checkpoint: str | Path) -> list[int]:
+    """Batch ids present in the commit log."""
+    return _batch_files(Path(checkpoint) / "commits")
+
+
+def is_empty(checkpoint: str | Path) -> bool:
+    """True when no batch was ever planned in this checkpoint (a fresh or lost checkpoint)."""
+    return not logged_batches(checkpoint)
+
+
+FILE_LOG = "_file_source_log"  # batch_end_offsets' key for a file source's position (its log entry)
+DELTA_LOG = "_delta_source_version"  # batch_end_offsets' key for a Delta source's position (version, file index)
+
+
+def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[str, int]]:
+    """End offsets of a batch as logged by Spark: ``{topic: {partition: offset}}`` of the first source.
+
+    The file is ``v1``, one line of batch metadata, then one JSON line per source.
+    """
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no offset log entry for batch {batch_id}") from None
+    if len(lines) < 3 or not lines[0].startswith("v"):
+        raise PipelineError(f"{path}: offset log entry is truncated or not Spark's format")
+    try:
+        offsets = json.loads(lines[2])
+    except json.JSONDecodeError as error:
+        raise PipelineError(f"{path}: offset log entry is not valid JSON ({error})") from None
+    if isinstance(offsets.get("logOffset"), int):  # a file source: the batch is entry N of its own file log
+        return {FILE_LOG: {"logOffset": int(offsets["logOffset"])}}
+    if isinstance(offsets.get("reservoirVersion"), int):  # a Delta source: table version and index of its files
+        return {DELTA_LOG: {"reservoirVersion": int(offsets["reservoirVersion"]), "index": int(offsets["index"])}}
+    return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
+
+
+def batch_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+    """The event-time watermark Spark logged for a batch (``batchWatermarkMs``, 0 before any watermark)."""
+    path = Path(checkpoint) / "offsets" / str(batch_id)
+    try:
+        metadata_line = path.read_text(encoding="utf-8").splitlines()[1]
+        return int(json.loads(metadata_line).get("batchWatermarkMs", 0))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no offset log entry for batch {batch_id}") from None
+    except (IndexError, ValueError, AttributeError) as error:
+        raise PipelineError(f"{path}: offset log entry is truncated or not Spark's format ({error})") from None
+
+
+def late_event_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+    """The watermark against which Spark's stateful operators judge the late records of ``batch_id``: the one
+    of the batch before (Spark's ``getInputWatermarkForLateEvents(batchId - 1)``); 0 for the first batch.
+
+    The offset log is written before a batch runs and never rewritten, so a replayed batch gets the same value.
+    """
+    return 0 if batch_id == 0 else batch_watermark_ms(checkpoint, batch_id - 1)
+
+
+def next_batch_to_run(checkpoint: str | Path) -> int:
+    """The batch id a (re)start of the query will execute first.
+
+    The batch logged but not committed (replayed), else the one after the last committed, else 0.
+
+    >>> next_batch_to_run("/nonexistent")
+    0
+    """
+    logged, committed = logged_batches(checkpoint), committed_batches(checkpoint)
+    if logged and logged[-1] not in committed:
+        return logged[-1]
+    return committed[-1] + 1 if committed else 0
+
+
+def check_readable(checkpoint: str | Path, recover_hint: str) -> None:
+    """Fail with one clear line when the last offset or commit log entry is damaged (truncated, not JSON).
+
+    Spark would stop on it with a JVM stack trace; this names the file and the way out.
+    """
+    folder = Path(checkpoint)
+    for log, batches in (("offsets", logged_batches(folder)), ("commits", committed_batches(folder))):
+        if not batches:
+            continue
+        path = folder / log / str(batches[-1])
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        expected = 3 if log == "offsets" else 2
+        try:
+            if len(lines) < expected or not lines[0].startswith("v"):
+                raise ValueError("truncated")
+            for line in lines[1:expected]:
+                if line.strip() != "-":
+                    json.loads(line)
+        except ValueError as error:
+            raise PipelineError(
+                f"{path} is damaged ({error}): restore a backup (`streamproof checkpoint restore`) or rebuild the "
+                f"checkpoint from the offsets the sinks recorded ({recover_hint})"
+            ) from None
+
+
+def rebuild(
+    checkpoint: Path,
+    end_offsets: dict[int, dict[str, dict[str, int]]],
+    committed_through: int,
+    confs: dict[str, str] | None = None,
+) -> None:
+    """Write a fresh checkpoint whose offset log holds ``end_offsets`` (batch id -> offsets) and whose commit
+    log says batches up to ``committed_through`` are done.
+
+    The offsets keep the key order they were recorded in (Spark's): Spark numbers a Kafka batch's partitions
+    in that order (per-partition sinks key their commits on what each task writes, not on that number:
+    :func:`streamproof.sinks.shares.peek_source_key`).
+
+    Spark resumes such a checkpoint at the first uncommitted batch, re-running a logged one with exactly its
+    logged offsets (it needs the entry before the newest one too, as the newest batch's start): the batch
+    ids continue where the sinks are, so every sink's (pipeline, batch id) key keeps skipping what it holds.
+    Format: Spark's offset log ``v1`` / batch metadata / one offsets line per source, and commit log ``v1`` /
+    watermark; ``metadata`` holds a new query id (Spark requires the file).
+    """
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "commits").mkdir()
+    (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}), encoding="utf-8")
+    for batch_id, offsets in sorted(end_offsets.items()):
+        metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": confs or {}}
+        (checkpoint / "offsets" / str(batch_id)).write_text(
+            f"v1\n{json.dumps(metadata)}\n{json.dumps(offsets)}", encoding="utf-8"
+        )
+        if batch_id <= committed_through:
+            (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}', encoding="utf-8")

@@ -1,0 +1,164 @@
+"""The checkpoint against the sinks: refuse to start on a lost checkpoint, and rebuild it from the end offsets
+the sinks recorded with each batch (``streamproof checkpoint recover``).
+
+Every keyed sink commit records its batch id and end offsets (:meth:`streamproof.sinks.base.Batch.commit_record`):
+the sinks know where the pipeline was even when the checkpoint is gone.
+
+Example::
+
+    >>> print(recover(spark, load_pipeline("orders.toml")))                 # doctest: +SKIP
+    rebuilt .../checkpoints/orders from the sinks' records (each sink's last batch: {'delta': 7}); ...
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from streamproof.checkpoint.folder import refuse_while_running
+from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
+from streamproof.config import PipelineSpec
+from streamproof.errors import PipelineError
+from streamproof.guarantees import wiring_for
+from streamproof.sinks import open_sinks
+from streamproof.sinks.base import Sink
+
+# The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
+# state written under them stays readable; a rebuilt entry carries the session's current values.
+RECORDED_CONFS = (
+    "spark.sql.streaming.stateStore.providerClass",
+    "spark.sql.streaming.stateStore.rocksdb.mergeOperatorVersion",
+    "spark.sql.streaming.stateStore.rocksdb.formatVersion",
+    "spark.sql.streaming.queryEvolution.enableSourceEvolution",
+    "spark.sql.streaming.stateStore.encodingFormat",
+    "spark.sql.streaming.statefulOperator.useStrictDistribution",
+    "spark.sql.streaming.flatMapGroupsWithState.stateFormatVersion",
+    "spark.sql.streaming.multipleWatermarkPolicy",
+    "spark.sql.streaming.stateStore.rowChecksum.enabled",
+    "spark.sql.streaming.aggregation.stateFormatVersion",
+    "spark.sql.function.protobufExtensions.enabled",
+    "spark.sql.shuffle.partitions",
+    "spark.sql.streaming.join.stateFormatVersion",
+    "spark.sql.streaming.stateStore.compression.codec",
+    "spark.sql.optimizer.pruneFiltersCanPruneStreamingSubplan",
+)
+
+
+def recorded_confs(spark: SparkSession) -> dict[str, str]:
+    """The session's values of :data:`RECORDED_CONFS` (those it knows)."""
+    values = {}
+    for key in RECORDED_CONFS:
+        try:
+            value = spark.conf.get(key)  # the conf's default when the session does not set it
+        except Exception:  # a conf this Spark does not know: nothing to record
+            continue
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def recover(spark: SparkSession, spec: PipelineSpec) -> str:
+    """Rebuild a lost or damaged checkpoint of an exactly-once pipeline from the offsets its sinks recorded.
+
+    Every keyed sink commit records its batch id and end offsets. The sinks of one pipeline are at most one
+    batch apart (a crash between two sinks of a fan-out), so the rebuilt checkpoint marks the lowest
+    sink's batch committed and, when another sink is one batch ahead, logs that batch with the offsets
+    that sink recorded: Spark re-runs it with the same range, the sinks that hold it skip it, the others
+    write it. A damaged checkpoint is kept aside, never deleted. Returns what was done, in one line.
+    """
+    if spec.source.kind != "kafka":
+        raise PipelineError(
+            f"checkpoint recover rebuilds Kafka offsets from the sinks' records; a {spec.source.kind} source's "
+            "position is Spark's own file log: restore a backup (`streamproof checkpoint restore`) instead"
+        )
+    if not wiring_for(spec.guarantee).idempotent_sink:
+        raise PipelineError(
+            f"checkpoint recover applies to exactly-once pipelines (their sinks record the offsets of each batch); "
+            f"a {spec.guarantee} pipeline restarts from source.starting_offsets with a fresh checkpoint"
+        )
+    checkpoint = spec.checkpoint_dir
+    refuse_while_running(checkpoint, "recover")
+    if not is_empty(checkpoint) and _is_readable(checkpoint):
+        raise PipelineError(
+            f"{checkpoint} is intact (batches {logged_batches(checkpoint)[-1]} logged): recover is for a lost or "
+            "damaged checkpoint; to go back to a backup use `streamproof checkpoint restore`"
+        )
+    sinks = open_sinks(spec)
+    heads = {sink.name: sink.last_commit(spark) for sink in sinks}
+    # A batch some partitions of which committed (a crash inside a per-partition sink's write) is ahead.
+    partial = [c.batch_id for sink in sinks for c in sink.commits() if not c.complete]
+    if all(head is None for head in heads.values()) and not partial:
+        raise PipelineError(
+            f"no sink holds a batch of pipeline {spec.name!r}: nothing to recover from; remove {checkpoint} and "
+            "start afresh"
+        )
+    positions = {name: (head.batch_id if head else -1) for name, head in heads.items()}
+    low, high = min(positions.values()), max([*positions.values(), *partial])
+    if high - low > 1:
+        raise PipelineError(
+            f"the sinks are more than one batch apart ({positions}): they were not written by this pipeline alone; "
+            "restore a checkpoint backup instead"
+        )
+    recorded = {
+        commit.batch_id: commit.end_offsets
+        for sink in sinks
+        for commit in sink.commits()
+        if commit.end_offsets is not None
+    }
+    needed = sorted({batch for batch in (low - 1, low, high) if batch >= 0})
+    missing = [batch for batch in needed if batch not in recorded]
+    if missing:
+        raise PipelineError(
+            f"no sink recorded the end offsets of batch(es) {missing} (a Parquet folder does not): restore a "
+            "checkpoint backup instead"
+        )
+    aside = None
+    if checkpoint.exists() and not is_empty(checkpoint):
+        aside = checkpoint.with_name(f"{checkpoint.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        checkpoint.rename(aside)
+    elif checkpoint.exists():  # only streamproof's own files (run counter): not worth keeping
+        shutil.rmtree(checkpoint)
+    entries = {batch: recorded[batch] for batch in needed}
+    rebuild(checkpoint, entries, committed_through=low, confs=recorded_confs(spark))
+    resume = f"re-runs batch {high} with the offsets recorded by the sinks ahead" if high > low else (
+        f"continues with batch {high + 1}")  # fmt: skip
+    kept = f"; the damaged checkpoint is kept as {aside}" if aside else ""
+    return (
+        f"rebuilt {checkpoint} from the sinks' records (each sink's last batch: {positions}); the next run {resume}, "
+        f"from offsets {json.dumps(recorded[low] if low >= 0 else recorded[high])}{kept}"
+    )
+
+
+def _is_readable(checkpoint: Path) -> bool:
+    try:
+        check_readable(checkpoint, "")
+    except PipelineError:
+        return False
+    return True
+
+
+def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink]) -> None:
+    """Refuse to start an exactly-once pipeline whose checkpoint is empty while a sink holds its batches.
+
+    A fresh checkpoint numbers batches from 0 again: keyed sinks would skip them as already written
+    (silent loss), and Delta's own streaming sink, keyed on the checkpoint's query id, would write them
+    again (silent duplicates). Neither is acceptable, so the start is refused, naming what the sink holds.
+    """
+    if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
+        return
+    for sink in sinks:
+        if spark is None and sink.needs_spark_for_commits():
+            continue  # checked again once the session runs
+        last = sink.last_commit(spark)
+        if last is not None:
+            offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
+            raise PipelineError(
+                f"checkpoint {pipeline.checkpoint_dir} is empty but {sink.location} already holds batches of "
+                f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
+                f"rebuild it from the sinks' records (`streamproof checkpoint recover {pipeline._source_name}`), "
+                "restore a backup, or write to a new sink"
+            )

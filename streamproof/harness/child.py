@@ -1,0 +1,170 @@
+"""One pipeline run as a child process, the one harness streamproof starts pipelines through (the crash harness,
+the benchmarks, the pytest plugin).
+
+A child is ``python -m streamproof run PIPELINE`` started in a session of its own (``setsid``), so that it leads
+a process group holding the Python driver and its Spark JVM. Its events (:mod:`streamproof.pipeline.events`)
+come as JSON lines through a pipe of their own, each recorded with its arrival time. Its stdout (lines for
+people) is copied to a file, its stderr (logs) goes to another. The child is over when both its event pipe and
+its stdout are closed: the JVM inherits the driver's stdout (not the event pipe), so that is when the driver
+and its JVM are both gone. A kill is a SIGKILL of the whole process tree
+(:func:`streamproof.faults.kill_process_tree`); :meth:`close` also removes the run's Spark scratch folder, which
+a killed JVM cannot delete itself.
+
+Example::
+
+    >>> child = PipelineChild(Path("orders.toml"), Path("logs"))                  # doctest: +SKIP
+    >>> child.wait_for(lambda: len(child.batches()) >= 2, 300, "two batches")    # doctest: +SKIP
+    >>> child.kill_tree(); child.close()                                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from streamproof.errors import PipelineError
+from streamproof.faults import CRASH_ENV, ArmedCrash, kill_process_tree
+from streamproof.pipeline.events import EVENTS_FD_ENV, BatchCommitted, Event, Notice, decode
+from streamproof.session import JIT_ENV
+
+RUN_TIMEOUT_S = 900.0
+
+
+class PipelineChild:
+    """``streamproof run PIPELINE`` in its own session; its events recorded as they arrive (see the module)."""
+
+    def __init__(self, pipeline_file: Path, log_dir: Path, *, name: str = "run", available_now: bool = True,
+                 crash: ArmedCrash | None = None, jit: str = "quick-start",
+                 on_event: Callable[[Event], None] | None = None) -> None:  # fmt: skip
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
+        self.out_path = log_dir / f"{name}.out"  # stdout: the lines for people
+        self.scratch = log_dir / f"{name}.spark-local"  # Spark's local dirs of this run
+        read_end, write_end = os.pipe()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPARK_LOCAL_DIRS": str(self.scratch),
+               EVENTS_FD_ENV: str(write_end)}  # fmt: skip
+        env.setdefault(JIT_ENV, jit)  # the harness's runs live seconds: C1 only halves their CPU on 2 cores
+        env.pop(CRASH_ENV, None)
+        if crash is not None:
+            env[CRASH_ENV] = crash.encode()
+        command = [sys.executable, "-m", "streamproof", "run", str(pipeline_file)]
+        if available_now:
+            command.append("--available-now")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+                env=env, pass_fds=(write_end,),
+            )  # fmt: skip
+        os.close(write_end)  # the child holds the only write end: its end of file is the child's end
+        self.started_at = time.monotonic()
+        self.closed_at: float | None = None
+        self._lock = threading.Lock()
+        self._record: list[tuple[float, Event]] = []
+        self._queue: queue.Queue[tuple[float, Event | None]] = queue.Queue()
+        self._on_event = on_event  # called as each event arrives (on the reading thread)
+        self._copy = threading.Thread(target=self._copy_stdout, daemon=True)
+        self._copy.start()
+        self._pump = threading.Thread(target=self._read_events, args=(read_end,), daemon=True)
+        self._pump.start()
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process group's id."""
+        return self.process.pid
+
+    def _copy_stdout(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout as lines, open(self.out_path, "ab") as out:
+            for line in lines:
+                out.write(line)
+                out.flush()
+
+    def _read_events(self, read_end: int) -> None:
+        with os.fdopen(read_end, encoding="utf-8") as stream:
+            for line in stream:
+                event = decode(line)
+                at = time.monotonic()
+                with self._lock:
+                    self._record.append((at, event))
+                self._queue.put((at, event))
+                if self._on_event is not None:
+                    self._on_event(event)
+        self._copy.join()  # the end of stdout: the JVM, which holds it too, is gone as well
+        self._queue.put((time.monotonic(), None))
+
+    def next_event(self, timeout_s: float) -> tuple[float, Event | None] | None:
+        """The next (arrival time, event) in order; event None: the child closed its channel (it exited).
+        None when nothing came within ``timeout_s``."""
+        if self.closed_at is not None:
+            return self.closed_at, None
+        try:
+            at, event = self._queue.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return None
+        if event is None:
+            self.closed_at = at
+        return at, event
+
+    def batches(self) -> list[tuple[float, BatchCommitted]]:
+        """Every batch committed so far, with its arrival time."""
+        with self._lock:
+            return [(at, event) for at, event in self._record if isinstance(event, BatchCommitted)]
+
+    def notice_at(self, kind: str) -> float | None:
+        """Arrival time of the first notice of ``kind`` (``ready``, ``started``), if it came."""
+        with self._lock:
+            return next((at for at, event in self._record if isinstance(event, Notice) and event.kind == kind), None)
+
+    def wait_for(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+        """Wait until ``condition()``; the child exiting first, or the timeout (the child is then killed), is an
+        error naming ``what`` and the log."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.process.poll() is not None:
+                raise PipelineError(
+                    f"the pipeline exited (code {self.process.returncode}) before {what}; log: {self.log_path}"
+                )
+            if time.monotonic() > deadline:
+                self.kill_tree()
+                raise PipelineError(f"no {what} within {timeout_s:.0f} s (pipeline killed); log: {self.log_path}")
+            time.sleep(0.02)
+
+    def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> int:
+        """Wait for the child to exit and its events to be read; its exit code. Past ``timeout_s`` it is killed and
+        that is an error."""
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill_tree()
+            raise PipelineError(
+                f"pipeline run did not finish within {timeout_s:.0f} s (killed); log: {self.log_path}"
+            ) from None
+        self._pump.join(timeout=30)
+        return code
+
+    def terminate(self) -> None:
+        """SIGTERM: the pipeline finishes its batch in flight and exits 0."""
+        os.kill(self.pid, signal.SIGTERM)
+
+    def kill_tree(self) -> float:
+        """SIGKILL the run's whole process tree: driver, JVM and PySpark's workers (their own group); returns
+        the moment of the kill (monotonic)."""
+        at = time.monotonic()
+        kill_process_tree(self.pid)
+        self.process.wait(timeout=60)
+        self._pump.join(timeout=30)
+        return at
+
+    def close(self) -> None:
+        """Kill what still runs, and remove the run's Spark scratch folder."""
+        if self.process.poll() is None:
+            self.kill_tree()
+        shutil.rmtree(self.scratch, ignore_errors=True)

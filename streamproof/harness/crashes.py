@@ -1,0 +1,327 @@
+"""The crash harness: run a pipeline as a child process, SIGKILL it, restart it, drain; the caller reconciles.
+
+Every run is a :class:`~streamproof.harness.child.PipelineChild` (its own process group: the Python driver, the
+Spark JVM and PySpark's workers); every crash is a SIGKILL of that whole tree. The harness restarts the pipeline
+until one run drains the source and exits 0; the caller then reconciles with the same checker as
+``streamproof verify``. Two ways to crash:
+
+* **named points** (:func:`run_with_crashes`): the child is armed with ``STREAMPROOF_CRASH_AT=point@batch``
+  for the second batch of its run and kills itself there (:mod:`streamproof.faults`). Right after the
+  death, before any restart, the harness records on disk what the crash left (:func:`crash_facts`): whether
+  the offset log, Spark's commit log and the sink's log hold the batch.
+* **random kills** (:func:`run_with_random_kills`): seeded. For each kill the harness draws ``after``
+  (1 to 3 committed batches of the current run) and ``phase`` (uniform in [0, 1)), waits for the
+  ``after``-th committed batch, then sleeps ``phase`` times that batch's duration and kills:
+  a uniformly random point of a batch being written. The moments are printed, to replay a failure.
+
+A kill that cannot be delivered (the pipeline drained first) is an error, never a silent pass: a harness
+that skips its faults proves nothing.
+
+Example::
+
+    >>> result = run_with_crashes(Path("orders.toml"), ["after-sink-commit"], log_dir=Path("logs"))  # doctest: +SKIP
+    >>> result.crashes[0].facts                                                                     # doctest: +SKIP
+    {'offsets_logged': True, 'checkpoint_committed': False, 'sink_has_batch': True, 'sink_txn': True}
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamproof import faults
+from streamproof.checkpoint.log import batch_end_offsets, next_batch_to_run
+from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.errors import ConfigError, PipelineError, log_tail
+from streamproof.guarantees import wiring_for
+from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
+from streamproof.pipeline.events import BatchCommitted, Event
+from streamproof.sinks import open_sinks
+
+Emit = Callable[[str], None]
+
+
+@dataclass
+class Crash:
+    """One SIGKILL of the pipeline's process tree."""
+
+    point: str
+    batch_id: int
+    at_s: float  # seconds since the killed run started
+    run: int
+    restarted_in_s: float | None = None  # kill -> first batch committed by the next run
+    detail: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    killed_monotonic: float = field(default=0.0, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("killed_monotonic")
+        data["at_s"] = round(self.at_s, 2)
+        if self.restarted_in_s is not None:
+            data["restarted_in_s"] = round(self.restarted_in_s, 2)
+        return data
+
+
+@dataclass
+class TimelineEvent:
+    """Something the harness saw, ``t`` seconds after it started: a run started, committed a batch,
+    was killed, or exited."""
+
+    t: float
+    run: int
+    kind: str  # start | batch | kill | exit
+    batch: int | None = None
+    label: str = ""
+
+
+@dataclass
+class HarnessResult:
+    """What the harness saw: the crashes it caused, and the work the pipeline reported."""
+
+    crashes: list[Crash] = field(default_factory=list)
+    timeline: list[TimelineEvent] = field(default_factory=list)
+    runs: int = 0
+    rows_in: int = 0  # summed over runs from the batch events
+    batches: int = 0
+    wall_s: float = 0.0
+    batch_seconds: float = 0.0
+    process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
+
+    @property
+    def batch_rows_per_second(self) -> float:
+        """Rows per second of batch processing time (restarts and start-up excluded)."""
+        return self.rows_in / self.batch_seconds if self.batch_seconds > 0 else 0.0
+
+    @property
+    def restart_seconds(self) -> list[float]:
+        return [c.restarted_in_s for c in self.crashes if c.restarted_in_s is not None]
+
+
+@dataclass
+class HarnessRun:
+    """One child run as the harness consumed it: its batches, each with the time the harness saw it."""
+
+    child: PipelineChild
+    number: int
+    committed: list[tuple[float, BatchCommitted]] = field(default_factory=list)
+
+
+class Harness:
+    """Starts, watches and kills pipeline children; keeps the timeline."""
+
+    def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, timeout_s: float = RUN_TIMEOUT_S) -> None:
+        self.pipeline_file = pipeline_file
+        self.log_dir = log_dir
+        self.emit = emit
+        self.timeout_s = timeout_s
+        self.result = HarnessResult()
+        self.runs: list[HarnessRun] = []
+        self.began = time.monotonic()
+        self._pending_restart: Crash | None = None
+
+    def _t(self, at: float) -> float:
+        return round(at - self.began, 3)
+
+    def start(self, crash: faults.ArmedCrash | None = None) -> HarnessRun:
+        """Start ``streamproof run --available-now`` in its own session, armed with ``crash`` if given."""
+        number = len(self.runs) + 1
+        run = HarnessRun(PipelineChild(self.pipeline_file, self.log_dir, name=f"run-{number}", crash=crash), number)
+        self.runs.append(run)
+        label = f"armed {crash.encode()}" if crash else ""
+        self.result.timeline.append(TimelineEvent(self._t(run.child.started_at), number, "start", label=label))
+        return run
+
+    def _consume(self, run: HarnessRun, at: float, event: Event) -> None:
+        self.emit(event.line())
+        if not isinstance(event, BatchCommitted):
+            return
+        run.committed.append((at, event))
+        self.result.timeline.append(TimelineEvent(self._t(at), run.number, "batch", event.batch_id))
+        if self._pending_restart is not None:
+            self._pending_restart.restarted_in_s = at - self._pending_restart.killed_monotonic
+            self._pending_restart = None
+
+    def _next_event(self, run: HarnessRun, deadline: float, missing: str) -> tuple[float, Event | None]:
+        """The run's next event; past ``deadline`` the run is killed and ``missing`` is the error's first words."""
+        item = run.child.next_event(deadline - time.monotonic())
+        if item is None:
+            run.child.kill_tree()
+            raise PipelineError(f"{missing} within {self.timeout_s:.0f} s (killed); log: {run.child.log_path}")
+        return item
+
+    def wait_for_batches(self, run: HarnessRun, count: int) -> bool:
+        """Forward events until the run committed ``count`` batches; False if it exited first."""
+        deadline = time.monotonic() + self.timeout_s
+        while len(run.committed) < count:
+            at, event = self._next_event(run, deadline, "no batch committed")
+            if event is None:
+                return False
+            self._consume(run, at, event)
+        return True
+
+    def sleep_forwarding(self, run: HarnessRun, seconds: float) -> bool:
+        """Sleep while forwarding events; False if the run exited during the sleep."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            item = run.child.next_event(left)
+            if item is None:
+                return True
+            at, event = item
+            if event is None:
+                return False
+            self._consume(run, at, event)
+        return run.child.process.poll() is None
+
+    def forward_remaining(self, run: HarnessRun, timeout_s: float = 10.0) -> None:
+        """Forward what a killed run sent before it died: a batch committed just before the kill still counts."""
+        deadline = time.monotonic() + timeout_s
+        while (item := run.child.next_event(deadline - time.monotonic())) is not None and item[1] is not None:
+            self._consume(run, item[0], item[1])
+
+    def wait_for_exit(self, run: HarnessRun) -> int:
+        """Forward the run's events until it exits; kill it and raise if it outlives the timeout."""
+        deadline = run.child.started_at + self.timeout_s
+        while True:
+            at, event = self._next_event(run, deadline, "pipeline run did not finish")
+            if event is None:
+                break
+            self._consume(run, at, event)
+        code = run.child.wait(timeout_s=120)
+        self.result.timeline.append(TimelineEvent(self._t(time.monotonic()), run.number, "exit", label=str(code)))
+        return code
+
+    def record_crash(self, run: HarnessRun, crash: Crash) -> None:
+        self.result.crashes.append(crash)
+        self._pending_restart = crash
+        self.result.timeline.append(
+            TimelineEvent(self._t(crash.killed_monotonic), run.number, "kill", crash.batch_id, crash.point)
+        )
+
+    def drain(self) -> None:
+        """Run the pipeline unarmed until it exits 0 (it drains the source: available-now)."""
+        run = self.start()
+        code = self.wait_for_exit(run)
+        if code != 0:
+            raise PipelineError(
+                f"pipeline run {run.number} exited with code {code}; last lines of {run.child.log_path}:\n"
+                f"{log_tail(run.child.log_path)}"
+            )
+
+    def finish(self) -> HarnessResult:
+        for run in self.runs:
+            run.child.close()
+        result = self.result
+        result.runs = len(self.runs)
+        result.process_groups = [run.child.pid for run in self.runs]
+        batches = [batch for run in self.runs for _, batch in run.committed]
+        result.rows_in = sum(batch.rows_in for batch in batches)
+        result.batches = len(batches)
+        result.batch_seconds = sum(batch.duration_s for batch in batches)
+        result.wall_s = time.monotonic() - self.began
+        return result
+
+
+def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, Any]:
+    """What a crash in ``batch_id`` left: offset log, Spark commit log, and whether every sink holds the batch
+    (and holds it keyed on the batch: txn id, ledger row, commit marker); for a fan-out, also ``held_by``,
+    the labels of the sinks that hold it."""
+    checkpoint = spec.checkpoint_dir
+    logged = (checkpoint / "offsets" / str(batch_id)).exists()
+    facts: dict[str, Any] = {
+        "offsets_logged": logged,
+        "checkpoint_committed": (checkpoint / "commits" / str(batch_id)).exists(),
+    }
+    # A batch id can recur (at-most-once restarts its numbering), so match the batch's offsets too.
+    end_offsets = batch_end_offsets(checkpoint, batch_id) if logged else None
+    held = {}
+    for sink in open_sinks(spec):
+        matching = [
+            commit for commit in sink.commits()
+            if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
+        ]  # fmt: skip
+        held[sink.name] = (bool(matching), any(commit.keyed for commit in matching))
+    facts["sink_has_batch"] = all(has for has, _ in held.values())
+    facts["sink_txn"] = all(keyed for _, keyed in held.values())
+    if len(held) > 1:
+        facts["held_by"] = [name for name, (has, _) in held.items() if has]
+    return facts
+
+
+def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
+                     timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
+    """Crash the pipeline once per named point (in order), each in the second batch of its run, then drain."""
+    spec = load_pipeline(pipeline_file)
+    harness = Harness(pipeline_file, log_dir, emit, timeout_s)
+    try:
+        labels = [sink.name for sink in spec.sink_specs]
+        for where in points:
+            point, sink = faults.split_point(where)
+            if sink is not None and sink not in labels:
+                raise ConfigError(
+                    f"--crash-at {where!r}: the pipeline has no sink labelled {sink!r} ({', '.join(labels)})"
+                )
+            # The second batch of this run: the first may be a replay, the crash should hit a fresh one. An
+            # at-most-once start numbers its batches from 0 again (it wipes Spark's logs).
+            fresh_numbering = wiring_for(spec.guarantee).progress_before_write
+            first = 0 if fresh_numbering else next_batch_to_run(spec.checkpoint_dir)
+            armed = faults.ArmedCrash(point, first + 1, sink)
+            run = harness.start(armed)
+            code = harness.wait_for_exit(run)
+            killed_at = time.monotonic()
+            if code != -signal.SIGKILL:
+                raise PipelineError(
+                    f"crash {armed.encode()} missed: run {run.number} exited with code {code} instead of dying "
+                    f"by SIGKILL (too little data for two batches?); log: {run.child.log_path}"
+                )
+            crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
+                          facts=crash_facts(spec, armed.batch_id), killed_monotonic=killed_at)  # fmt: skip
+            emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
+            harness.record_crash(run, crash)
+        harness.drain()
+    finally:
+        result = harness.finish()
+    return result
+
+
+def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir: Path, emit: Emit = print,
+                          max_after_batches: int = 3, timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
+    """Run the pipeline to the end of its source through ``kills`` seeded random SIGKILLs (module docstring)."""
+    rng = random.Random(seed)
+    harness = Harness(pipeline_file, log_dir, emit, timeout_s)
+    try:
+        for number in range(1, kills + 1):
+            run = harness.start()
+            after, phase = rng.randint(1, max_after_batches), rng.random()
+            if not harness.wait_for_batches(run, after):
+                raise PipelineError(
+                    f"kill {number}/{kills} missed: run {run.number} drained before committing {after} batches; "
+                    "use more data or a smaller source.max_offsets_per_trigger"
+                )
+            waited = run.committed[-1][1]
+            delay = phase * max(waited.duration_s, 0.2)
+            if not harness.sleep_forwarding(run, delay):
+                raise PipelineError(
+                    f"kill {number}/{kills} missed: run {run.number} drained {delay:.2f} s after batch "
+                    f"{waited.batch_id}; use more data or a smaller source.max_offsets_per_trigger"
+                )
+            killed_at = run.child.kill_tree()
+            harness.forward_remaining(run)
+            in_flight = run.committed[-1][1].batch_id + 1
+            emit(
+                f"kill {number}/{kills}: run {run.number}, {delay:.2f} s after batch {waited.batch_id} committed "
+                f"(after {after}, phase {phase:.2f}): SIGKILL pgid {run.child.pid}, batch {in_flight} in flight"
+            )
+            harness.record_crash(run, Crash(
+                faults.RANDOM, in_flight, killed_at - run.child.started_at, run.number,
+                detail=f"{delay:.2f} s after batch {waited.batch_id} committed", killed_monotonic=killed_at,
+            ))  # fmt: skip
+        harness.drain()
+    finally:
+        result = harness.finish()
+    return result

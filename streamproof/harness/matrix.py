@@ -1,0 +1,214 @@
+"""The proof matrix: every guarantee x every named crash point, each cell on a fresh topic, sinks and checkpoint
+holding the same generated data, reconciled; and what damage each cell must show.
+
+Example::
+
+    >>> cells = run_matrix(Path("examples/orders_to_delta.toml"), spark, workdir=Path("m"))   # doctest: +SKIP
+    >>> [(cell.guarantee, cell.point, cell.outcome) for cell in cells][:1]                   # doctest: +SKIP
+    [('exactly-once', 'before-sink-write', 'clean')]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from streamproof import faults
+from streamproof.config import (
+    AnySinkSpec,
+    DeltaSinkSpec,
+    FilesSinkSpec,
+    PipelineSpec,
+    PostgresSinkSpec,
+    dump_pipeline,
+    load_pipeline,
+    parse_pipeline,
+)
+from streamproof.errors import ConfigError
+from streamproof.generator import generate
+from streamproof.guarantees import GUARANTEES, wiring_for
+from streamproof.harness.crashes import Emit, TimelineEvent, run_with_crashes
+from streamproof.reconcile import verify_pipeline
+from streamproof.reconcile.checker import check_for
+from streamproof.sinks import open_sinks
+
+
+def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, check: str = "records",
+                    partial_writes_visible: bool = False) -> str:  # fmt: skip
+    """The damage a guarantee must show when killed at a point: "clean", "duplicated", "lost", or
+    "may-duplicate" / "may-lose" where it depends on how far the killed write got.
+
+    A cell that should show damage and does not means the harness missed its fault (a blind harness),
+    which is a failure too. Under at-least-once a kill in the middle of the sink write or after it
+    duplicates the batch's quarantined records: the quarantine table commits before the sink and is
+    appended again on replay; and where the sink shows a write before it is complete (PostgreSQL commits
+    per partition, a non-transactional Kafka producer), the part written before the kill is written again.
+    A sink holding the latest record per key (``check = "latest"``) absorbs a replay of its own rows.
+
+    >>> expected_damage("at-least-once", "mid-sink-write", has_invalid_records=False)
+    'clean'
+    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=False, check="latest")
+    'clean'
+    >>> expected_damage("at-least-once", "after-sink-commit", has_invalid_records=True, check="latest")
+    'duplicated'
+    """
+    wiring = wiring_for(guarantee)
+    if wiring.may_duplicate:  # a replay writes again what an unkeyed write had written
+        if point == faults.AFTER_SINK_COMMIT and check != "latest":
+            return "duplicated"
+        if point in (faults.MID_SINK_WRITE, faults.AFTER_SINK_COMMIT) and has_invalid_records:
+            return "duplicated"  # the quarantine table was appended before the kill
+        if point == faults.MID_SINK_WRITE and partial_writes_visible and check != "latest":
+            return "may-duplicate"
+    if wiring.may_lose and point == faults.BEFORE_SINK_WRITE:  # marked done before it was written
+        return "lost"
+    if wiring.may_lose and point == faults.MID_SINK_WRITE:
+        return "may-lose" if partial_writes_visible else "lost"
+    return "clean"
+
+
+@dataclass
+class MatrixCell:
+    """One guarantee x crash point run, reconciled."""
+
+    guarantee: str
+    sink: str
+    point: str
+    lost: int
+    duplicated: int
+    unexpected: int
+    crashes: list[dict[str, Any]]
+    restart_s: float | None
+    expected: str  # "clean", "duplicated" or "lost"
+    seconds: float
+    timeline: list[TimelineEvent] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        """What the cell showed: clean, lost, duplicated, lost+duplicated (unexpected rows count as damage)."""
+        damage = [name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected))
+                  if count]  # fmt: skip
+        return "+".join(damage) or "clean"
+
+    @property
+    def exactly_once(self) -> bool:
+        """A cell of a guarantee that allows no damage at all."""
+        return wiring_for(self.guarantee).exactly_once
+
+    @property
+    def as_expected(self) -> bool:
+        if self.expected == "clean":
+            return self.outcome == "clean"
+        if self.expected.startswith("may-"):
+            return self.outcome in ("clean", self.expected.removeprefix("may-").replace("lose", "lost"))
+        if wiring_for(self.guarantee).may_lose:
+            return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
+        return getattr(self, self.expected) > 0 and self.lost == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
+            "duplicated": self.duplicated, "unexpected": self.unexpected, "crashes": self.crashes,
+            "restart_s": self.restart_s, "expected": self.expected, "outcome": self.outcome,
+            "as_expected": self.as_expected, "seconds": round(self.seconds, 1),
+            "timeline": [asdict(event) for event in self.timeline],
+        }  # fmt: skip
+
+
+def upstream_shares(spec: PipelineSpec, duplicates: float | None, late: float | None) -> dict[str, float]:
+    """The resent and late shares of the matrix data: as given, else 2% and 1% when the pipeline deduplicates
+    (its dedup and late handling must be exercised), 0 otherwise."""
+    dedup = spec.transform.dedup is not None
+    return {
+        "duplicates": duplicates if duplicates is not None else 0.02 if dedup else 0.0,
+        "late": late if late is not None else 0.01 if dedup else 0.0,
+    }
+
+
+def isolated_sink(sink: AnySinkSpec, workdir: Path) -> AnySinkSpec:
+    """The same sink at a fresh location of its own (a matrix cell, a test): a path under ``workdir``, a
+    PostgreSQL table or Kafka topic with a suffix derived from ``workdir``."""
+    suffix = hashlib.sha1(str(workdir).encode()).hexdigest()[:10]
+    if isinstance(sink, DeltaSinkSpec | FilesSinkSpec):
+        return sink.model_copy(update={"path": str(workdir / "tables" / sink.name)})
+    if isinstance(sink, PostgresSinkSpec):
+        return sink.model_copy(update={"table": f"{sink.table[:48]}_{suffix}"})
+    marker = None if sink.marker_topic is None else f"{sink.marker_topic}-{suffix}"
+    return sink.model_copy(update={"topic": f"{sink.topic}-{suffix}", "marker_topic": marker})
+
+
+def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max_offsets: int) -> PipelineSpec:
+    """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint."""
+    sinks = {"sink": isolated_sink(spec.sink, workdir)} if spec.sink is not None else {
+        "sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]
+    }  # fmt: skip
+    return spec.model_copy(update={
+        "guarantee": guarantee,
+        "checkpoint": str(workdir / "checkpoint"),
+        "source": spec.source.model_copy(update={"topic": topic, "max_offsets_per_trigger": max_offsets}),
+        "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "tables" / "quarantine")}),
+        **sinks,
+    })  # fmt: skip
+
+
+def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
+               malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
+               points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print,
+               duplicates: float = 0.0, late: float = 0.0) -> list[MatrixCell]:  # fmt: skip
+    """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data
+    (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`).
+
+    One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run).
+    """
+    spec = load_pipeline(pipeline_file)
+    if spec.source.kind != "kafka":
+        raise ConfigError(
+            f"--matrix generates its data into Kafka topics and needs a kafka source, not {spec.source.kind}: "
+            "prove this pipeline with --crash-at POINT or --random-kills K on its own data"
+        )
+    guarantees = tuple(guarantees)
+    stateless = [g for g in guarantees if wiring_for(g).progress_before_write]
+    if spec.transform.watermark is not None and stateless:
+        emit(f"{', '.join(stateless)} skipped: a pipeline with dedup or windows refuses it (its restarts lose Spark's "
+             "state)")  # fmt: skip
+        guarantees = tuple(g for g in guarantees if g not in stateless)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    max_offsets = max(100, -(-count // 3))  # three batches: one committed before the crash in batch 1, one after
+    cells = []
+    for guarantee in guarantees:
+        for point in points:
+            started = time.monotonic()
+            name = f"{guarantee}-{point}"
+            emit(f"── cell {name} ──")
+            cell_dir = workdir / name
+            topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
+            generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
+                     duplicates=duplicates, late=late)  # fmt: skip
+            cell_file = cell_dir / "pipeline.toml"
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, cell_dir, max_offsets)))
+            harness = run_with_crashes(cell_file, [point], log_dir=cell_dir / "logs", emit=emit)
+            cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
+            reports = verify_pipeline(spark, cell_pipeline)
+            restarts = harness.restart_seconds
+            for sink, report in zip(open_sinks(cell_pipeline), reports, strict=True):
+                cell = MatrixCell(
+                    guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
+                    duplicated=report.duplicated, unexpected=report.unexpected,
+                    crashes=[crash.to_dict() for crash in harness.crashes],
+                    restart_s=round(restarts[0], 2) if restarts else None,
+                    expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0,
+                                             check=check_for(sink.spec).kind,
+                                             partial_writes_visible=sink.partial_writes_visible),
+                    seconds=time.monotonic() - started, timeline=harness.timeline,
+                )  # fmt: skip
+                emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
+                     f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected})")  # fmt: skip
+                cells.append(cell)
+    return cells

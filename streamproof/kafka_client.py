@@ -1,0 +1,131 @@
+"""Python-side Kafka clients (confluent-kafka): their settings, and the topic questions streamproof asks outside
+Spark: does the broker answer, does a topic exist (create it), where do its partitions end.
+
+Spark's connector reads and writes the records; this module only checks and prepares, before a pipeline
+starts (so that a missing topic is one line, not a stream waiting forever), and for tests and tools.
+
+Example::
+
+    >>> client_config("127.0.0.1:9092", **{"group.id": "g"})
+    {'bootstrap.servers': '127.0.0.1:9092', 'log_level': 3, 'group.id': 'g'}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from streamproof.config import KafkaSource
+from streamproof.errors import InfraError, PipelineError
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+ClientConfig = dict[str, str | int | float | bool]
+
+
+def client_config(bootstrap_servers: str, **settings: Any) -> ClientConfig:
+    """librdkafka settings for a Python-side client.
+
+    Warnings below error level are silenced: librdkafka prints transient ones ("coordinator load in
+    progress") straight to stderr while it retries, which would pollute every command's output.
+    """
+    return {"bootstrap.servers": bootstrap_servers, "log_level": 3, **settings}
+
+
+def source_client_config(source: KafkaSource) -> ClientConfig:
+    """librdkafka settings equivalent to the source's connection options (security settings included).
+
+    >>> source = KafkaSource(kind="kafka", topic="t", **{"kafka.security.protocol": "SSL"})
+    >>> source_client_config(source)["security.protocol"]
+    'SSL'
+    """
+    config = client_config(source.bootstrap_servers)
+    for key, value in source.kafka_options.items():
+        name = key.removeprefix("kafka.")
+        if name.startswith(("security.", "sasl.", "ssl.")) and "jaas" not in name:
+            config[name] = value
+    return config
+
+
+def _watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout_s: float) -> dict[int, tuple[int, int]]:
+    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in sorted(partitions)}
+
+
+def require_topic(source: KafkaSource) -> dict[int, tuple[int, int]]:
+    """Check the broker answers and the topic exists; return ``{partition: (low, high)}`` watermarks.
+
+    Raises :class:`PipelineError` with what to do when the broker is down or the topic is missing,
+    instead of letting Spark wait on a topic that will never appear.
+    """
+    consumer = Consumer(
+        {**source_client_config(source), "group.id": "streamproof-preflight", "enable.auto.commit": False}
+    )
+    try:
+        try:
+            metadata = consumer.list_topics(timeout=CONNECT_TIMEOUT_S)
+        except KafkaException:
+            raise PipelineError(
+                f"cannot reach Kafka at {source.bootstrap_servers} within {CONNECT_TIMEOUT_S:.0f} s: "
+                f"start it with `streamproof infra up` or fix source.bootstrap_servers"
+            ) from None
+        topic = metadata.topics.get(source.topic)
+        if topic is None or topic.error is not None:
+            raise PipelineError(
+                f"topic {source.topic!r} does not exist on {source.bootstrap_servers}: create it "
+                f"(`streamproof generate --topic {source.topic} ...`) or fix source.topic"
+            )
+        return _watermarks(consumer, source.topic, list(topic.partitions), CONNECT_TIMEOUT_S)
+    finally:
+        consumer.close()
+
+
+def topic_end_offsets(bootstrap_servers: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """High watermark of every partition of ``topic`` (``KafkaException`` when the broker does not answer)."""
+    consumer = Consumer(client_config(bootstrap_servers, **{"group.id": "streamproof-offsets"}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        return {p: high for p, (_, high) in _watermarks(consumer, topic, list(partitions), timeout_s).items()}
+    finally:
+        consumer.close()
+
+
+def topic_exists(bootstrap_servers: str, topic: str, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """Whether ``topic`` exists on the cluster (a clear error if the cluster does not answer)."""
+    try:
+        metadata = AdminClient(client_config(bootstrap_servers)).list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        raise PipelineError(f"cannot reach Kafka at {bootstrap_servers} within {timeout_s:.0f} s") from None
+    found = metadata.topics.get(topic)
+    return found is not None and found.error is None
+
+
+def ensure_topic(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    timeout_s: float = 30.0,
+    config: dict[str, str] | None = None,
+    client_settings: ClientConfig | None = None,
+) -> int:
+    """Create the topic with ``partitions`` partitions (and topic ``config``) if missing; return its
+    partition count. ``client_settings`` add librdkafka settings (security) to the admin client."""
+    admin = AdminClient(client_config(bootstrap_servers, **(client_settings or {})))
+    try:
+        metadata = admin.list_topics(timeout=timeout_s)
+    except KafkaException:
+        raise InfraError(f"cannot reach Kafka at {bootstrap_servers}: start it with `streamproof infra up`") from None
+    existing = metadata.topics.get(topic)
+    if existing is not None and existing.error is None:
+        return len(existing.partitions)
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1, config=config or {})]  # broker default
+    )
+    try:
+        futures[topic].result(timeout=timeout_s)
+    except KafkaException as error:
+        if "TOPIC_ALREADY_EXISTS" not in str(error):
+            raise InfraError(f"cannot create topic {topic!r} on {bootstrap_servers}: {error}") from None
+    return partitions

@@ -1,0 +1,175 @@
+"""Everything verification reads: the source (through the pipeline's transform), the checkpoint's offset log
+(for late records), the quarantine table and each sink; then the checker decides (``streamproof verify``).
+
+With dedup on, a valid record older than the watermark of its batch is *late*: Spark's dedup operator drops it.
+Verification recomputes which records were late from the checkpoint's offset log (each batch's offset range and
+the watermark its late records were judged by, :func:`late_flags`), so the pipeline's own classification is
+checked, not trusted. Late records are expected in quarantine (reason ``late``), or, with
+``dedup.late = "drop"``, nowhere: they are then counted as ``dropped_late``.
+
+Example::
+
+    >>> [report.ok for report in verify_pipeline(spark, load_pipeline("orders.toml"))]   # doctest: +SKIP
+    [True]
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from streamproof import sources
+from streamproof.checkpoint.log import (
+    batch_end_offsets,
+    batch_watermark_ms,
+    committed_batches,
+    late_event_watermark_ms,
+    logged_batches,
+)
+from streamproof.config import PipelineSpec
+from streamproof.generator import load_manifest
+from streamproof.reconcile.checker import DROPPED, LATE_FLAG, VALID, check_for, compare, reconcile_windows
+from streamproof.reconcile.report import Report
+from streamproof.sinks import open_sinks
+from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark, parse_records
+
+
+def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> DataFrame:
+    """The topic through the same transform as the pipeline (read_committed, earliest to latest): one row
+    per source record with its coordinates, ``_valid`` and ``columns``."""
+    parsed = parse_records(sources.read_batch(spark, spec), spec.transform)
+    return parsed.select(*COORDINATES, *columns, F.col(REJECT_REASON).isNull().alias(VALID))
+
+
+def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quarantine: DataFrame | None) -> DataFrame:
+    """``source`` with a boolean ``_late``: the valid records the pipeline's stateful operators dropped as late.
+
+    Recomputed from the checkpoint's offset log: a record belongs to the batch whose offset range holds it,
+    and is late when, against the watermark that batch judged late records by (the previous batch's, Spark's
+    rule; :func:`streamproof.checkpoint.late_event_watermark_ms`), its event time (dedup) or its window's end
+    (windows without dedup) is at or before it (:func:`streamproof.transform.late_condition`). Records no logged
+    batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100
+    batches; an at-most-once start wipes it), the quarantine table's ``late`` records are taken as the late ones.
+
+    >>> late_flags(spark, spec, read_source(spark, spec, ["event_id", "event_time"]), None)  # doctest: +SKIP
+    """
+    transform = spec.transform
+    assert transform.watermark is not None
+    batches = logged_batches(spec.checkpoint_dir)
+    if batches != list(range(len(batches))):
+        late_ones = (
+            quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
+            if quarantine is not None and "reason" in quarantine.columns
+            else source.select(*COORDINATES).limit(0)
+        )  # fmt: skip
+        flagged = source.join(late_ones.withColumn(LATE_FLAG, F.lit(True)), list(COORDINATES), "left")
+        return flagged.withColumn(LATE_FLAG, F.coalesce(F.col(LATE_FLAG), F.lit(False)))
+    ranges: list[tuple[str, int, int, int, int]] = []
+    previous: dict[str, dict[str, int]] = {}
+    for batch_id in batches:
+        watermark_ms = late_event_watermark_ms(spec.checkpoint_dir, batch_id)
+        ends = batch_end_offsets(spec.checkpoint_dir, batch_id)
+        for topic, partitions in ends.items():
+            for partition, end in partitions.items():
+                start = previous.get(topic, {}).get(partition, 0)
+                ranges.append((topic, int(partition), start, end, watermark_ms))
+        previous = ends
+    schema = "_b_topic STRING, _b_partition INT, _b_start LONG, _b_end LONG, _b_watermark LONG"
+    batch_ranges = F.broadcast(spark.createDataFrame(ranges, schema))
+    in_batch = (
+        (F.col("_src_topic") == F.col("_b_topic")) & (F.col("_src_partition") == F.col("_b_partition"))
+        & (F.col("_src_offset") >= F.col("_b_start")) & (F.col("_src_offset") < F.col("_b_end"))
+    )  # fmt: skip
+    late = F.col(VALID) & (F.col("_b_watermark") > 0) & behind_watermark(transform, F.col("_b_watermark"))
+    joined = source.join(batch_ranges, in_batch, "left")
+    return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
+        *(c for c in joined.columns if c.startswith("_b_"))
+    )
+
+
+def quarantine_reasons(quarantine: DataFrame | None) -> dict[str, int]:
+    """Quarantined rows per reason, as stored in the quarantine table."""
+    if quarantine is None:
+        return {}
+    rows = quarantine.groupBy("reason").count().collect()
+    return {row["reason"]: int(row["count"]) for row in sorted(rows, key=lambda r: r["reason"])}
+
+
+def _read_delta(spark: SparkSession, path: Path) -> DataFrame | None:
+    return spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
+
+
+def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None = None) -> list[Report]:
+    """Read everything the pipeline touched and reconcile it, one report per sink (``streamproof verify``).
+
+    >>> [report.ok for report in verify_pipeline(spark, load_pipeline("orders.toml"))]   # doctest: +SKIP
+    [True]
+    """
+    sinks = open_sinks(spec)
+    transform = spec.transform
+    dedup, aggregate = transform.dedup, transform.aggregate
+    dedup_keys = dedup.key_columns if dedup else None
+    checks = [check_for(sink.spec) for sink in sinks]
+    columns = list(dict.fromkeys([
+        *(dedup_keys or []), *([transform.watermark[0]] if transform.watermark else []),
+        *((*aggregate.by, *aggregate.sum) if aggregate else ()),
+        *(column for check in checks for column in check.columns),
+    ]))  # fmt: skip
+    source = read_source(spark, spec, columns)
+    quarantine_table = _read_delta(spark, spec.quarantine_path)
+    if transform.watermark is not None:
+        flagged = late_flags(spark, spec, source, quarantine_table)
+        source = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(
+            DROPPED, F.col(LATE_FLAG) & F.lit(transform.late == "drop")
+        )
+    source = source.cache()
+    quarantine = (
+        quarantine_table.select(*COORDINATES) if quarantine_table is not None
+        else source.select(*COORDINATES).limit(0)
+    )  # fmt: skip
+    reasons = quarantine_reasons(quarantine_table)
+    generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
+    reports = []
+    try:
+        for sink, check in zip(sinks, checks, strict=True):
+            held = sink.read(spark)
+            if aggregate is not None:
+                rows = held if held is not None else spark.createDataFrame([], _window_schema(source, aggregate))
+                counts = reconcile_windows(source, rows, quarantine, transform, _closed_through_ms(spec))
+                unit = "windows"
+            else:
+                counts = compare(check, source, held, quarantine, dedup_keys)
+                unit = check.unit
+            reports.append(Report(
+                pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
+                quarantine_reasons=reasons, generated=generated,
+            ))  # fmt: skip
+    finally:
+        source.unpersist()
+    return reports
+
+
+def _closed_through_ms(spec: PipelineSpec) -> int:
+    """The watermark of the last committed batch: the windows ending at or before it have been written."""
+    committed = committed_batches(spec.checkpoint_dir)
+    return batch_watermark_ms(spec.checkpoint_dir, committed[-1]) if committed else 0
+
+
+def _window_schema(source: DataFrame, aggregate: Any) -> str:
+    """The schema of window rows, for a sink not written yet."""
+    by = ", ".join(f"`{c}` {source.schema[c].dataType.simpleString()}" for c in aggregate.by)
+    sums = ", ".join(f"sum_{c} {EXACT_SUM}" for c in aggregate.sum)
+    parts = ["window_start TIMESTAMP, window_end TIMESTAMP", by, sums, "events LONG" if aggregate.count else ""]
+    return ", ".join(part for part in parts if part)
+
+
+def _generated(manifest_dir: Path | None, topic: str) -> dict[str, Any] | None:
+    if manifest_dir is None:
+        return None
+    manifest = load_manifest(manifest_dir, topic)
+    return {"records": manifest["records"], "malformed": manifest["malformed"]} if manifest else None

@@ -1,0 +1,75 @@
+"""A task's share of a batch, for the sinks that commit per task (PostgreSQL, Kafka).
+
+Spark numbers a batch's partitions in an order that need not be the same when the batch is replayed (after a
+rebuilt checkpoint it was not), so a per-task commit is keyed on what the task writes (:func:`peek_source_key`),
+never on its number; :class:`SourceRanges` records what it wrote, so a replay holding other records is a
+precise error; and once every share of a batch committed, a :data:`BATCH_COMPLETE` record says so.
+
+Example::
+
+    >>> ranges = SourceRanges(("_src_topic", "_src_partition", "_src_offset"))
+    >>> for row in [("t", 2, 40), ("t", 2, 41)]:
+    ...     ranges.add(row)
+    >>> ranges.as_json(), ranges.single_source()
+    ({'t/2': [40, 41, 2]}, 't/2')
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from streamproof.errors import PipelineError
+from streamproof.transform import COORDINATES
+
+BATCH_COMPLETE = "*"  # the source key of the record a per-partition sink writes once every partition committed
+
+
+def peek_source_key(rows: Iterable[tuple[Any, ...]], columns: tuple[str, ...]) -> tuple[str | None, Iterator[Any]]:
+    """The key of a task's share of a batch, by content: ``<topic>/<partition>@<first offset>`` of its first
+    row, and the rows (the first one put back). ``None`` for a task without rows.
+
+    A Kafka split holds one source partition in offset order, so the first row's coordinates name it, and two
+    splits of one partition (``minPartitions``) differ by their first offset.
+
+    >>> key, rows = peek_source_key(iter([("t", 2, 40), ("t", 2, 41)]), ("_src_topic", "_src_partition", "_src_offset"))
+    >>> key, len(list(rows))
+    ('t/2@40', 2)
+    """
+    iterator = iter(rows)
+    first = next(iterator, None)
+    if first is None:
+        return None, iter(())
+    topic, partition, offset = (first[columns.index(column)] for column in COORDINATES)
+    return f"{topic}/{partition}@{offset}", itertools.chain([first], iterator)
+
+
+class SourceRanges:
+    """Per source topic-partition: lowest offset, highest offset and count of the rows a partition wrote."""
+
+    def __init__(self, columns: tuple[str, ...]) -> None:
+        self.positions = tuple(columns.index(column) for column in COORDINATES)
+        self.ranges: dict[str, list[int]] = {}
+        self.count = 0
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        topic_at, partition_at, offset_at = self.positions
+        offset = int(row[offset_at])
+        key = f"{row[topic_at]}/{row[partition_at]}"
+        low_high_count = self.ranges.setdefault(key, [offset, offset, 0])
+        low_high_count[0], low_high_count[1] = min(low_high_count[0], offset), max(low_high_count[1], offset)
+        low_high_count[2] += 1
+        self.count += 1
+
+    def as_json(self) -> dict[str, list[int]]:
+        return dict(sorted(self.ranges.items()))
+
+    def single_source(self) -> str:
+        """The one source partition the rows came from (a task must not mix several: see peek_source_key)."""
+        if len(self.ranges) != 1:
+            raise PipelineError(
+                f"a write task received records of {len(self.ranges)} source partitions: {sorted(self.ranges)}; "
+                "streamproof expects one per task (no repartitioning before a per-partition sink)"
+            )
+        return next(iter(self.ranges))
