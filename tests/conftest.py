@@ -63,7 +63,7 @@ def stateful_example(workdir: Path, broker: str, topic: str, late: str = "quaran
 def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> list[Any]:
     """Reconcile the pipeline's sinks: each 0 lost / 0 duplicated / 0 unexpected over ``events`` source records."""
     from streamproof.config import load_pipeline
-    from streamproof.verify import verify_pipeline
+    from streamproof.reconcile import verify_pipeline
 
     reports = verify_pipeline(spark, load_pipeline(pipeline_file))
     for report in reports:
@@ -87,7 +87,8 @@ def run_cli(
     )
 
 
-# Longest first, so that the two workers (pyproject: -n 2 --dist loadfile) finish together.
+# Longest first, so that the two workers (pyproject: -n 2 --dist loadfile) finish together. A doctest module is
+# named by its path ("streamproof/__init__.py": the face's example runs a pipeline and a proof).
 LONGEST_FIRST = (
     "test_proof_matrix.py",
     "test_sinks_exactly_once.py",
@@ -104,12 +105,14 @@ LONGEST_FIRST = (
     "test_schema_change.py",
     "test_hostile_input.py",
     "test_stop_signals.py",
+    "streamproof/__init__.py",
 )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        name = item.path.name
+        path = item.path.relative_to(REPO).as_posix()
+        name = item.path.name if item.path.parent.name == "tests" else path
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order within a file is kept
