@@ -32,8 +32,8 @@ class PipelineError(StreamproofError):
     """A pipeline failed for a reason the user can act on (e.g. the topic does not exist)."""
 
 
-# Failures that go away when a server comes back: connection refused or reset, a broker or database
-# restarting. Matched on the error text, since they reach Python as Py4J, psycopg or librdkafka errors.
+# Failures that go away when a server comes back: connection refused or reset, a broker, database or
+# DataNode restarting. Matched on the error text, since they reach Python as Py4J, psycopg or librdkafka errors.
 TRANSIENT_SIGNS = (
     "Connection refused",
     "connection failed",
@@ -55,6 +55,12 @@ TRANSIENT_SIGNS = (
     "NOT_COORDINATOR",
     "COORDINATOR_NOT_AVAILABLE",
     "COORDINATOR_LOAD_IN_PROGRESS",
+    # HDFS: no DataNode could take a block (all down or restarting), the NameNode starting up or failing over.
+    "minReplication nodes",
+    "are bad. Aborting",
+    "SafeModeException",
+    "RetriableException",
+    "StandbyException",
 )
 
 
@@ -62,6 +68,8 @@ def is_transient(error: BaseException | str) -> bool:
     """Whether an error looks like a server being briefly away (worth retrying), from its text.
 
     >>> is_transient("psycopg.OperationalError: connection failed: Connection refused")
+    True
+    >>> is_transient("could only be written to 0 of the 1 minReplication nodes. There are 1 datanode(s) running")
     True
     >>> is_transient("column amount does not exist")
     False

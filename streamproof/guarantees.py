@@ -119,3 +119,43 @@ def refusal(guarantee: str, source_kind: str, sink_kind: str) -> str | None:
             f"use one of {', '.join(IDEMPOTENT_SINKS)}"
         )
     return None
+
+
+# Object stores whose default Delta LogStore assumes one writer, and where a file cannot be created atomically
+# only-if-absent through Hadoop's S3A: Delta's docs (the "S3 single-cluster" setup) and docs/cluster.md.
+SINGLE_WRITER_SCHEMES = ("s3", "s3a", "s3n")
+MULTI_WRITER_LOGSTORE = "io.delta.storage.S3DynamoDBLogStore"
+
+
+def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str, str]) -> str | None:
+    """Why a checkpoint (``role = "checkpoint"``) or a Delta table (``"delta"``) on storage of ``scheme`` cannot
+    honour the guarantee (one line), or None when it can.
+
+    Exactly-once needs one writer at a time and atomic commits. HDFS (atomic rename), local disks, ``abfss://``
+    and ``gs://`` (Delta's own LogStores for them) give both. On S3 a second process started by mistake could
+    write the same batch: streamproof's run lock cannot be created atomically there, and Delta's default S3
+    LogStore lets the later of two commits of one version replace the earlier.
+
+    >>> storage_refusal("exactly-once", "hdfs", "delta", {}) is None
+    True
+    >>> storage_refusal("exactly-once", "s3a", "delta", {}).startswith("a Delta table on s3a://")
+    True
+    >>> storage_refusal("exactly-once", "s3a", "delta",
+    ...                 {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3DynamoDBLogStore"}) is None
+    True
+    """
+    if not wiring_for(guarantee).exactly_once or scheme not in SINGLE_WRITER_SCHEMES:
+        return None
+    if role == "checkpoint":
+        return (
+            f"a checkpoint on {scheme}:// cannot guarantee exactly-once: its run lock cannot be created atomically "
+            "there, so a second process started by mistake could replay the same batches; put the checkpoint on "
+            "HDFS or a shared file system (docs/cluster.md)"
+        )
+    if spark_conf.get(f"spark.delta.logStore.{scheme}.impl") != MULTI_WRITER_LOGSTORE:
+        return (
+            f"a Delta table on {scheme}:// cannot guarantee exactly-once with Delta's default S3 LogStore (one writer "
+            f'only); set [spark.conf] "spark.delta.logStore.{scheme}.impl" = "{MULTI_WRITER_LOGSTORE}" and its '
+            "DynamoDB table (docs/cluster.md)"
+        )
+    return None

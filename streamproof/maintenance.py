@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 from streamproof.checkpoint.folder import RunLock
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
+from streamproof.storage import Location
 
 DEFAULT_RETENTION_HOURS = 168.0
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
@@ -79,7 +80,7 @@ def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_rete
         check_retention(vacuum_hours, allow_short_retention=allow_short_retention)
 
 
-def delta_tables(spec: PipelineSpec) -> list[Path]:
+def delta_tables(spec: PipelineSpec) -> list[Location]:
     """The Delta tables a pipeline writes: its Delta sinks and its quarantine table."""
     tables = [spec.resolve_path(sink.path) for sink in spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
     return [*tables, spec.quarantine_path]
@@ -98,7 +99,7 @@ def check_retention(retention_hours: float, *, allow_short_retention: bool) -> N
 
 
 def vacuum(
-    spark: SparkSession, spec: PipelineSpec, table: Path, *, retention_hours: float, allow_short_retention: bool
+    spark: SparkSession, spec: PipelineSpec, table: Location, *, retention_hours: float, allow_short_retention: bool
 ) -> VacuumResult:
     """VACUUM one table; returns how many files it deleted (from Delta's own dry run of the same command)."""
     check_retention(retention_hours, allow_short_retention=allow_short_retention)
@@ -118,7 +119,7 @@ def vacuum(
     return VacuumResult(str(table), deleted, retention_hours)
 
 
-def optimize(spark: SparkSession, table: Path) -> OptimizeResult:
+def optimize(spark: SparkSession, table: Location) -> OptimizeResult:
     """OPTIMIZE (bin-packing compaction) one table."""
     row = DeltaTable.forPath(spark, str(table)).optimize().executeCompaction().first()
     assert row is not None, "OPTIMIZE returns one row of metrics"

@@ -16,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pyspark
@@ -101,8 +102,17 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
         # compressing it costs more than it saves (measured: 25% of the batch's materialisation time).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
     }
+    if not settings.master.startswith("local"):
+        conf.update(CLUSTER_DEFAULTS)
+        if settings.on_this_machine:  # executors reach the driver on the loopback it binds (SPARK_LOCAL_IP)
+            conf["spark.driver.host"] = "127.0.0.1"
     conf.update(settings.conf)
     return conf
+
+
+# On a cluster: one core per executor (a task a core, as on a 2-core laptop), executors small enough for two of them
+# next to a driver on 2 cores (the test cluster's workers offer 1 core and 1g each); `[spark.conf]` overrides them.
+CLUSTER_DEFAULTS = {"spark.executor.cores": "1", "spark.executor.memory": "768m"}
 
 
 def _class_data_option(archive_classes_to: Path | None) -> str:
@@ -118,7 +128,8 @@ def build_session(
     """Start (or reuse) the process's SparkSession with streamproof's defaults."""
     check_java()
     settings = settings or SparkSettings()
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if settings.on_this_machine:  # on a real cluster, executors must reach the driver at its own address
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
@@ -126,4 +137,36 @@ def build_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not settings.master.startswith("local"):
+        ship_package(spark)
     return spark
+
+
+def local_session(settings: SparkSettings | None = None, app_name: str = "streamproof") -> SparkSession:
+    """A session in this process's own JVM (``local[2]``) with the pipeline's other settings (jars, storage
+    configuration): for the crash harness's checks, which run beside the pipeline and must not take its cluster's
+    executors, and for the tools that only read logs and tables (checkpoint commands)."""
+    settings = settings or SparkSettings()
+    return build_session(settings.model_copy(update={"master": "local[2]"}), app_name)
+
+
+def ship_package(spark: SparkSession) -> Path:
+    """The streamproof package, zipped once per content into the cache, added to the executors' Python path:
+    a cluster's executors run the sinks' tasks (PostgreSQL, Kafka) with the driver's code, not an installed
+    copy (their Python needs streamproof's dependencies, as the driver's does)."""
+    package = Path(__file__).resolve().parent
+    sources = sorted(path for path in package.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    archive = cache_root() / "packages" / f"streamproof-{digest.hexdigest()[:16]}.zip"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_suffix(".partial")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as zipped:
+            for path in sources:
+                zipped.write(path, Path("streamproof") / path.relative_to(package))
+        partial.rename(archive)
+    spark.sparkContext.addPyFile(str(archive))
+    return archive

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
-from streamproof.config import load_pipeline, parse_pipeline, schema_field_names
+from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline, schema_field_names
 from streamproof.errors import ConfigError
 
 EXAMPLE = (REPO / "examples" / "orders_to_delta.toml").read_text()
@@ -112,9 +112,36 @@ def test_kafka_options_of_the_file_win_over_streamproof_fetch_defaults() -> None
 
 def test_relative_paths_resolve_against_the_given_base(tmp_path: Path) -> None:
     spec = parse_pipeline(EXAMPLE, base_dir=tmp_path)
-    assert spec.resolve_path(spec.sink_specs[0].path) == tmp_path / ".streamproof/tables/orders"  # type: ignore[union-attr]
-    assert spec.quarantine_path == tmp_path / ".streamproof/tables/orders_quarantine"
-    assert spec.checkpoint_dir == tmp_path / ".streamproof/checkpoints/orders"
+    assert spec.resolve_path(spec.sink_specs[0].path).path == tmp_path / ".streamproof/tables/orders"  # type: ignore[union-attr]
+    assert spec.quarantine_path.path == tmp_path / ".streamproof/tables/orders_quarantine"
+    assert spec.checkpoint_dir.path == tmp_path / ".streamproof/checkpoints/orders"
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["hdfs://127.0.0.1:9000/streamproof/orders", "s3a://bucket/tables/orders", "abfss://c@account.dfs.core.windows.net/o",
+     "gs://bucket/orders"],
+)  # fmt: skip
+def test_uris_pass_through_unchanged(uri: str, tmp_path: Path) -> None:
+    """A URI in a pipeline file reaches Spark and Hadoop exactly as written (a pathlib.Path made s3a:/bucket of it)."""
+    text = EXAMPLE.replace('path = ".streamproof/tables/orders"', f'path = "{uri}"').replace(
+        'checkpoint = ".streamproof/checkpoints/orders"', f'checkpoint = "{uri}/_checkpoint"'
+    )
+    text += '\n"spark.delta.logStore.s3a.impl" = "io.delta.storage.S3DynamoDBLogStore"\n'  # [spark.conf] ends the file
+    spec = parse_pipeline(text.replace('guarantee = "exactly-once"', 'guarantee = "at-least-once"'), base_dir=tmp_path)
+    assert str(spec.resolve_path(spec.sink_specs[0].path)) == uri  # type: ignore[union-attr]
+    assert str(spec.checkpoint_dir) == f"{uri}/_checkpoint" and spec.checkpoint_dir.is_remote
+    assert str(spec.quarantine_path).endswith("/.streamproof/tables/orders_quarantine")  # the example's, local
+    assert f'path = "{uri}"' in dump_pipeline(spec)
+
+
+def test_a_store_that_cannot_be_exactly_once_is_refused_in_one_line() -> None:
+    text = EXAMPLE.replace('path = ".streamproof/tables/orders"', 'path = "s3a://bucket/orders"')
+    with pytest.raises(ConfigError, match=r"sink: a Delta table on s3a:// cannot guarantee exactly-once .* "
+                                          r'"spark.delta.logStore.s3a.impl"'):  # fmt: skip
+        parse_pipeline(text)
+    with pytest.raises(ConfigError, match="checkpoint: a checkpoint on s3a:// cannot guarantee exactly-once"):
+        parse_pipeline(text.replace('checkpoint = ".streamproof/checkpoints/orders"', 'checkpoint = "s3a://b/c"'))
 
 
 def test_schema_field_names_handles_nested_types() -> None:

@@ -7,7 +7,7 @@ which wipes Spark's logs, keeps them).
 Example::
 
     >>> import tempfile
-    >>> checkpoint = Path(tempfile.mkdtemp()) / "orders"
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
     >>> with RunLock(checkpoint):
     ...     RunLock(checkpoint).holder() is None   # this process holds it; another one would be refused
     True
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
-from pathlib import Path
 
 from streamproof.errors import PipelineError
+from streamproof.storage import Location
 
 
 class ProgressFile:
@@ -32,15 +31,16 @@ class ProgressFile:
 
     Example::
 
-        >>> progress = ProgressFile(Path("/tmp/cp"))                  # doctest: +SKIP
-        >>> progress.mark_done({"orders": {"0": 120, "1": 98}})     # doctest: +SKIP
-        >>> progress.starting_offsets()                              # doctest: +SKIP
+        >>> import tempfile
+        >>> progress = ProgressFile(Location(tempfile.mkdtemp()))
+        >>> progress.mark_done({"orders": {"0": 120, "1": 98}}, batch_id=4)
+        >>> progress.starting_offsets()
         '{"orders": {"0": 120, "1": 98}}'
     """
 
     NAME = "_streamproof_progress.json"
 
-    def __init__(self, checkpoint: Path) -> None:
+    def __init__(self, checkpoint: Location) -> None:
         self.checkpoint = checkpoint
         self.path = checkpoint / self.NAME
 
@@ -57,44 +57,39 @@ class ProgressFile:
             ) from None
 
     def mark_done(self, end_offsets: dict[str, dict[str, int]], batch_id: int) -> None:
-        """Durably record the batch as done (write, fsync, atomic rename)."""
-        temporary = self.path.with_suffix(".tmp")
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump({"batch_id": batch_id, "end_offsets": end_offsets}, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        """Durably record the batch as done (written aside, then renamed over the progress: all or nothing)."""
+        self.checkpoint.mkdir()
+        self.path.replace_with_text(json.dumps({"batch_id": batch_id, "end_offsets": end_offsets}, sort_keys=True))
 
     def wipe_spark_logs(self) -> None:
         """Delete Spark's logs in the checkpoint (not the progress): the next start replays nothing."""
-        if not self.checkpoint.exists():
-            return
-        for entry in self.checkpoint.iterdir():
-            if entry.name.startswith("_streamproof"):  # this progress, the run lock, the run counter
-                continue
-            if entry.is_dir():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        for name in self.checkpoint.names():
+            if not name.startswith("_streamproof"):  # this progress, the run lock, the run counter
+                (self.checkpoint / name).delete(recursive=True)
 
 
 class RunLock:
-    """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a second run, a
-    backup or a restore is refused while the process that holds it is alive (a stale file is ignored).
+    """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a second run, a backup or a
+    restore is refused while the process that holds it is alive (a stale file, left by a killed run, is taken
+    over). The file is created only if absent (atomically, on HDFS too), so two starts at the same moment cannot
+    both hold it. A holder's liveness is checked on this machine: a lock held from another host is refused until
+    its file is removed.
 
     Example::
 
-        >>> with RunLock(Path(".streamproof/checkpoints/orders")):   # doctest: +SKIP
-        ...     run_the_query()
+        >>> import tempfile
+        >>> with RunLock(Location(tempfile.mkdtemp())) as lock:
+        ...     lock.holder() is None    # this process holds it: another one would be refused
+        True
     """
 
     NAME = "_streamproof_run.pid"
 
-    def __init__(self, checkpoint: Path) -> None:
+    def __init__(self, checkpoint: Location) -> None:
         self.path = checkpoint / self.NAME
 
     def holder(self) -> int | None:
-        """Pid of a live process holding the lock, else None."""
+        """Pid of a live process (other than this one) holding the lock, else None."""
         try:
             pid = int(self.path.read_text().strip())
         except (OSError, ValueError):
@@ -108,18 +103,47 @@ class RunLock:
         return pid if pid != os.getpid() else None
 
     def __enter__(self) -> RunLock:
-        holder = self.holder()
-        if holder is not None:
-            raise PipelineError(f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(str(os.getpid()))
-        return self
+        mine = str(os.getpid())
+        for _ in range(2):
+            if self.path.create_new(mine):
+                return self
+            holder = self.holder()
+            if holder is not None:
+                raise PipelineError(f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first")
+            self.path.delete()  # stale: its process is gone
+        raise PipelineError(f"{self.path}: another process took the run lock at the same moment; try again")
 
     def __exit__(self, *exc: object) -> None:
-        self.path.unlink(missing_ok=True)
+        self.path.delete()
 
 
-def refuse_while_running(checkpoint: Path, action: str) -> None:
+class RunCounter:
+    """``<checkpoint>/_streamproof_runs``: how many times a pipeline started on this checkpoint (restarts + 1).
+
+    >>> import tempfile
+    >>> counter = RunCounter(Location(tempfile.mkdtemp()))
+    >>> counter.count_start(), counter.count_start()
+    (1, 2)
+    """
+
+    NAME = "_streamproof_runs"
+
+    def __init__(self, checkpoint: Location) -> None:
+        self.checkpoint = checkpoint
+        self.path = checkpoint / self.NAME
+
+    def count_start(self) -> int:
+        """One more start; returns the total."""
+        try:
+            runs = int(self.path.read_text()) + 1
+        except (OSError, ValueError):
+            runs = 1
+        self.checkpoint.mkdir()
+        self.path.write_text(str(runs))
+        return runs
+
+
+def refuse_while_running(checkpoint: Location, action: str) -> None:
     holder = RunLock(checkpoint).holder()
     if holder is not None:
         raise PipelineError(
@@ -128,7 +152,7 @@ def refuse_while_running(checkpoint: Path, action: str) -> None:
         )
 
 
-def backup(checkpoint: Path, target: Path | None = None) -> Path:
+def backup(checkpoint: Location, target: Location | None = None) -> Location:
     """Copy the checkpoint (not while a pipeline runs on it) to ``target`` (default: a stamped sibling)."""
     if not checkpoint.is_dir():
         raise PipelineError(f"{checkpoint}: no checkpoint to back up")
@@ -136,11 +160,11 @@ def backup(checkpoint: Path, target: Path | None = None) -> Path:
     target = target or checkpoint.with_name(f"{checkpoint.name}.backup-{time.strftime('%Y%m%dT%H%M%S')}")
     if target.exists():
         raise PipelineError(f"{target} exists already: choose another backup path")
-    shutil.copytree(checkpoint, target, ignore=shutil.ignore_patterns(RunLock.NAME))
+    checkpoint.copy_tree(target, skip=(RunLock.NAME,))
     return target
 
 
-def restore(checkpoint: Path, source: Path) -> Path | None:
+def restore(checkpoint: Location, source: Location) -> Location | None:
     """Replace the checkpoint by the backup ``source``; the current one is kept aside (returned).
 
     Restoring an older backup is safe with streamproof's sinks: the batches the sinks hold beyond it are
@@ -153,5 +177,5 @@ def restore(checkpoint: Path, source: Path) -> Path | None:
     if checkpoint.exists():
         aside = checkpoint.with_name(f"{checkpoint.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
         checkpoint.rename(aside)
-    shutil.copytree(source, checkpoint)
+    source.copy_tree(checkpoint)
     return aside

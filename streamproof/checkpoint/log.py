@@ -7,7 +7,7 @@ Invariant used everywhere in streamproof: batch N is *in flight* when ``offsets/
 Example::
 
     >>> import tempfile
-    >>> checkpoint = Path(tempfile.mkdtemp()) / "orders"
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
     >>> rebuild(checkpoint, {0: {"orders": {"0": 10}}, 1: {"orders": {"0": 25}}}, committed_through=0)
     >>> logged_batches(checkpoint), committed_batches(checkpoint), next_batch_to_run(checkpoint)
     ([0, 1], [0], 1)
@@ -22,25 +22,27 @@ import uuid
 from pathlib import Path
 
 from streamproof.errors import PipelineError
+from streamproof.storage import Location
+
+Checkpoint = str | Path | Location  # a local folder or a URI (hdfs://, s3a://, ...)
 
 
-def _batch_files(folder: Path) -> list[int]:
-    if not folder.is_dir():
-        return []
-    return sorted(int(f.name) for f in folder.iterdir() if f.name.isdigit())
+def _batch_files(folder: Location) -> list[int]:
+    # Hadoop's checksum files (".0.crc") and Spark's temporary files are not batch entries.
+    return sorted(int(name) for name in folder.names() if name.isdigit())
 
 
-def logged_batches(checkpoint: str | Path) -> list[int]:
+def logged_batches(checkpoint: Checkpoint) -> list[int]:
     """Batch ids present in the offset log."""
-    return _batch_files(Path(checkpoint) / "offsets")
+    return _batch_files(Location(checkpoint) / "offsets")
 
 
-def committed_batches(checkpoint: str | Path) -> list[int]:
+def committed_batches(checkpoint: Checkpoint) -> list[int]:
     """Batch ids present in the commit log."""
-    return _batch_files(Path(checkpoint) / "commits")
+    return _batch_files(Location(checkpoint) / "commits")
 
 
-def is_empty(checkpoint: str | Path) -> bool:
+def is_empty(checkpoint: Checkpoint) -> bool:
     """True when no batch was ever planned in this checkpoint (a fresh or lost checkpoint)."""
     return not logged_batches(checkpoint)
 
@@ -49,14 +51,14 @@ FILE_LOG = "_file_source_log"  # batch_end_offsets' key for a file source's posi
 DELTA_LOG = "_delta_source_version"  # batch_end_offsets' key for a Delta source's position (version, file index)
 
 
-def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[str, int]]:
+def batch_end_offsets(checkpoint: Checkpoint, batch_id: int) -> dict[str, dict[str, int]]:
     """End offsets of a batch as logged by Spark: ``{topic: {partition: offset}}`` of the first source.
 
     The file is ``v1``, one line of batch metadata, then one JSON line per source.
     """
-    path = Path(checkpoint) / "offsets" / str(batch_id)
+    path = Location(checkpoint) / "offsets" / str(batch_id)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text().splitlines()
     except FileNotFoundError:
         raise PipelineError(f"{path}: no offset log entry for batch {batch_id}") from None
     if len(lines) < 3 or not lines[0].startswith("v"):
@@ -72,11 +74,11 @@ def batch_end_offsets(checkpoint: str | Path, batch_id: int) -> dict[str, dict[s
     return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
 
 
-def batch_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+def batch_watermark_ms(checkpoint: Checkpoint, batch_id: int) -> int:
     """The event-time watermark Spark logged for a batch (``batchWatermarkMs``, 0 before any watermark)."""
-    path = Path(checkpoint) / "offsets" / str(batch_id)
+    path = Location(checkpoint) / "offsets" / str(batch_id)
     try:
-        metadata_line = path.read_text(encoding="utf-8").splitlines()[1]
+        metadata_line = path.read_text().splitlines()[1]
         return int(json.loads(metadata_line).get("batchWatermarkMs", 0))
     except FileNotFoundError:
         raise PipelineError(f"{path}: no offset log entry for batch {batch_id}") from None
@@ -84,7 +86,7 @@ def batch_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
         raise PipelineError(f"{path}: offset log entry is truncated or not Spark's format ({error})") from None
 
 
-def late_event_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
+def late_event_watermark_ms(checkpoint: Checkpoint, batch_id: int) -> int:
     """The watermark against which Spark's stateful operators judge the late records of ``batch_id``: the one
     of the batch before (Spark's ``getInputWatermarkForLateEvents(batchId - 1)``); 0 for the first batch.
 
@@ -93,7 +95,7 @@ def late_event_watermark_ms(checkpoint: str | Path, batch_id: int) -> int:
     return 0 if batch_id == 0 else batch_watermark_ms(checkpoint, batch_id - 1)
 
 
-def next_batch_to_run(checkpoint: str | Path) -> int:
+def next_batch_to_run(checkpoint: Checkpoint) -> int:
     """The batch id a (re)start of the query will execute first.
 
     The batch logged but not committed (replayed), else the one after the last committed, else 0.
@@ -107,17 +109,17 @@ def next_batch_to_run(checkpoint: str | Path) -> int:
     return committed[-1] + 1 if committed else 0
 
 
-def check_readable(checkpoint: str | Path, recover_hint: str) -> None:
+def check_readable(checkpoint: Checkpoint, recover_hint: str) -> None:
     """Fail with one clear line when the last offset or commit log entry is damaged (truncated, not JSON).
 
     Spark would stop on it with a JVM stack trace; this names the file and the way out.
     """
-    folder = Path(checkpoint)
+    folder = Location(checkpoint)
     for log, batches in (("offsets", logged_batches(folder)), ("commits", committed_batches(folder))):
         if not batches:
             continue
         path = folder / log / str(batches[-1])
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = path.read_text().splitlines()
         expected = 3 if log == "offsets" else 2
         try:
             if len(lines) < expected or not lines[0].startswith("v"):
@@ -133,7 +135,7 @@ def check_readable(checkpoint: str | Path, recover_hint: str) -> None:
 
 
 def rebuild(
-    checkpoint: Path,
+    checkpoint: Location,
     end_offsets: dict[int, dict[str, dict[str, int]]],
     committed_through: int,
     confs: dict[str, str] | None = None,
@@ -151,13 +153,11 @@ def rebuild(
     Format: Spark's offset log ``v1`` / batch metadata / one offsets line per source, and commit log ``v1`` /
     watermark; ``metadata`` holds a new query id (Spark requires the file).
     """
-    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets").mkdir()
     (checkpoint / "commits").mkdir()
-    (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}), encoding="utf-8")
+    (checkpoint / "metadata").write_text(json.dumps({"id": str(uuid.uuid4())}))
     for batch_id, offsets in sorted(end_offsets.items()):
         metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": confs or {}}
-        (checkpoint / "offsets" / str(batch_id)).write_text(
-            f"v1\n{json.dumps(metadata)}\n{json.dumps(offsets)}", encoding="utf-8"
-        )
+        (checkpoint / "offsets" / str(batch_id)).write_text(f"v1\n{json.dumps(metadata)}\n{json.dumps(offsets)}")
         if batch_id <= committed_through:
-            (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}', encoding="utf-8")
+            (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')

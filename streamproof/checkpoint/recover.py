@@ -13,9 +13,7 @@ Example::
 from __future__ import annotations
 
 import json
-import shutil
 import time
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -26,6 +24,7 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink
+from streamproof.storage import Location
 
 # The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
 # state written under them stays readable; a rebuilt entry carries the session's current values.
@@ -121,7 +120,7 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
         aside = checkpoint.with_name(f"{checkpoint.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         checkpoint.rename(aside)
     elif checkpoint.exists():  # only streamproof's own files (run counter): not worth keeping
-        shutil.rmtree(checkpoint)
+        checkpoint.delete(recursive=True)
     entries = {batch: recorded[batch] for batch in needed}
     rebuild(checkpoint, entries, committed_through=low, confs=recorded_confs(spark))
     resume = f"re-runs batch {high} with the offsets recorded by the sinks ahead" if high > low else (
@@ -133,7 +132,7 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
     )
 
 
-def _is_readable(checkpoint: Path) -> bool:
+def _is_readable(checkpoint: Location) -> bool:
     try:
         check_readable(checkpoint, "")
     except PipelineError:

@@ -26,7 +26,9 @@ from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSet
 from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PostgresSinkSpec, SinkSpec
 from streamproof.config.sources import DeltaSource, FilesSource, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
-from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, wiring_for
+from streamproof.errors import ConfigError
+from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, storage_refusal, wiring_for
+from streamproof.storage import Location
 
 
 class PipelineSpec(Strict):
@@ -174,6 +176,17 @@ class PipelineSpec(Strict):
                     )
         return self
 
+    @model_validator(mode="after")
+    def _storage_can_honour_the_guarantee(self) -> PipelineSpec:
+        delta = [self.resolve_path(sink.folder) for sink in self.sink_specs
+                 if isinstance(sink, DeltaSinkSpec) and sink.folder is not None]  # fmt: skip
+        places = [("checkpoint", "checkpoint", self.checkpoint_dir), ("transform.quarantine", "delta",
+                  self.quarantine_path), *((self._sinks_key, "delta", table) for table in delta)]  # fmt: skip
+        for key, role, location in places:
+            if reason := storage_refusal(self.guarantee, location.scheme, role, self.spark.conf):
+                raise ValueError(f"{key}: {reason}")
+        return self
+
     @property
     def _sinks_key(self) -> str:
         """How the file names its sinks: ``sink`` or ``sinks``."""
@@ -184,19 +197,46 @@ class PipelineSpec(Strict):
         """Every sink of the pipeline, in file order."""
         return [self.sink] if self.sink is not None else list(self.sinks)
 
-    def resolve_path(self, path: str) -> Path:
-        """A path of the file, relative to the current directory when the file was loaded (URIs pass unchanged)."""
-        if "://" in path:
-            return Path(path)
-        candidate = Path(path).expanduser()
-        return candidate if candidate.is_absolute() else (self._base_dir / candidate).resolve()
+    def resolve_path(self, path: str) -> Location:
+        """A path of the file: a URI (``hdfs://...``, ``s3a://...``) exactly as written; a plain path relative to the
+        current directory when the file was loaded.
+
+        >>> spec = PipelineSpec.model_validate({"name": "p", "source": {"kind": "kafka", "topic": "t"},
+        ...     "transform": {"schema": "id STRING"}, "sink": {"kind": "delta", "path": "hdfs://nn:9000/orders"}})
+        >>> str(spec.resolve_path("s3a://bucket/orders")), str(spec.quarantine_path)
+        ('s3a://bucket/orders', 'hdfs://nn:9000/orders_quarantine')
+        """
+        return Location.resolved(path, self._base_dir)
+
+    def on_master(self, master: str) -> PipelineSpec:
+        """The same pipeline run on another Spark master (``--master``); a bad master is a one-line error."""
+        try:
+            settings = SparkSettings.model_validate({**self.spark.model_dump(), "master": master})
+        except ValueError as error:
+            raise ConfigError(f"--master: {str(error).splitlines()[-1].split(', ', 1)[-1]}") from None
+        moved = self.model_copy(update={"spark": settings})
+        moved._base_dir, moved._source_name, moved._env_references = (
+            self._base_dir, self._source_name, self._env_references)  # fmt: skip
+        return moved
 
     @property
-    def checkpoint_dir(self) -> Path:
+    def locations(self) -> list[Location]:
+        """Every place the pipeline reads or writes files: checkpoint, quarantine, folder sinks, a folder source."""
+        folders = [sink.folder for sink in self.sink_specs if sink.folder is not None]
+        source = [self.source.path] if isinstance(self.source, FilesSource | DeltaSource) else []
+        return [self.checkpoint_dir, self.quarantine_path, *map(self.resolve_path, [*folders, *source])]
+
+    @property
+    def on_distributed_storage(self) -> bool:
+        """Whether some of its files are reached through Hadoop's FileSystem (URIs), so through Spark's JVM."""
+        return any(location.is_remote for location in self.locations)
+
+    @property
+    def checkpoint_dir(self) -> Location:
         return self.resolve_path(self.checkpoint or f".streamproof/checkpoints/{self.name}")
 
     @property
-    def quarantine_path(self) -> Path:
+    def quarantine_path(self) -> Location:
         if self.transform.quarantine:
             return self.resolve_path(self.transform.quarantine)
         folder = self.sink_specs[0].folder

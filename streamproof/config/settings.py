@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -60,7 +61,8 @@ class MetricsSettings(Strict):
 
 
 class SparkSettings(Strict):
-    """``[spark]``: where the pipeline runs. Defaults fit a 2-core laptop."""
+    """``[spark]``: where the pipeline runs. Defaults fit a 2-core laptop; ``master = "spark://host:7077"`` (or
+    ``yarn``, ``k8s://...``) runs it on a cluster, unchanged otherwise."""
 
     master: str = "local[2]"
     driver_memory: str = "2g"
@@ -75,3 +77,20 @@ class SparkSettings(Strict):
     # (two rounds each; 8% in an earlier comparison) at a 28% lower peak memory (docs/performance.md).
     gc: Literal["parallel", "g1"] = "parallel"
     conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, value: str) -> str:
+        if not re.fullmatch(r"local(\[(\d+|\*)(,\d+)?\])?|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*|yarn|k8s://\S+",
+                            value):  # fmt: skip
+            raise ValueError(f"{value!r} is not a Spark master: local[2], spark://host:7077, yarn or k8s://https://...")
+        return value
+
+    @property
+    def on_this_machine(self) -> bool:
+        """In one local JVM, or on a standalone master of this machine's loopback (``infra up --spark-workers``).
+
+        >>> SparkSettings(master="spark://127.0.0.1:7077").on_this_machine, SparkSettings(master="yarn").on_this_machine
+        (True, False)
+        """
+        return self.master.startswith(("local", "spark://127.0.0.1", "spark://localhost"))

@@ -36,6 +36,7 @@ from streamproof.generator import load_manifest
 from streamproof.reconcile.checker import DROPPED, LATE_FLAG, VALID, check_for, compare, reconcile_windows
 from streamproof.reconcile.report import Report
 from streamproof.sinks import open_sinks
+from streamproof.storage import Location
 from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark, parse_records
 
 
@@ -100,7 +101,7 @@ def quarantine_reasons(quarantine: DataFrame | None) -> dict[str, int]:
     return {row["reason"]: int(row["count"]) for row in sorted(rows, key=lambda r: r["reason"])}
 
 
-def _read_delta(spark: SparkSession, path: Path) -> DataFrame | None:
+def _read_delta(spark: SparkSession, path: Location) -> DataFrame | None:
     return spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
 
 

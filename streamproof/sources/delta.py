@@ -28,8 +28,6 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
@@ -37,6 +35,7 @@ from pyspark.sql.streaming import DataStreamReader
 
 from streamproof.config import DeltaSource, PipelineSpec
 from streamproof.errors import PipelineError
+from streamproof.storage import Location
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, SOURCE_REASON
 
 CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
@@ -49,7 +48,7 @@ _JSON_TIMES = {
 }
 
 
-def table_path(spec: PipelineSpec) -> Path:
+def table_path(spec: PipelineSpec) -> Location:
     """The source table's folder (a relative path is relative to the current directory at load: PipelineSpec)."""
     assert isinstance(spec.source, DeltaSource)
     return spec.resolve_path(spec.source.path)
@@ -58,7 +57,7 @@ def table_path(spec: PipelineSpec) -> Path:
 def require_table(spec: PipelineSpec) -> None:
     """Fail in one line when the folder is not a Delta table (Spark would fail later, with a stack trace)."""
     path = table_path(spec)
-    if "://" not in str(path) and not (path / "_delta_log").is_dir():
+    if path.reachable and not (path / "_delta_log").is_dir():
         raise PipelineError(
             f"source.path: {path} is not a Delta table (no _delta_log folder): point it at the table a pipeline "
             "writes (its [sink] path), or run that pipeline first"

@@ -17,16 +17,15 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamproof.config import FilesSource, PipelineSpec
 from streamproof.errors import PipelineError
+from streamproof.storage import Location
 
 
-def folder(spec: PipelineSpec) -> Path:
+def folder(spec: PipelineSpec) -> Location:
     """The files source's folder (a relative path is relative to the current directory at load: PipelineSpec)."""
     assert isinstance(spec.source, FilesSource)
     return spec.resolve_path(spec.source.path)
@@ -35,7 +34,7 @@ def folder(spec: PipelineSpec) -> Path:
 def require_folder(spec: PipelineSpec) -> None:
     """Fail in one line when the folder is missing (Spark would fail later, with a stack trace)."""
     path = folder(spec)
-    if "://" not in str(path) and not path.is_dir():
+    if path.reachable and not path.is_dir():
         raise PipelineError(f"source.path: folder {path} does not exist: create it and put JSON-lines files in it")
 
 

@@ -1,0 +1,269 @@
+"""Every file operation streamproof performs itself (Spark's checkpoint logs, Delta's logs, the run lock, the progress
+file, backups), through one small API that works wherever Spark's own file access does.
+
+A :class:`Location` is a local path or a URI (``hdfs://``, ``s3a://``, ``abfss://``, ``gs://``; ``file://`` is a local
+path). A URI is kept exactly as written, and reached through Hadoop's ``FileSystem`` in the JVM of this process's
+Spark session: the same API, configuration and credentials Spark uses. A local path is reached with Python's own
+file calls, so that the checks made before Spark starts, and the crash harness right after a SIGKILL, need no JVM.
+
+Example::
+
+    >>> import tempfile
+    >>> folder = Location(tempfile.mkdtemp())
+    >>> (folder / "offsets").mkdir()
+    >>> (folder / "offsets" / "0").write_text("v1")
+    >>> (folder / "offsets").names(), (folder / "offsets" / "0").read_text()
+    (['0'], 'v1')
+    >>> str(Location("hdfs://namenode:9000/checkpoints/orders") / "commits")
+    'hdfs://namenode:9000/checkpoints/orders/commits'
+    >>> Location("file:///tmp/orders").is_remote, Location("s3a://bucket/orders").scheme
+    (False, 's3a')
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from streamproof.errors import PipelineError
+
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+class Location:
+    """A file or folder: a local path, or a URI reached through Hadoop's FileSystem (see the module)."""
+
+    text: str  # the path, or the URI as written
+
+    def __init__(self, where: str | Path | Location) -> None:
+        text = where.text if isinstance(where, Location) else str(where)
+        match = _URI.match(text)
+        self.scheme = match.group(1).lower() if match else "file"
+        if self.scheme == "file":
+            self.text = str(Path(text.removeprefix("file://")) if match else Path(text))
+        else:
+            self.text = text.rstrip("/") if text.count("/") > 3 else text
+
+    @classmethod
+    def resolved(cls, where: str | Path, base: Path | None = None) -> Location:
+        """A URI exactly as written; a local path made absolute against ``base`` (default: the current directory).
+
+        >>> str(Location.resolved("backups/orders", Path("/srv"))), str(Location.resolved("hdfs://nn:9000/b"))
+        ('/srv/backups/orders', 'hdfs://nn:9000/b')
+        """
+        location = cls(where)
+        if location.is_remote:
+            return location
+        candidate = location.path.expanduser()
+        return cls(candidate if candidate.is_absolute() else ((base or Path.cwd()) / candidate).resolve())
+
+    @property
+    def is_remote(self) -> bool:
+        """Reached through Hadoop's FileSystem (a URI), not Python's file calls."""
+        return self.scheme != "file"
+
+    @property
+    def reachable(self) -> bool:
+        """Whether it can be read now: a local path always, a URI once a Spark session runs in this process."""
+        if not self.is_remote:
+            return True
+        from pyspark import SparkContext
+
+        return SparkContext._active_spark_context is not None
+
+    @property
+    def path(self) -> Path:
+        """The local path (a remote location has none)."""
+        if self.is_remote:
+            raise PipelineError(f"{self}: a local path was expected here, not a {self.scheme}:// URI")
+        return Path(self.text)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Location({self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Location) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __truediv__(self, name: str) -> Location:
+        return Location(str(self.path / name)) if not self.is_remote else Location(f"{self.text}/{name}")
+
+    @property
+    def name(self) -> str:
+        return self.text.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> Location:
+        return Location(str(self.path.parent)) if not self.is_remote else Location(self.text.rsplit("/", 1)[0])
+
+    def with_name(self, name: str) -> Location:
+        """A sibling: the same folder, another name."""
+        return self.parent / name
+
+    # ------------------------------------------------------------------------------------------------ reading
+
+    def exists(self) -> bool:
+        return self.path.exists() if not self.is_remote else bool(self._fs.exists(self._jpath))
+
+    def is_dir(self) -> bool:
+        if not self.is_remote:
+            return self.path.is_dir()
+        return bool(self._fs.exists(self._jpath) and self._fs.getFileStatus(self._jpath).isDirectory())
+
+    def names(self) -> list[str]:
+        """The names in a folder, sorted; none when it does not exist."""
+        if not self.is_remote:
+            return sorted(entry.name for entry in self.path.iterdir()) if self.path.is_dir() else []
+        if not self._fs.exists(self._jpath):
+            return []
+        return sorted(str(status.getPath().getName()) for status in self._fs.listStatus(self._jpath))
+
+    def read_text(self) -> str:
+        """The file as UTF-8 text (undecodable bytes replaced); ``FileNotFoundError`` when it does not exist."""
+        if not self.is_remote:
+            return self.path.read_text(encoding="utf-8", errors="replace")
+        if not self._fs.exists(self._jpath):
+            raise FileNotFoundError(self.text)
+        stream = self._fs.open(self._jpath)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode("utf-8", "replace")
+        finally:
+            stream.close()
+
+    # ------------------------------------------------------------------------------------------------ writing
+
+    def mkdir(self) -> None:
+        """The folder and its parents (nothing when it exists)."""
+        if not self.is_remote:
+            self.path.mkdir(parents=True, exist_ok=True)
+        else:
+            self._fs.mkdirs(self._jpath)
+
+    def write_text(self, text: str) -> None:
+        """Write the file whole (replacing it), its folder created if needed."""
+        if not self.is_remote:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(text, encoding="utf-8")
+            return
+        stream = self._fs.create(self._jpath, True)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
+
+    def create_new(self, text: str) -> bool:
+        """Create the file with ``text`` only if it does not exist (atomically on HDFS and local disks); False when it
+        exists already."""
+        if not self.is_remote:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(self.path, "x", encoding="utf-8") as handle:
+                    handle.write(text)
+            except FileExistsError:
+                return False
+            return True
+        try:
+            stream = self._fs.create(self._jpath, False)
+        except Exception as error:  # py4j: FileAlreadyExistsException
+            if "AlreadyExists" in str(error):
+                return False
+            raise
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
+        return True
+
+    def replace_with_text(self, text: str) -> None:
+        """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary
+        sibling made durable, then renamed over the file."""
+        temporary = self.with_name(f".{self.name}.tmp")
+        if not self.is_remote:
+            with open(temporary.path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary.path, self.path)
+            return
+        temporary.write_text(text)
+        from pyspark import SparkContext
+
+        jvm, gateway = self._jvm, SparkContext._gateway
+        assert gateway is not None, "a classic Spark session has a gateway"
+        overwrite = gateway.new_array(jvm.org.apache.hadoop.fs.Options.Rename, 1)
+        overwrite[0] = jvm.org.apache.hadoop.fs.Options.Rename.OVERWRITE
+        context = jvm.org.apache.hadoop.fs.FileContext.getFileContext(self._jpath.toUri(), self._conf)
+        context.rename(temporary._jpath, self._jpath, overwrite)
+
+    def delete(self, *, recursive: bool = False) -> None:
+        """Remove the file (or, ``recursive``, the folder); nothing when it does not exist."""
+        if self.is_remote:
+            self._fs.delete(self._jpath, recursive)
+        elif self.path.is_dir() and recursive:
+            shutil.rmtree(self.path)
+        else:
+            self.path.unlink(missing_ok=True)
+
+    def rename(self, target: Location) -> None:
+        """Move to ``target`` (which must not exist): atomic on HDFS and local disks."""
+        if self.is_remote != target.is_remote:
+            raise PipelineError(f"cannot move {self} to {target}: one is local and the other is not")
+        if not self.is_remote:
+            self.path.rename(target.path)
+        elif not self._fs.rename(self._jpath, target._jpath):
+            raise PipelineError(f"{self._fs.getScheme()}: could not rename {self} to {target} (does it exist?)")
+
+    def copy_tree(self, target: Location, *, skip: tuple[str, ...] = ()) -> None:
+        """Copy this folder to ``target`` (which must not exist), leaving out the names in ``skip``."""
+        if not self.is_remote and not target.is_remote:
+            shutil.copytree(self.path, target.path, ignore=shutil.ignore_patterns(*skip))
+            return
+        target.mkdir()
+        for name in self.names():
+            if name in skip:
+                continue
+            if (self / name).is_dir():
+                (self / name).copy_tree(target / name, skip=skip)
+            else:
+                (target / name).write_text((self / name).read_text())
+
+    # ---------------------------------------------------------------------------------------- Hadoop's side
+
+    @cached_property
+    def _jvm(self) -> Any:
+        # pyspark is imported only when a URI is touched: the configuration, which every PySpark worker and the pytest
+        # plugin import, holds Locations (docs/architecture.md measures what importing Spark's side costs).
+        from pyspark import SparkContext
+
+        context = SparkContext._active_spark_context
+        if context is None or context._jvm is None:
+            raise PipelineError(
+                f"{self}: a {self.scheme}:// path is reached through Spark's JVM (Hadoop's FileSystem), and no Spark "
+                "session runs in this process yet"
+            )
+        return context._jvm
+
+    @cached_property
+    def _jpath(self) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(self.text)
+
+    @cached_property
+    def _conf(self) -> Any:
+        from pyspark import SparkContext
+
+        context = SparkContext._active_spark_context
+        assert context is not None and context._jsc is not None
+        return context._jsc.hadoopConfiguration()
+
+    @cached_property
+    def _fs(self) -> Any:
+        return self._jpath.getFileSystem(self._conf)
