@@ -1,11 +1,13 @@
 """JVM jars: resolved once with Maven from the poms in ``jvm/``, then read from a local cache.
 
-Two sets exist:
+Three sets exist:
 
 * ``spark``: Delta Lake and Spark's Kafka connector with their runtime dependencies, minus every
   artifact the pyspark wheel already ships (Spark's own jars are never duplicated, so no second
   Jackson, Hadoop or Parquet can shadow Spark's).
-* ``kafka``: the Apache Kafka broker (KRaft) with a log4j2 backend, for ``streamproof infra up``.
+* ``kafka``: the Apache Kafka broker (KRaft) with a log4j2 backend, for ``streamproof infra up``;
+* ``hdfs``: the HDFS NameNode and DataNode (Hadoop at the version pyspark bundles as its client), for
+  ``streamproof infra up --hdfs``; their own JVMs, never on Spark's classpath.
 
 Invariant: a set is resolved into ``<cache>/jars/<set>-<key>/`` where ``key`` hashes the pom, the Maven
 settings and (for ``spark``) the pyspark version; the folder is complete only once its ``.complete``
@@ -40,7 +42,7 @@ from streamproof.errors import SetupError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JVM_DIR = REPO_ROOT / "jvm"
 MAVEN_SETTINGS = JVM_DIR / "settings.xml"
-JAR_SETS = ("spark", "kafka")
+JAR_SETS = ("spark", "kafka", "hdfs")
 
 # "<artifactId>-<version>.jar", where the version is the last "-<digits>." run: greedy on the artifact
 # so that "spark-sql-kafka-0-10_2.13-4.2.0.jar" splits at "-4.2.0", not at "-0-10".

@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
+
+from streamproof.errors import InfraError
+from streamproof.faults import process_cmdline
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -39,13 +46,6 @@ def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.settimeout(0.5)
         return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def process_cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def process_alive(pid: int) -> bool:
@@ -77,3 +77,78 @@ class LocalDaemon:
     @property
     def log_file(self) -> Path:
         return self.home / self.log_name
+
+
+@dataclass(frozen=True)
+class DaemonProcess:
+    """One process a daemon's ``up`` started: its pid file, and a text its command line must hold to be ours, so
+    that a recycled pid is never signalled.
+
+    >>> DaemonProcess(Path("/nonexistent/broker.pid"), "server.properties").pid() is None
+    True
+    """
+
+    pid_file: Path
+    marker: str
+
+    def pid(self) -> int | None:
+        """The pid, while that process runs and is ours."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if self.marker in process_cmdline(pid) and process_alive(pid) else None
+
+    def start(self, command: list[str], *, output: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``command`` in a session of its own (it survives the CLI; Ctrl-C does not reach it), its output
+        appended to ``output``; record its pid."""
+        if self.marker not in " ".join(command):
+            raise InfraError(f"internal: {self.marker!r} is not in the command that starts {self.pid_file.stem}")
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(output, "ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
+        self.pid_file.write_text(str(process.pid))
+        return process
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, then SIGKILL past ``timeout_s``; returns the pid stopped (None when it was not running)."""
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if process_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            reap(pid)
+        self.pid_file.unlink(missing_ok=True)
+        return pid
+
+    def kill(self) -> int | None:
+        """SIGKILL now (a fault the crash harness injects); returns the pid killed."""
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while process_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            reap(pid)
+        return pid
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, *, interval_s: float = 0.3,
+               exited: subprocess.Popen[bytes] | None = None) -> bool:  # fmt: skip
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False); stops early (False) when the
+    process ``exited`` is given and has exited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if exited is not None and exited.poll() is not None:
+            return False
+        time.sleep(interval_s)
+    return False

@@ -7,6 +7,7 @@ its pid *and* its command line, so a recycled pid is never killed.
 
 Example::
 
+    >>> from pathlib import Path
     >>> broker = KafkaBroker(Path(".streamproof"), port=9092)
     >>> broker.bootstrap_servers
     '127.0.0.1:9092'
@@ -18,28 +19,17 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 from confluent_kafka.admin import AdminClient
 
 from streamproof.errors import InfraError, log_tail
-from streamproof.infra.common import (
-    START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
-    LocalDaemon,
-    port_in_use,
-    process_alive,
-    process_cmdline,
-    reap,
-)
+from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use
 from streamproof.jars import check_java, kafka_broker_classpath
 from streamproof.kafka_client import client_config
 
@@ -100,19 +90,12 @@ class KafkaBroker(LocalDaemon):
         return f"127.0.0.1:{self.port}"
 
     @property
-    def pid_file(self) -> Path:
-        return self.home / "broker.pid"
-
-    def _pid(self) -> int | None:
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        # Ours only if the command line is a Kafka broker using our config file.
-        return pid if str(self.home / "server.properties") in process_cmdline(pid) else None
+    def process(self) -> DaemonProcess:
+        """The broker's process: ours only if its command line names our config file."""
+        return DaemonProcess(self.home / "broker.pid", str(self.home / "server.properties"))
 
     def running(self) -> bool:
-        return self._pid() is not None
+        return self.process.pid() is not None
 
     def _answers(self, timeout_s: float = 5.0) -> bool:
         try:
@@ -173,7 +156,7 @@ class KafkaBroker(LocalDaemon):
     def up(self, timeout_s: float = START_TIMEOUT_S) -> str:
         """Start the broker if it is not running; wait until it answers. Returns a status line."""
         if self.running() and self._answers():
-            return f"Kafka already running at {self.bootstrap_servers} (pid {self._pid()})"
+            return f"Kafka already running at {self.bootstrap_servers} (pid {self.process.pid()})"
         check_java()
         for port in (self.port, self.controller_port):
             if port_in_use(port):
@@ -183,15 +166,8 @@ class KafkaBroker(LocalDaemon):
         self._write_config()
         self._format_storage_once()
         started = time.monotonic()
-        with open(self.home / "stdout.log", "ab") as out:
-            process = subprocess.Popen(
-                self._java_command("kafka.Kafka", str(self.home / "server.properties")),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # survives the CLI; Ctrl-C in the terminal does not reach it
-            )
-        self.pid_file.write_text(str(process.pid))
+        command = self._java_command("kafka.Kafka", str(self.home / "server.properties"))
+        process = self.process.start(command, output=self.home / "stdout.log")
         deadline = started + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -202,41 +178,23 @@ class KafkaBroker(LocalDaemon):
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return f"started Kafka (KRaft) at {self.bootstrap_servers} in {time.monotonic() - started:.1f} s"
             time.sleep(0.3)
-        self._terminate(process.pid)
+        self.process.stop()
         raise InfraError(
             f"Kafka did not answer at {self.bootstrap_servers} within {timeout_s:.0f} s; last lines of "
             f"{self.log_file}:\n{log_tail(self.log_file, 20)}"
         )
 
-    def _terminate(self, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if not process_alive(pid):
-                break
-            time.sleep(0.2)
-        else:
-            os.kill(pid, signal.SIGKILL)
-        reap(pid)
-
     def down(self, wipe: bool = False) -> str:
         """Stop the broker ``up`` started (by pid); ``wipe`` also deletes its data."""
-        pid = self._pid()
-        message = "Kafka was not running"
-        if pid is not None:
-            self._terminate(pid)
-            message = f"stopped Kafka (pid {pid})"
-        self.pid_file.unlink(missing_ok=True)
+        pid = self.process.stop()
+        message = "Kafka was not running" if pid is None else f"stopped Kafka (pid {pid})"
         if wipe and self.home.exists():
             shutil.rmtree(self.home)
             message += f"; deleted {self.home}"
         return message
 
     def status(self) -> str:
-        pid = self._pid()
+        pid = self.process.pid()
         if pid is None:
             return f"Kafka: not running (state {self.home})"
         answers = "answering" if self._answers() else "NOT answering"
