@@ -1,0 +1,69 @@
+"""``streamproof infra up|down|status``: the local daemons (Kafka, PostgreSQL, a Spark cluster, HDFS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from streamproof.cli.base import (
+    StateDir,
+    console,
+    friendly_errors,
+    infra_app,
+    state_path,
+)
+from streamproof.infra import HdfsCluster, KafkaBroker, PostgresServer, SparkCluster
+
+
+@infra_app.command("up")
+@friendly_errors
+def infra_up(
+    port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1.")] = 9092,
+    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    postgres: Annotated[bool, typer.Option("--postgres", help="Also start a local PostgreSQL 15.")] = False,
+    pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5432,
+    spark_workers: Annotated[
+        int, typer.Option(min=0, help="Also start a Spark standalone cluster: a master and this many workers.")
+    ] = 0,
+    spark_port: Annotated[int, typer.Option(help="Spark master port on 127.0.0.1.")] = 7077,
+    spark_webui_port: Annotated[int, typer.Option(help="Spark master web UI port (workers: the next ones).")] = 8080,
+    hdfs: Annotated[bool, typer.Option("--hdfs", help="Also start HDFS: a NameNode and a DataNode.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Start the local Kafka broker; PostgreSQL, a Spark cluster and HDFS when asked (running ones are reused)."""
+    state = state_path(state_dir)
+    console.print(KafkaBroker(state, port, controller_port).up())
+    if postgres:
+        console.print(PostgresServer(state, pg_port).up())
+    if hdfs:
+        console.print(HdfsCluster(state).up())
+    if spark_workers:
+        console.print(SparkCluster(state, workers=spark_workers, port=spark_port, webui_port=spark_webui_port).up())
+
+
+@infra_app.command("down")
+@friendly_errors
+def infra_down(
+    wipe: Annotated[bool, typer.Option(help="Also delete the broker's (and database's) data.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Stop what `infra up` started (only those processes): Spark cluster, HDFS, PostgreSQL, the broker."""
+    for daemon in reversed(_local_daemons(state_path(state_dir))):
+        console.print(daemon.down(wipe=wipe))
+
+
+@infra_app.command("status")
+@friendly_errors
+def infra_status(state_dir: StateDir = None) -> None:
+    """Show whether the local broker (and PostgreSQL, the Spark cluster, HDFS) run and answer."""
+    for daemon in _local_daemons(state_path(state_dir)):
+        console.print(daemon.status())
+
+
+def _local_daemons(state: Path) -> list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster]:
+    """The broker, and each other daemon `infra up` ever started under ``state``."""
+    others: list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster] = [
+        PostgresServer(state), HdfsCluster(state), SparkCluster.started_under(state)]  # fmt: skip
+    return [KafkaBroker(state), *(daemon for daemon in others if daemon.home.exists())]

@@ -1,0 +1,253 @@
+"""``streamproof generate|run|verify|prove|demo``: data in, the pipeline run, its reconciliation and its proof."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from streamproof.cli.base import (
+    StateDir,
+    app,
+    console,
+    emit_plain,
+    fraction,
+    friendly_errors,
+    state_path,
+    write_output,
+)
+from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
+from streamproof.demo import run_demo
+from streamproof.errors import ConfigError
+from streamproof.faults import POINTS
+from streamproof.generator import EventMix
+from streamproof.generator import generate as produce
+from streamproof.harness.cluster import ClusterFaults, cluster_faults
+from streamproof.harness.matrix import run_matrix, upstream_shares
+from streamproof.harness.proof import prove_pipeline
+from streamproof.pipeline.events import Event, RunSummary
+from streamproof.pipeline.query import run as run_pipeline
+from streamproof.reconcile import reports_document, verify_pipeline
+from streamproof.render import matrix_html, matrix_table, print_reports, report_html
+from streamproof.session import build_session, local_session
+
+
+@app.command()
+@friendly_errors
+def generate(
+    topic: Annotated[str, typer.Option(help="Topic to produce into (created if missing).")],
+    count: Annotated[int, typer.Option(min=0, help="Number of records, duplicates included.")],
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions when creating the topic.")] = 4,
+    malformed: Annotated[
+        float, typer.Option(callback=fraction("--malformed"), help="Share of invalid records (0..1).")
+    ] = 0.0,
+    duplicates: Annotated[
+        float,
+        typer.Option(callback=fraction("--duplicates"), help="Share of resends of earlier events (0..1)."),
+    ] = 0.0,
+    late: Annotated[
+        float, typer.Option(callback=fraction("--late"), help="Share of events 6 hours behind the stream (0..1).")
+    ] = 0.0,
+    schema_change_at: Annotated[
+        int | None,
+        typer.Option(min=0, help="From this record on: a new field 'channel'; 1 in 20 sends amount as an object."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed: same seed, same records.")] = 42,
+    bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
+    state_dir: StateDir = None,
+) -> None:
+    """Produce deterministic JSON order events (idempotent producer, acks=all)."""
+    with Progress(
+        TextColumn("generating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("generate", total=count)
+        mix = EventMix(seed=seed, malformed=malformed, duplicates=duplicates, late=late,
+                       schema_change_at=schema_change_at)  # fmt: skip
+        result = produce(bootstrap_servers, topic, count, partitions=partitions,
+                         manifest_dir=state_path(state_dir) / "generated",
+                         on_progress=lambda done: progress.update(task, completed=done), **mix)  # fmt: skip
+    console.print(
+        f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
+        f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
+        + (f"; duplicates {result.duplicates:,}" if duplicates else "")
+        + (f"; late {result.late:,}" if late else "")
+    )
+
+
+@app.command()
+@friendly_errors
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    available_now: Annotated[bool, typer.Option("--available-now", help="Drain what is there, then exit.")] = False,
+    max_batches: Annotated[int | None, typer.Option(min=1, help="Stop after this many batches.")] = None,
+    master: Annotated[str | None, typer.Option(help="Run on this Spark master instead of [spark] master.")] = None,
+) -> None:
+    """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
+    spec = load_pipeline(pipeline)
+    spec = spec if master is None else spec.on_master(master)
+    if console.is_terminal:
+        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches)
+    else:
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event)
+    console.print(summary.line(), markup=False)
+
+
+def _print_event(event: Event) -> None:
+    if event.shown:
+        console.print(event.line(), markup=False)
+
+
+def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None) -> RunSummary:
+    """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
+    started = time.monotonic()
+    seen = RunSummary(spec.name)
+
+    def status() -> Text:
+        lag = "?" if seen.last_lag is None else f"{seen.last_lag:,}"
+        return Text(
+            f"{spec.name}: {seen.batches} batches, {seen.rows_in:,} rows in, {seen.rows_out:,} to sink, "
+            f"{seen.quarantined:,} quarantined, last batch {seen.last_rate:,.0f} rows/s, kafka lag {lag}, "
+            f"{time.monotonic() - started:,.0f} s",
+            style="bold",
+        )
+
+    with Live(status(), console=console, refresh_per_second=2, transient=True) as live:
+
+        def show(event: Event) -> None:
+            _print_event(event)
+            live.update(status())
+
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=show,
+                               summary=seen)  # fmt: skip
+    return summary
+
+
+@app.command()
+@friendly_errors
+def verify(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
+    spec = load_pipeline(pipeline)
+    spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
+    reports = verify_pipeline(spark, spec, manifest_dir=state_path(state_dir) / "generated")
+    print_reports(console, reports)
+    write_output(json_file, json.dumps(reports_document(reports), indent=2))
+    write_output(html_file, report_html(reports, command="streamproof verify " + " ".join(sys.argv[2:])))
+    if not all(report.ok for report in reports):
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
+def prove(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    matrix: Annotated[bool, typer.Option("--matrix", help="Every guarantee x every crash point.")] = False,
+    crash_at: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--crash-at",
+            help="Crash point(s), repeatable or comma-separated: "
+            + ", ".join(POINTS)
+            + "; <point of a write>:<sink label> picks a sink of a fan-out; the last four need a cluster",
+        ),
+    ] = None,
+    random_kills: Annotated[int | None, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the kill moments and of the matrix data.")] = 1,
+    count: Annotated[int, typer.Option(min=100, help="Events per matrix cell.")] = 50_000,
+    malformed: Annotated[
+        float, typer.Option(callback=fraction("--malformed"), help="Malformed share of the matrix data.")
+    ] = 0.005,
+    duplicates: Annotated[
+        float | None,
+        typer.Option(callback=fraction("--duplicates"), help="Resent share of matrix data (0.02 if dedup, else 0)."),
+    ] = None,
+    late: Annotated[
+        float | None,
+        typer.Option(callback=fraction("--late"), help="Late share of matrix data (0.01 if dedup, else 0)."),
+    ] = None,
+    json_file: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON here.")] = None,
+    html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
+    master: Annotated[str | None, typer.Option(help="Run on this Spark master instead of [spark] master.")] = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Crash the pipeline (SIGKILL of its process group; on a cluster, of its machines too), restart it until
+    drained, reconcile.
+
+    Exit 1 when an exactly-once run loses or duplicates anything, or a fault of the machines left no evidence.
+    """
+    chosen = [bool(matrix), crash_at is not None, random_kills is not None]
+    if sum(chosen) > 1:
+        raise ConfigError("choose one of --matrix, --crash-at, --random-kills")
+    spec = load_pipeline(pipeline)
+    state = state_path(state_dir)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    if master is not None:  # the runs read a pipeline file: this one, on the other master
+        spec = spec.on_master(master)
+        pipeline = state / "logs" / stamp / "pipeline-on-master.toml"
+        pipeline.parent.mkdir(parents=True, exist_ok=True)
+        pipeline.write_text(dump_pipeline(spec))
+    command = "streamproof prove " + " ".join(sys.argv[2:])
+    if matrix:
+        _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
+                      upstream_shares(spec, duplicates, late), cluster_faults(state))  # fmt: skip
+        return
+    points = [point.strip() for value in crash_at or [] for point in value.split(",") if point.strip()]
+    proof = prove_pipeline(pipeline, crash_at=points, random_kills=0 if points else (random_kills or 2), seed=seed,
+                           log_dir=state / "logs" / stamp, emit=emit_plain, manifest_dir=state / "generated",
+                           cluster=cluster_faults(state))  # fmt: skip
+    print_reports(console, proof.reports)
+    for line in proof.missed:
+        console.print(f"[bold red]fault missed[/] (the proof fails: a fault that never fired proves nothing): {line}")
+    document = reports_document(proof.reports)
+    if proof.missed:  # DESIGN's report, with why it fails when a fault did not happen
+        document |= {"missed": proof.missed, "ok": False}
+    write_output(json_file, json.dumps(document, indent=2))
+    write_output(html_file, report_html(proof.reports, proof.harness.timeline, command))
+    if not proof.ok:
+        raise typer.Exit(1)
+
+
+def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int, malformed: float, seed: int,
+                  json_file: Path | None, html_file: Path | None, command: str,
+                  upstream: dict[str, float], cluster: ClusterFaults | None) -> None:  # fmt: skip
+    spark = local_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")  # beside the cells' runs
+    started = time.monotonic()
+    cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=emit_plain,
+                       duplicates=upstream["duplicates"], late=upstream["late"], cluster=cluster)  # fmt: skip
+    console.print(matrix_table(cells))
+    console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
+    write_output(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))
+    write_output(html_file, matrix_html(cells, command))
+    if any(cell.exactly_once and cell.outcome != "clean" for cell in cells):
+        raise typer.Exit(1)
+
+
+@app.command()
+@friendly_errors
+def demo(
+    count: Annotated[int, typer.Option(min=1000, help="Events to generate.")] = 1_000_000,
+    kills: Annotated[int, typer.Option(min=0, help="Random SIGKILLs during the run.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the data and of the kill moments.")] = 7,
+    state_dir: StateDir = None,
+) -> None:
+    """The whole story on embedded defaults: Kafka up, 1M events, exactly-once through SIGKILLs, proof."""
+    report = run_demo(console, state_path(state_dir), count=count, kills=kills, seed=seed)
+    if not report.ok:
+        raise typer.Exit(1)
