@@ -139,7 +139,8 @@ def prove(
     docstring.
     """
     spec = _spec(pipeline)
-    logs = Path(log_dir) if log_dir is not None else spec.checkpoint_dir.with_name(f"{spec.checkpoint_dir.name}.proof")
+    beside = spec.checkpoint_dir.path.parent if not spec.checkpoint_dir.is_remote else Path(".streamproof/proofs")
+    logs = Path(log_dir) if log_dir is not None else beside / f"{spec.checkpoint_dir.name}.proof"
     if isinstance(pipeline, Pipeline) and pipeline.file is not None:
         pipeline_file = pipeline.file
     elif isinstance(pipeline, Pipeline):

@@ -3,7 +3,7 @@
 A crash is a SIGKILL of the pipeline's whole process tree (the Python driver, the Spark JVM it started,
 and PySpark's Python workers, which PySpark puts in a process group of their own), never a Python
 exception: nothing gets to clean up, flush or roll back, exactly like a power cut. The harness
-(:mod:`streamproof.harness`) arms one point for one batch through the environment variable
+(:mod:`streamproof.harness`) arms a point for a batch through the environment variable
 ``STREAMPROOF_CRASH_AT`` (``"<point>@<batch_id>"``) of the child it starts; sinks call :func:`reached`
 at each phase and the process dies there if armed.
 
@@ -15,6 +15,20 @@ Points (DESIGN.md):
 * ``after-sink-commit``: the sink transaction is durable, Spark's ``commits/<batch>`` is not written;
 * ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``, and the next batch has written nothing;
 * ``random``: killed from outside at a uniformly random moment (the harness does it; no hook).
+
+On a cluster (``[spark] master = "spark://..."``, and HDFS for the DataNode), faults of the machines rather than
+of the driver, met inside the write's tasks (:mod:`streamproof.task_faults`, once per batch, first attempt only);
+the run is expected to survive them, exactly-once, and several may be armed for one run, a batch each
+(``STREAMPROOF_CRASH_AT=executor-mid-write@2,worker-loss@3``):
+
+* ``executor-mid-write``: the executor JVM running the write's last task is SIGKILLed halfway through the task's
+  rows; Spark retries the task on another executor;
+* ``worker-loss``: likewise the Worker daemon above that executor, with all its executors (the harness starts the
+  Worker again once the batch is committed);
+* ``datanode-restart``: the task stops halfway and waits while the harness SIGKILLs the DataNode, then writes on
+  into the dead DataNode; the harness starts it again a second later;
+* ``speculation``: the first attempt of the write's last task is held back after writing and before committing,
+  so that Spark's speculation runs a second attempt of it on another executor.
 
 Example::
 
@@ -31,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +59,13 @@ AFTER_SINK_COMMIT = "after-sink-commit"
 AFTER_CHECKPOINT_COMMIT = "after-checkpoint-commit"
 RANDOM = "random"
 NAMED_POINTS = (BEFORE_SINK_WRITE, MID_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT_COMMIT)
+EXECUTOR_MID_WRITE = "executor-mid-write"
+WORKER_LOSS = "worker-loss"
+DATANODE_RESTART = "datanode-restart"
+SPECULATION = "speculation"
+CLUSTER_POINTS = (EXECUTOR_MID_WRITE, WORKER_LOSS, DATANODE_RESTART, SPECULATION)
+WRITE_POINTS = (MID_SINK_WRITE, *CLUSTER_POINTS)  # points inside one sink's write; a sink label may pick it
+POINTS = (*NAMED_POINTS, *CLUSTER_POINTS)
 
 
 @dataclass(frozen=True)
@@ -58,15 +79,15 @@ class ArmedCrash:
 
 
 def split_point(text: str) -> tuple[str, str | None]:
-    """``"mid-sink-write:kafka"`` -> ``("mid-sink-write", "kafka")``; a sink is only allowed for mid-sink-write.
+    """``"mid-sink-write:kafka"`` -> ``("mid-sink-write", "kafka")``; a sink may be named for the points of a write.
 
-    >>> split_point("after-sink-commit")
-    ('after-sink-commit', None)
+    >>> split_point("after-sink-commit"), split_point("speculation:pg")
+    (('after-sink-commit', None), ('speculation', 'pg'))
     """
     point, _, sink = text.partition(":")
-    if point not in NAMED_POINTS or (sink and point != MID_SINK_WRITE):
+    if point not in POINTS or (sink and point not in WRITE_POINTS):
         raise ConfigError(
-            f"crash point {text!r}: expected one of {', '.join(NAMED_POINTS)} (or mid-sink-write:<sink label>)"
+            f"crash point {text!r}: expected one of {', '.join(POINTS)} (or <point of a write>:<sink label>)"
         )
     return point, sink or None
 
@@ -87,19 +108,34 @@ def parse_crash(text: str) -> ArmedCrash:
     return ArmedCrash(point, int(batch), sink)
 
 
-def armed_crash() -> ArmedCrash | None:
-    """The crash armed for this process, if any. Arming requires leading a process group."""
+def parse_crashes(text: str) -> list[ArmedCrash]:
+    """Several points, comma-separated: at most one crash of the driver (it ends the run), and faults of the
+    machines the run survives, one per batch.
+
+    >>> [crash.encode() for crash in parse_crashes("executor-mid-write@2,worker-loss@3")]
+    ['executor-mid-write@2', 'worker-loss@3']
+    """
+    crashes = [parse_crash(part.strip()) for part in text.split(",") if part.strip()]
+    driver = [crash for crash in crashes if crash.point not in CLUSTER_POINTS]
+    batches = [crash.batch_id for crash in crashes]
+    if len(driver) > 1 or len(set(batches)) < len(batches):
+        raise ConfigError(f"{CRASH_ENV}={text!r}: one crash of the driver per run and one point per batch")
+    return crashes
+
+
+def armed_crashes() -> list[ArmedCrash]:
+    """The crashes armed for this process, if any. Arming requires leading a process group."""
     text = os.environ.get(CRASH_ENV)
     if not text:
-        return None
-    crash = parse_crash(text)
+        return []
+    crashes = parse_crashes(text)
     if os.getpgrp() != os.getpid():
         # Killing a group we do not lead could take the user's shell with it.
         raise ConfigError(
             f"{CRASH_ENV} is set but this process does not lead its process group: "
             "run crash tests through `streamproof prove` (it starts the pipeline with setsid)"
         )
-    return crash
+    return crashes
 
 
 @dataclass(frozen=True)
@@ -123,6 +159,26 @@ def process_table() -> dict[int, ProcessInfo]:
         pid = int(stat.parent.name)
         table[pid] = ProcessInfo(pid, int(fields[1]), int(fields[2]), fields[0])
     return table
+
+
+def process_cmdline(pid: int) -> str:
+    """The command line of ``pid``, words joined by spaces; "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def ancestor_running(main_class: str, pid: int | None = None) -> int | None:
+    """The nearest ancestor of ``pid`` (default: this process) whose command line runs ``main_class``, e.g. the
+    executor JVM above a PySpark worker; None when there is none."""
+    table = process_table()
+    current = table.get(pid or os.getpid())
+    while current is not None and current.parent > 1:
+        current = table.get(current.parent)
+        if current is not None and main_class in process_cmdline(current.pid).split():
+            return current.pid
+    return None
 
 
 def process_tree_groups(root: int) -> list[int]:
@@ -171,30 +227,6 @@ def kill_from_task(driver_pid: int) -> None:
     time.sleep(60)
 
 
-@dataclass(frozen=True)
-class CrashInTask:
-    """The ``mid-sink-write`` crash of a sink that writes from Python tasks: the batch's last partition
-    kills the pipeline's process tree when its write reaches the point, by which time the other
-    partitions may have committed: the hardest case for a per-partition commit.
-
-    >>> CrashInTask.armed(False, partitions=4) is None
-    True
-    """
-
-    driver_pid: int
-    partition_id: int
-
-    @staticmethod
-    def armed(kill_mid_write: bool, partitions: int) -> CrashInTask | None:
-        """The crash for a write of ``partitions`` tasks, when the batch carries the harness's flag."""
-        return CrashInTask(os.getpid(), partitions - 1) if kill_mid_write else None
-
-    def reached(self, partition_id: int) -> None:
-        """Called by each task at its mid-write point; the chosen one kills the driver's whole tree."""
-        if partition_id == self.partition_id:
-            kill_from_task(self.driver_pid)
-
-
 def reached(point: str, batch_id: int) -> None:
     """Hook a sink calls at each phase; kills the process group if this point is armed for this batch."""
     crash = _ARMED
@@ -203,12 +235,15 @@ def reached(point: str, batch_id: int) -> None:
         kill_own_process_group()
 
 
-def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> bool:
-    """Whether ``mid-sink-write`` is armed for this batch and sink (a crash without a sink means the first)."""
-    crash = _ARMED
-    if crash is None or crash.point != MID_SINK_WRITE or crash.batch_id != batch_id:
-        return False
-    return crash.sink == sink or (crash.sink is None and first_sink)
+def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> str | None:
+    """The point of a write (``mid-sink-write`` or a fault of the machines) armed for this batch and sink, if any
+    (a point without a sink means the first)."""
+    for crash in (_ARMED, _MACHINE_FAULTS.get(batch_id)):
+        if crash is None or crash.point not in WRITE_POINTS or crash.batch_id != batch_id:
+            continue
+        if crash.sink == sink or (crash.sink is None and first_sink):
+            return crash.point
+    return None
 
 
 @contextlib.contextmanager
@@ -231,7 +266,7 @@ def sink_write(
     group = f"streamproof-{batch_id}-{sink}"
     spark_context.setJobGroup(group, f"streamproof: batch {batch_id} -> {sink}")
     done = threading.Event()
-    if mid_write_armed(batch_id, sink, first_sink=first_sink) and not in_tasks:
+    if mid_write_armed(batch_id, sink, first_sink=first_sink) == MID_SINK_WRITE and not in_tasks:
         if files_in is not None:
             watch = functools.partial(_kill_when_new_file_appears, files_in, _data_files(files_in), batch_id, done)
         else:
@@ -272,8 +307,9 @@ def _kill_while_group_runs(spark_context: Any, group: str, batch_id: int, done: 
         time.sleep(0.002)
 
 
-def kill_when_batch_committed(batch_id: int, commit_file: Path) -> threading.Thread | None:
-    """For ``after-checkpoint-commit``: kill the group as soon as Spark's ``commits/<batch>`` file appears.
+def kill_when_batch_committed(batch_id: int, committed: Callable[[], bool]) -> threading.Thread | None:
+    """For ``after-checkpoint-commit``: kill the group as soon as ``committed()`` says Spark's ``commits/<batch>``
+    file exists.
 
     Spark writes it right after ``foreachBatch`` returns; the watcher polls every 2 ms, and
     :func:`batch_starting` backs it up, so the kill always lands before the next batch writes anything.
@@ -285,7 +321,7 @@ def kill_when_batch_committed(batch_id: int, commit_file: Path) -> threading.Thr
     def watch() -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            if commit_file.exists():
+            if committed():
                 reached(AFTER_CHECKPOINT_COMMIT, batch_id)
             time.sleep(0.002)
 
@@ -302,11 +338,15 @@ def batch_starting(batch_id: int) -> None:
         reached(AFTER_CHECKPOINT_COMMIT, crash.batch_id)
 
 
-_ARMED: ArmedCrash | None = None
+_ARMED: ArmedCrash | None = None  # the crash of the driver
+_MACHINE_FAULTS: dict[int, ArmedCrash] = {}  # by batch id: faults of the machines, met inside write tasks
 
 
-def arm_from_environment() -> ArmedCrash | None:
+def arm_from_environment() -> list[ArmedCrash]:
     """Read ``STREAMPROOF_CRASH_AT`` once, at pipeline start."""
     global _ARMED
-    _ARMED = armed_crash()
-    return _ARMED
+    crashes = armed_crashes()
+    _ARMED = next((crash for crash in crashes if crash.point not in CLUSTER_POINTS), None)
+    _MACHINE_FAULTS.clear()
+    _MACHINE_FAULTS.update({crash.batch_id: crash for crash in crashes if crash.point in CLUSTER_POINTS})
+    return crashes

@@ -19,12 +19,9 @@ Example::
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-
-RUNS_FILE = "_streamproof_runs"
 
 
 class PipelineMetrics:
@@ -58,17 +55,9 @@ class PipelineMetrics:
         """Start the HTTP endpoint ``http://host:port/metrics`` (a daemon thread)."""
         start_http_server(port, addr=host, registry=self.registry)
 
-    def count_run(self, checkpoint: Path) -> int:
-        """Record one more start on ``checkpoint`` (kept beside Spark's logs) and publish the total."""
-        counter = checkpoint / RUNS_FILE
-        try:
-            runs = int(counter.read_text()) + 1
-        except (OSError, ValueError):
-            runs = 1
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        counter.write_text(str(runs))
+    def observe_runs(self, runs: int) -> None:
+        """Publish how many times the pipeline started on its checkpoint (restarts + 1)."""
         self.runs.labels(self.pipeline).set(runs)
-        return runs
 
     def observe_batch(self, progress: dict[str, Any], rows_out: dict[str, int], quarantined: int) -> None:
         """Update from one committed batch: Spark's progress JSON and what the sinks wrote."""

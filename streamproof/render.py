@@ -99,7 +99,8 @@ def print_reports(console: Console, reports: Sequence[Report]) -> None:
         console.print(report_table(report))
 
 
-_OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", "lost+duplicated": "magenta"}
+_OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", "lost+duplicated": "magenta",
+                  "missed": "bold red"}  # fmt: skip
 
 
 def matrix_table(cells: Sequence[MatrixCell]) -> Table:
@@ -128,7 +129,8 @@ table.grid {{ border-collapse: collapse; }}
 table.grid th, table.grid td {{ border: 1px solid #999; padding: .5em .8em; text-align: center; }}
 td.clean {{ background: #c8ecc8; }} td.lost {{ background: #f4b6b6; }}
 td.duplicated {{ background: #f9d59b; }} td.lost\\+duplicated {{ background: #e3b5ef; }}
-td.unexpectedly {{ outline: 3px solid #c00; }}
+td.unexpectedly {{ outline: 3px solid #c00; }} td.missed {{ background: #d0d0d0; }}
+p.missed-fault {{ color: #c00; font-weight: bold; }}
 .small {{ font-size: .85em; color: #555; }}
 svg text {{ font-size: 11px; }}
 </style></head><body>
@@ -177,21 +179,23 @@ def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
 
 def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
     """A page: the grid coloured by outcome, then each cell's timeline of batches, kills and restarts."""
-    guarantees = list(dict.fromkeys(cell.guarantee for cell in cells))
+    # A row per guarantee and sink: a fan-out pipeline's cells are one per sink of each run.
+    lines = list(dict.fromkeys((cell.guarantee, cell.sink) for cell in cells))
     points = list(dict.fromkeys(cell.point for cell in cells))
-    by_key = {(cell.guarantee, cell.point): cell for cell in cells}
+    by_key = {(cell.guarantee, cell.sink, cell.point): cell for cell in cells}
     rows = ["<table class='grid'><tr><th>guarantee \\ crash point</th>"
             + "".join(f"<th>{html.escape(p)}</th>" for p in points) + "</tr>"]  # fmt: skip
-    for guarantee in guarantees:
-        rows.append(f"<tr><th>{html.escape(guarantee)}</th>")
+    for guarantee, sink in lines:
+        label = guarantee if len({cell.sink for cell in cells}) == 1 else f"{guarantee} · {sink}"
+        rows.append(f"<tr><th>{html.escape(label)}</th>")
         for point in points:
-            cell = by_key.get((guarantee, point))
+            cell = by_key.get((guarantee, sink, point))
             if cell is None:
                 rows.append("<td>-</td>")
                 continue
             classes = cell.outcome + ("" if cell.as_expected else " unexpectedly")
             rows.append(
-                f"<td class='{classes}'><a href='#{guarantee}-{point}'>lost {cell.lost:,}<br>"
+                f"<td class='{classes}'><a href='#{guarantee}-{sink}-{point}'>lost {cell.lost:,}<br>"
                 f"duplicated {cell.duplicated:,}<br>unexpected {cell.unexpected:,}</a>"
                 f"<div class='small'>expected: {cell.expected}</div></td>"
             )
@@ -201,15 +205,19 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
     for cell in cells:
         restart = f"{cell.restart_s:.1f} s" if cell.restart_s is not None else "-"
         facts = "; ".join(f"{k}={v}" for crash in cell.crashes for k, v in crash.get("facts", {}).items())
+        missed = "".join(f"<p class='small missed-fault'>fault missed: {html.escape(line)}</p>" for line in cell.missed)
         details.append(
-            f"<h3 id='{cell.guarantee}-{cell.point}'>{html.escape(cell.guarantee)} × {html.escape(cell.point)}: "
-            f"{cell.outcome}</h3><p class='small'>restart {restart}; cell took {cell.seconds:.0f} s; "
-            f"on disk right after the kill: {html.escape(facts)}</p>{timeline_svg(cell.timeline)}"
+            f"<h3 id='{cell.guarantee}-{cell.sink}-{cell.point}'>{html.escape(cell.guarantee)} × "
+            f"{html.escape(cell.point)} [{html.escape(cell.sink)}]: "
+            f"{cell.outcome}</h3>{missed}<p class='small'>restart {restart}; cell took {cell.seconds:.0f} s; "
+            f"on disk right after the kill, or the fault's evidence: {html.escape(facts)}</p>"
+            f"{timeline_svg(cell.timeline)}"
         )
     body = (
         f"<p class='small'>Produced by <code>{html.escape(command)}</code>. Each cell: fresh topic, table and "
-        "checkpoint, the same generated data, one SIGKILL of the pipeline's process group at the named point, "
-        "restart until drained, record-by-record reconciliation.</p>" + "".join(rows) + "<h2>Timelines</h2>"
+        "checkpoint, the same generated data, one SIGKILL of the pipeline's process group at the named point (on a "
+        "cluster: a fault of the machines in each sink's write, which the run survives), restart until drained, "
+        "record-by-record reconciliation.</p>" + "".join(rows) + "<h2>Timelines</h2>"
         + "".join(details)
     )  # fmt: skip
     return _PAGE.format(title="streamproof matrix", body=body)

@@ -11,8 +11,17 @@ import time
 import pytest
 
 from streamproof.errors import ConfigError
-from streamproof.faults import ArmedCrash, parse_crash
+from streamproof.faults import ArmedCrash, parse_crash, parse_crashes
+from streamproof.harness.crashes import runs_of
 from streamproof.infra import process_alive
+from streamproof.task_faults import (
+    CrashInTask,
+    HeldForTheHarness,
+    MachineLoss,
+    SlowFirstAttempt,
+    fires_once,
+    task_fault,
+)
 
 
 def test_crash_spec_is_point_and_batch() -> None:
@@ -34,6 +43,43 @@ def test_crash_spec_is_point_and_batch() -> None:
 def test_bad_crash_spec_is_refused(text: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
         parse_crash(text)
+
+
+def test_faults_of_the_machines_share_a_run_a_batch_each() -> None:
+    """A run may carry one crash of the driver (it ends the run) and faults of the machines, one per batch."""
+    assert parse_crashes("executor-mid-write:pg@2, speculation@3") == [
+        ArmedCrash("executor-mid-write", 2, "pg"),
+        ArmedCrash("speculation", 3),
+    ]
+    with pytest.raises(ConfigError, match="one crash of the driver per run"):
+        parse_crashes("after-sink-commit@1,before-sink-write@2")
+    with pytest.raises(ConfigError, match="one point per batch"):
+        parse_crashes("worker-loss@2,speculation@2")
+    assert runs_of(["mid-sink-write", "worker-loss:a", "worker-loss:b", "after-sink-commit", "speculation"]) == [
+        ["mid-sink-write"],
+        ["worker-loss:a", "worker-loss:b"],
+        ["after-sink-commit"],
+        ["speculation"],
+    ]
+
+
+def test_each_write_point_is_met_in_the_last_task() -> None:
+    kinds = {point: type(task_fault(point, partitions=3, batch_id=5)) for point in
+             ("mid-sink-write", "speculation", "executor-mid-write", "worker-loss", "datanode-restart")}  # fmt: skip
+    assert kinds == {"mid-sink-write": CrashInTask, "speculation": SlowFirstAttempt,
+                     "executor-mid-write": MachineLoss, "worker-loss": MachineLoss,
+                     "datanode-restart": HeldForTheHarness}  # fmt: skip
+    fault = task_fault("worker-loss", partitions=3, batch_id=5)
+    assert isinstance(fault, MachineLoss) and (fault.partition_id, fault.marker) == (2, "worker-loss@5")
+    assert task_fault(None, partitions=3) is None
+
+
+def test_a_fault_of_the_machines_fires_once_per_batch(tmp_path: object) -> None:
+    """Spark's retry of the task, or a re-run of its stage, must not fire it again (attempt numbers restart)."""
+    folder = str(tmp_path)
+    assert fires_once(folder, "executor-mid-write@2") is True
+    assert fires_once(folder, "executor-mid-write@2") is False
+    assert fires_once(folder, "executor-mid-write@3") is True
 
 
 _CHILD = """

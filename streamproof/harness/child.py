@@ -34,6 +34,7 @@ from streamproof.errors import PipelineError
 from streamproof.faults import CRASH_ENV, ArmedCrash, kill_process_tree
 from streamproof.pipeline.events import EVENTS_FD_ENV, BatchCommitted, Event, Notice, decode
 from streamproof.session import JIT_ENV
+from streamproof.task_faults import FAULT_DIR_ENV
 
 RUN_TIMEOUT_S = 900.0
 
@@ -42,7 +43,7 @@ class PipelineChild:
     """``streamproof run PIPELINE`` in its own session; its events recorded as they arrive (see the module)."""
 
     def __init__(self, pipeline_file: Path, log_dir: Path, *, name: str = "run", available_now: bool = True,
-                 crash: ArmedCrash | None = None, jit: str = "quick-start",
+                 crash: ArmedCrash | list[ArmedCrash] | None = None, jit: str = "quick-start",
                  on_event: Callable[[Event], None] | None = None) -> None:  # fmt: skip
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
@@ -53,8 +54,10 @@ class PipelineChild:
                EVENTS_FD_ENV: str(write_end)}  # fmt: skip
         env.setdefault(JIT_ENV, jit)  # the harness's runs live seconds: C1 only halves their CPU on 2 cores
         env.pop(CRASH_ENV, None)
-        if crash is not None:
-            env[CRASH_ENV] = crash.encode()
+        crashes = [crash] if isinstance(crash, ArmedCrash) else crash or []
+        if crashes:
+            env[CRASH_ENV] = ",".join(armed.encode() for armed in crashes)
+        env[FAULT_DIR_ENV] = str(log_dir / "faults")  # the marker files of faults met in tasks
         command = [sys.executable, "-m", "streamproof", "run", str(pipeline_file)]
         if available_now:
             command.append("--available-now")

@@ -36,11 +36,19 @@ from typing import Any
 
 from streamproof import faults
 from streamproof.checkpoint.log import batch_end_offsets, next_batch_to_run
-from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError, log_tail
 from streamproof.guarantees import wiring_for
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
-from streamproof.pipeline.events import BatchCommitted, Event
+from streamproof.harness.cluster import (
+    SPECULATION_CONF,
+    ClusterFaults,
+    event_log_conf,
+    fault_happened,
+    write_attempts,
+)
+from streamproof.pipeline.events import BatchCommitted, Event, WriteStarted
+from streamproof.session import local_session
 from streamproof.sinks import open_sinks
 
 Emit = Callable[[str], None]
@@ -92,6 +100,7 @@ class HarnessResult:
     wall_s: float = 0.0
     batch_seconds: float = 0.0
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
+    missed: list[str] = field(default_factory=list)  # faults of the machines whose evidence is missing: a failure
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -128,17 +137,19 @@ class Harness:
     def _t(self, at: float) -> float:
         return round(at - self.began, 3)
 
-    def start(self, crash: faults.ArmedCrash | None = None) -> HarnessRun:
-        """Start ``streamproof run --available-now`` in its own session, armed with ``crash`` if given."""
+    def start(self, crash: faults.ArmedCrash | list[faults.ArmedCrash] | None = None) -> HarnessRun:
+        """Start ``streamproof run --available-now`` in its own session, armed with ``crash`` (or several) if given."""
         number = len(self.runs) + 1
         run = HarnessRun(PipelineChild(self.pipeline_file, self.log_dir, name=f"run-{number}", crash=crash), number)
         self.runs.append(run)
-        label = f"armed {crash.encode()}" if crash else ""
+        crashes = [crash] if isinstance(crash, faults.ArmedCrash) else crash or []
+        label = f"armed {','.join(armed.encode() for armed in crashes)}" if crashes else ""
         self.result.timeline.append(TimelineEvent(self._t(run.child.started_at), number, "start", label=label))
         return run
 
     def _consume(self, run: HarnessRun, at: float, event: Event) -> None:
-        self.emit(event.line())
+        if event.shown:
+            self.emit(event.line())
         if not isinstance(event, BatchCommitted):
             return
         run.committed.append((at, event))
@@ -254,9 +265,22 @@ def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, Any]:
 
 
 def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
-                     timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
-    """Crash the pipeline once per named point (in order), each in the second batch of its run, then drain."""
+                     timeout_s: float = RUN_TIMEOUT_S,
+                     cluster: ClusterFaults | None = None) -> HarnessResult:  # fmt: skip
+    """Crash the pipeline once per point (in order), each in the second batch of its run, then drain. Faults of
+    the machines, which a run survives, share one run, a batch each (:func:`runs_of`); the last such run drains.
+
+    A point of the machines (``executor-mid-write``, ``worker-loss``, ``datanode-restart``, ``speculation``) needs the
+    pipeline on a cluster (``[spark] master``; HDFS for the DataNode) and ``cluster``, the daemons it breaks.
+    """
     spec = load_pipeline(pipeline_file)
+    points = list(points)
+    on_cluster = not spec.spark.master.startswith("local")
+    if spec.on_distributed_storage:  # what a crash left is read through Hadoop's FileSystem, in a JVM of our own
+        local_session(spec.spark, app_name=f"streamproof-harness:{spec.name}")
+    if on_cluster:  # Spark's event log: the evidence of the task attempts a fault caused
+        pipeline_file = _with_conf(spec, log_dir / "pipeline.toml", event_log_conf(log_dir / "spark-events"),
+                                   any(faults.split_point(p)[0] == faults.SPECULATION for p in points))  # fmt: skip
     harness = Harness(pipeline_file, log_dir, emit, timeout_s)
     try:
         labels = [sink.name for sink in spec.sink_specs]
@@ -266,10 +290,23 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                 raise ConfigError(
                     f"--crash-at {where!r}: the pipeline has no sink labelled {sink!r} ({', '.join(labels)})"
                 )
+            if point in faults.CLUSTER_POINTS and not on_cluster:
+                raise ConfigError(
+                    f'--crash-at {point}: a fault of a cluster\'s machines needs [spark] master = "spark://..." '
+                    "(`streamproof infra up --spark-workers 2 --hdfs`, docs/cluster.md)"
+                )
+        groups, drained = runs_of(points), False
+        for number, group in enumerate(groups):
             # The second batch of this run: the first may be a replay, the crash should hit a fresh one. An
             # at-most-once start numbers its batches from 0 again (it wipes Spark's logs).
             fresh_numbering = wiring_for(spec.guarantee).progress_before_write
             first = 0 if fresh_numbering else next_batch_to_run(spec.checkpoint_dir)
+            if faults.split_point(group[0])[0] in faults.CLUSTER_POINTS:
+                last = number == len(groups) - 1  # then the run that survives its faults drains the source too
+                drained = _survive_faults(harness, spec, group, first + 1, cluster, log_dir / "spark-events", last)
+                continue
+            (where,) = group
+            point, sink = faults.split_point(where)
             armed = faults.ArmedCrash(point, first + 1, sink)
             run = harness.start(armed)
             code = harness.wait_for_exit(run)
@@ -283,10 +320,97 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                           facts=crash_facts(spec, armed.batch_id), killed_monotonic=killed_at)  # fmt: skip
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
-        harness.drain()
+        if not drained:
+            harness.drain()
     finally:
         result = harness.finish()
     return result
+
+
+def runs_of(points: list[str]) -> list[list[str]]:
+    """The points grouped into runs: a crash of the pipeline ends its run, so each has one of its own; faults of the
+    machines, which the run survives, share one, a batch each.
+
+    >>> runs_of(["after-sink-commit", "executor-mid-write", "speculation:pg", "worker-loss", "mid-sink-write"])
+    [['after-sink-commit'], ['executor-mid-write', 'speculation:pg', 'worker-loss'], ['mid-sink-write']]
+    """
+    groups: list[list[str]] = []
+    for where in points:
+        machine = faults.split_point(where)[0] in faults.CLUSTER_POINTS
+        if machine and groups and faults.split_point(groups[-1][0])[0] in faults.CLUSTER_POINTS:
+            groups[-1].append(where)
+        else:
+            groups.append([where])
+    return groups
+
+
+def _with_conf(spec: PipelineSpec, target: Path, conf: dict[str, str], speculation: bool) -> Path:
+    """A copy of the pipeline file whose runs also set ``conf`` (and speculation, when asked) in Spark."""
+    extra = {**conf, **(SPECULATION_CONF if speculation else {})}
+    settings = spec.spark.model_copy(update={"conf": {**spec.spark.conf, **extra}})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(dump_pipeline(spec.model_copy(update={"spark": settings})))
+    return target
+
+
+def _survive_faults(harness: Harness, spec: PipelineSpec, wheres: list[str], first_batch: int,
+                    cluster: ClusterFaults | None, event_logs: Path, drain: bool = False) -> bool:  # fmt: skip
+    """One run through faults of the machines, the i-th of ``wheres`` in batch ``first_batch + i``, met inside the
+    write's tasks (:mod:`streamproof.task_faults`); for ``datanode-restart`` the harness breaks the DataNode while
+    the task waits. The run is expected to survive them; it is stopped (SIGTERM) once the last faulted batch is
+    committed, unless it is to ``drain`` the source (then True when it did), and a Worker a fault killed is started
+    again. Spark's event log must show each fault happened, else
+    it was missed: an error (a fault that never fired proves nothing)."""
+    planned = {first_batch + number: where for number, where in enumerate(wheres)}
+    if cluster is None:
+        raise ConfigError(
+            f"--crash-at {', '.join(wheres)}: the harness needs the cluster's daemons (`streamproof infra up "
+            "--spark-workers 2 --hdfs`, the same --state-dir)"
+        )
+    armed = []
+    for batch, where in planned.items():
+        point, sink = faults.split_point(where)
+        armed.append(faults.ArmedCrash(point, batch, sink))
+    run = harness.start(armed)
+    fault_dir = run.child.log_path.parent / "faults"
+    crashes = {batch: Crash(where, batch, 0.0, run.number) for batch, where in planned.items()}
+    last, stopping = max(planned), False
+    deadline = time.monotonic() + harness.timeout_s
+    while True:
+        at, event = harness._next_event(run, deadline, f"batch {last} (the last faulted) was not committed")
+        if event is None:
+            break
+        harness._consume(run, at, event)
+        if isinstance(event, WriteStarted) and event.batch_id in planned:
+            crash = crashes[event.batch_id]
+            point, sink = faults.split_point(crash.point)
+            if not crash.killed_monotonic and sink in (None, event.sink):
+                if point == faults.DATANODE_RESTART:
+                    crash.facts = cluster.restart_datanode_under(fault_dir, f"{point}@{event.batch_id}")
+                crash.killed_monotonic = time.monotonic()
+                crash.at_s = crash.killed_monotonic - run.child.started_at
+                harness.record_crash(run, crash)
+        elif isinstance(event, BatchCommitted) and event.batch_id in planned:
+            crashes[event.batch_id].facts.update(cluster.restore())
+            if event.batch_id == last and not stopping and not drain:
+                run.child.terminate()  # the faults are behind; the rest of the source is the drain's
+                stopping = True
+    code = run.child.wait(timeout_s=120)
+    harness.result.timeline.append(TimelineEvent(harness._t(time.monotonic()), run.number, "exit", label=str(code)))
+    for batch, crash in crashes.items():
+        if not crash.killed_monotonic:
+            harness.result.missed.append(f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
+                                         f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
+            harness.emit(f"MISSED {harness.result.missed[-1]}")
+            continue
+        point, sink = faults.split_point(crash.point)
+        crash.facts.update(pipeline_exit=code, **write_attempts(event_logs, batch, sink))
+        harness.emit(f"{crash.point} in batch {batch} (run {run.number}): {crash.facts}")
+        if missed := fault_happened(point, crash.facts):
+            harness.result.missed.append(f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
+                                         f"{run.child.log_path}, {event_logs}")  # fmt: skip
+            harness.emit(f"MISSED {harness.result.missed[-1]}")
+    return drain and code == 0
 
 
 def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir: Path, emit: Emit = print,

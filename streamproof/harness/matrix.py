@@ -33,10 +33,12 @@ from streamproof.config import (
 from streamproof.errors import ConfigError
 from streamproof.generator import generate
 from streamproof.guarantees import GUARANTEES, wiring_for
+from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import Emit, TimelineEvent, run_with_crashes
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import check_for
 from streamproof.sinks import open_sinks
+from streamproof.storage import Location
 
 
 def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, check: str = "records",
@@ -88,10 +90,14 @@ class MatrixCell:
     expected: str  # "clean", "duplicated" or "lost"
     seconds: float
     timeline: list[TimelineEvent] = field(default_factory=list)
+    missed: list[str] = field(default_factory=list)  # faults of the machines without evidence: the cell fails
 
     @property
     def outcome(self) -> str:
-        """What the cell showed: clean, lost, duplicated, lost+duplicated (unexpected rows count as damage)."""
+        """What the cell showed: clean, lost, duplicated, lost+duplicated (unexpected rows count as damage), or
+        missed: its fault left no evidence of happening, so its counts prove nothing."""
+        if self.missed:
+            return "missed"
         damage = [name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected))
                   if count]  # fmt: skip
         return "+".join(damage) or "clean"
@@ -103,6 +109,8 @@ class MatrixCell:
 
     @property
     def as_expected(self) -> bool:
+        if self.missed:
+            return False
         if self.expected == "clean":
             return self.outcome == "clean"
         if self.expected.startswith("may-"):
@@ -116,7 +124,7 @@ class MatrixCell:
             "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
             "duplicated": self.duplicated, "unexpected": self.unexpected, "crashes": self.crashes,
             "restart_s": self.restart_s, "expected": self.expected, "outcome": self.outcome,
-            "as_expected": self.as_expected, "seconds": round(self.seconds, 1),
+            "as_expected": self.as_expected, "missed": self.missed, "seconds": round(self.seconds, 1),
             "timeline": [asdict(event) for event in self.timeline],
         }  # fmt: skip
 
@@ -131,9 +139,10 @@ def upstream_shares(spec: PipelineSpec, duplicates: float | None, late: float | 
     }
 
 
-def isolated_sink(sink: AnySinkSpec, workdir: Path) -> AnySinkSpec:
-    """The same sink at a fresh location of its own (a matrix cell, a test): a path under ``workdir``, a
-    PostgreSQL table or Kafka topic with a suffix derived from ``workdir``."""
+def isolated_sink(sink: AnySinkSpec, workdir: Path | Location) -> AnySinkSpec:
+    """The same sink at a fresh location of its own (a matrix cell, a test): a path under ``workdir`` (a local
+    folder, or a URI), a PostgreSQL table or Kafka topic with a suffix derived from ``workdir``."""
+    workdir = Location(workdir)
     suffix = hashlib.sha1(str(workdir).encode()).hexdigest()[:10]
     if isinstance(sink, DeltaSinkSpec | FilesSinkSpec):
         return sink.model_copy(update={"path": str(workdir / "tables" / sink.name)})
@@ -143,8 +152,11 @@ def isolated_sink(sink: AnySinkSpec, workdir: Path) -> AnySinkSpec:
     return sink.model_copy(update={"topic": f"{sink.topic}-{suffix}", "marker_topic": marker})
 
 
-def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max_offsets: int) -> PipelineSpec:
-    """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint."""
+def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path | Location,
+              max_offsets: int) -> PipelineSpec:  # fmt: skip
+    """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint under
+    ``workdir`` (on the pipeline's distributed storage, for a pipeline that keeps its files there)."""
+    workdir = Location(workdir)
     sinks = {"sink": isolated_sink(spec.sink, workdir)} if spec.sink is not None else {
         "sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]
     }  # fmt: skip
@@ -159,10 +171,11 @@ def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path, max
 
 def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
                malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
-               points: Iterable[str] = faults.NAMED_POINTS, emit: Emit = print,
-               duplicates: float = 0.0, late: float = 0.0) -> list[MatrixCell]:  # fmt: skip
+               points: Iterable[str] | None = None, emit: Emit = print, duplicates: float = 0.0, late: float = 0.0,
+               cluster: ClusterFaults | None = None) -> list[MatrixCell]:  # fmt: skip
     """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data
-    (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`).
+    (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`); on a cluster,
+    also exactly-once x each fault of the machines (:data:`cluster_points`), which the pipeline must survive.
 
     One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run).
     """
@@ -179,36 +192,78 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
              "state)")  # fmt: skip
         guarantees = tuple(g for g in guarantees if g not in stateless)
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    max_offsets = max(100, -(-count // 3))  # three batches: one committed before the crash in batch 1, one after
+    # A pipeline that keeps its files on distributed storage gets its cells there too (the cells' logs stay local).
+    storage = spec.checkpoint_dir.parent / f"matrix-{stamp}" if spec.on_distributed_storage else Location(workdir)
     cells = []
-    for guarantee in guarantees:
-        for point in points:
-            started = time.monotonic()
-            name = f"{guarantee}-{point}"
-            emit(f"── cell {name} ──")
-            cell_dir = workdir / name
-            topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
-            generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
-                     duplicates=duplicates, late=late)  # fmt: skip
-            cell_file = cell_dir / "pipeline.toml"
-            cell_dir.mkdir(parents=True, exist_ok=True)
-            cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, cell_dir, max_offsets)))
-            harness = run_with_crashes(cell_file, [point], log_dir=cell_dir / "logs", emit=emit)
-            cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
-            reports = verify_pipeline(spark, cell_pipeline)
-            restarts = harness.restart_seconds
-            for sink, report in zip(open_sinks(cell_pipeline), reports, strict=True):
-                cell = MatrixCell(
-                    guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
-                    duplicated=report.duplicated, unexpected=report.unexpected,
-                    crashes=[crash.to_dict() for crash in harness.crashes],
-                    restart_s=round(restarts[0], 2) if restarts else None,
-                    expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0,
-                                             check=check_for(sink.spec).kind,
-                                             partial_writes_visible=sink.partial_writes_visible),
-                    seconds=time.monotonic() - started, timeline=harness.timeline,
-                )  # fmt: skip
-                emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
-                     f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected})")  # fmt: skip
-                cells.append(cell)
+    for guarantee, point, armed in _cells(spec, guarantees, points, cluster):
+        # A batch before the first fault, one per fault (a fault of the machines hits each sink in turn), one after.
+        max_offsets = max(100, -(-count // (len(armed) + 2)))
+        started = time.monotonic()
+        name = f"{guarantee}-{point}"
+        emit(f"── cell {name} ──")
+        cell_dir = workdir / name
+        topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
+        generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
+                 duplicates=duplicates, late=late)  # fmt: skip
+        cell_file = cell_dir / "pipeline.toml"
+        cell_dir.mkdir(parents=True, exist_ok=True)
+        cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / name, max_offsets)))
+        harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster)
+        cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
+        reports = verify_pipeline(spark, cell_pipeline)
+        restarts = harness.restart_seconds
+        for sink, report in zip(open_sinks(cell_pipeline), reports, strict=True):
+            cell = MatrixCell(
+                guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
+                duplicated=report.duplicated, unexpected=report.unexpected,
+                crashes=[crash.to_dict() for crash in harness.crashes],
+                restart_s=round(restarts[0], 2) if restarts else None,
+                expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0,
+                                         check=check_for(sink.spec).kind,
+                                         partial_writes_visible=sink.partial_writes_visible),
+                seconds=time.monotonic() - started, timeline=harness.timeline, missed=harness.missed,
+            )  # fmt: skip
+            emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
+                 f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected})")  # fmt: skip
+            cells.append(cell)
+    return cells
+
+
+def cluster_points(spec: PipelineSpec, cluster: ClusterFaults | None) -> tuple[str, ...]:
+    """The faults of the machines a pipeline can be put through: none without a cluster; the DataNode's only with
+    HDFS under it."""
+    if cluster is None or spec.spark.master.startswith("local"):
+        return ()
+    hdfs = cluster.hdfs is not None and any(location.scheme == "hdfs" for location in spec.locations)
+    return tuple(point for point in faults.CLUSTER_POINTS if point != faults.DATANODE_RESTART or hdfs)
+
+
+def faulted_sinks(spec: PipelineSpec, point: str) -> list[str]:
+    """The sinks whose writes a fault of the machines is put into, each in a batch of its own: every sink, but for
+    ``datanode-restart`` only those whose held task streams into HDFS (Delta append, Parquet): a MERGE's task holds
+    while Delta materialises its source, before its files are written, so the DataNode would be back before they
+    are (a MERGE of the same batch still runs through the DataNode's return)."""
+
+    def streams_into_hdfs(sink: AnySinkSpec) -> bool:
+        if isinstance(sink, FilesSinkSpec) or (isinstance(sink, DeltaSinkSpec) and sink.mode == "append"):
+            return Location(str(sink.path)).scheme == "hdfs"
+        return False
+
+    return [sink.name for sink in spec.sink_specs if point != faults.DATANODE_RESTART or streams_into_hdfs(sink)]
+
+
+def _cells(spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] | None,
+           cluster: ClusterFaults | None) -> list[tuple[str, str, list[str]]]:  # fmt: skip
+    """The cells to run, each as (guarantee, point, the points armed in its runs): each guarantee at each named
+    point (or ``points``); exactly-once at each fault of the machines, put into every sink's write in turn."""
+    named = list(points) if points is not None else list(faults.NAMED_POINTS)
+    cells = [(guarantee, point, [point]) for guarantee in guarantees for point in named
+             if faults.split_point(point)[0] not in faults.CLUSTER_POINTS]  # fmt: skip
+    machines = [point for point in named if faults.split_point(point)[0] in faults.CLUSTER_POINTS]
+    if points is None:
+        machines = list(cluster_points(spec, cluster))
+    for guarantee in [guarantee for guarantee in guarantees if wiring_for(guarantee).exactly_once]:
+        for point in machines:
+            wheres = [point] if ":" in point else [f"{point}:{sink}" for sink in faulted_sinks(spec, point)]
+            cells.append((guarantee, point, wheres))
     return cells

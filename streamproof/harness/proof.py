@@ -19,9 +19,10 @@ from pyspark.sql import SparkSession
 
 from streamproof.config import load_pipeline
 from streamproof.errors import ConfigError
+from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import Crash, Emit, HarnessResult, run_with_crashes, run_with_random_kills
 from streamproof.reconcile import Report, verify_pipeline
-from streamproof.session import build_session
+from streamproof.session import local_session
 
 
 @dataclass
@@ -36,29 +37,36 @@ class Proof:
         return self.harness.crashes
 
     @property
+    def missed(self) -> list[str]:
+        """Faults of the machines that left no evidence of happening (each fails the proof)."""
+        return self.harness.missed
+
+    @property
     def ok(self) -> bool:
-        """Nothing lost, duplicated or unexpected in any sink."""
-        return all(report.ok for report in self.reports)
+        """Every fault happened, and nothing was lost, duplicated or unexpected in any sink."""
+        return not self.missed and all(report.ok for report in self.reports)
 
     @property
     def guarantee_held(self) -> bool:
-        """The damage found in every sink is within what the pipeline's guarantee allows."""
-        return all(report.guarantee_held for report in self.reports)
+        """Every fault happened, and the damage found in every sink is within what the guarantee allows."""
+        return not self.missed and all(report.guarantee_held for report in self.reports)
 
 
 def prove_pipeline(pipeline_file: Path, *, crash_at: Sequence[str] = (), random_kills: int = 0, seed: int = 1,
                    log_dir: Path, emit: Emit = print, spark: SparkSession | None = None,
-                   manifest_dir: Path | None = None) -> Proof:  # fmt: skip
+                   manifest_dir: Path | None = None, cluster: ClusterFaults | None = None) -> Proof:  # fmt: skip
     """Crash the pipeline at each of ``crash_at`` (or ``random_kills`` times at seeded random moments), drain it,
     and reconcile (with ``spark``, or a session built from the pipeline's ``[spark]`` settings)."""
     if crash_at and random_kills:
         raise ConfigError("choose crash points or random kills, not both")
+    spec = load_pipeline(pipeline_file)
+    if spec.on_distributed_storage and spark is None:  # what a crash left is read through Spark's JVM
+        spark = local_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     if crash_at:
-        harness = run_with_crashes(pipeline_file, crash_at, log_dir=log_dir, emit=emit)
+        harness = run_with_crashes(pipeline_file, crash_at, log_dir=log_dir, emit=emit, cluster=cluster)
     else:
         harness = run_with_random_kills(pipeline_file, kills=random_kills, seed=seed, log_dir=log_dir, emit=emit)
-    spec = load_pipeline(pipeline_file)
-    spark = spark or build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
+    spark = spark or local_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     reports = verify_pipeline(spark, spec, manifest_dir=manifest_dir)
     for report in reports:
         report.crashes = [crash.to_dict() for crash in harness.crashes]

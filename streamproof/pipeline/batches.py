@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from pyspark import StorageLevel
@@ -36,8 +37,10 @@ from streamproof.checkpoint.log import batch_end_offsets, late_event_watermark_m
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
+from streamproof.pipeline.events import Event, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.sinks.delta import append_batch
+from streamproof.task_faults import held_back
 from streamproof.transform import (
     ALL_RECORDS,
     BRANCH,
@@ -75,9 +78,10 @@ class BatchWriter:
     attempt did not and nothing twice. Past the bound the batch fails with one line naming the sink.
     """
 
-    def __init__(self, spec: PipelineSpec, sinks: list[Sink]) -> None:
+    def __init__(self, spec: PipelineSpec, sinks: list[Sink], publish: Callable[[Event], None] | None = None) -> None:
         self.spec = spec
         self.sinks = sinks
+        self.publish = publish or (lambda _: None)
         self.wiring = wiring_for(spec.guarantee)
         self.progress = ProgressFile(spec.checkpoint_dir) if self.wiring.progress_before_write else None
         self.results: dict[int, BatchResult] = {}
@@ -118,19 +122,20 @@ class BatchWriter:
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
-                kill_in_task = faults.mid_write_armed(batch_id, sink.name, first_sink=index == 0)
+                point = faults.mid_write_armed(batch_id, sink.name, first_sink=index == 0)
+                in_tasks = sink.writes_in_python_tasks
+                self.publish(WriteStarted(self.spec.name, batch_id, sink.name, context.applicationId))
                 started = time.monotonic()
-                armed = replace(batch, kill_mid_write=kill_in_task)
-                with faults.sink_write(
-                    batch_id, context, sink.name, first_sink=index == 0,
-                    in_tasks=sink.writes_in_python_tasks, files_in=sink.data_files_folder,
-                ):  # fmt: skip
-                    writes[sink.name] = self._write_retrying(sink, kept, armed)
+                armed = replace(batch, task_fault=point if in_tasks else None)
+                rows = kept if in_tasks else held_back(kept, point, batch_id)
+                with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0, in_tasks=in_tasks,
+                                       files_in=sink.data_files_folder):  # fmt: skip
+                    writes[sink.name] = self._write_retrying(sink, rows, armed)
                 seconds[sink.name] = time.monotonic() - started
         finally:
             parsed.unpersist()
         faults.reached(faults.AFTER_SINK_COMMIT, batch_id)
-        faults.kill_when_batch_committed(batch_id, self.spec.checkpoint_dir / "commits" / str(batch_id))
+        faults.kill_when_batch_committed(batch_id, (self.spec.checkpoint_dir / "commits" / str(batch_id)).exists)
         self.results[batch_id] = BatchResult(
             batch_id,
             rows_out=max((write.rows_out for write in writes.values()), default=0),

@@ -2,9 +2,11 @@
 
 A run publishes, in order: ``ready`` (Python up, checkpoint and sinks checked: the recovery benchmark splits a
 restart there), ``started`` (the query runs), one ``batch`` per committed batch (:class:`BatchCommitted`), and
-``metrics`` / ``restarting`` notices when they happen. People read :meth:`line` of each on stdout. Programs (the
-crash harness, the benchmarks, the pytest plugin) read the JSON lines from the file descriptor that
-``$STREAMPROOF_EVENTS_FD`` names in the run's environment (:func:`side_channel`): no prose is parsed.
+``metrics`` / ``restarting`` notices when they happen; before each sink's write of a batch, a ``writing`` event
+(:class:`WriteStarted`, for programs only: the crash harness injects cluster faults on it). People read
+:meth:`line` of each shown event on stdout. Programs (the crash harness, the benchmarks, the pytest plugin) read
+the JSON lines from the file descriptor that ``$STREAMPROOF_EVENTS_FD`` names in the run's environment
+(:func:`side_channel`): no prose is parsed.
 
 Example::
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
@@ -33,6 +36,7 @@ READY, STARTED, METRICS, RESTARTING = "ready", "started", "metrics", "restarting
 class Notice:
     """Something a run says once: ``ready``, ``started``, ``metrics`` (the endpoint), ``restarting`` (an outage)."""
 
+    shown: ClassVar[bool] = True  # printed for people
     pipeline: str
     kind: str
     text: str
@@ -50,6 +54,7 @@ class BatchCommitted:
     """
 
     kind: ClassVar[str] = "batch"
+    shown: ClassVar[bool] = True
     pipeline: str
     batch_id: int
     rows_in: int
@@ -90,7 +95,22 @@ class BatchCommitted:
         return line
 
 
-Event = Notice | BatchCommitted
+@dataclass(frozen=True)
+class WriteStarted:
+    """A sink is about to write a batch (after the quarantine): the moment a cluster fault is injected."""
+
+    kind: ClassVar[str] = "writing"
+    shown: ClassVar[bool] = False  # for programs: people see the batch's line once it commits
+    pipeline: str
+    batch_id: int
+    sink: str
+    application: str = ""  # Spark's application id: on a cluster, what names its executors' processes
+
+    def line(self) -> str:
+        return f"[{self.pipeline}] batch {self.batch_id}: writing {self.sink}"
+
+
+Event = Notice | BatchCommitted | WriteStarted
 
 
 @dataclass
@@ -141,7 +161,9 @@ def decode(text: str) -> Event:
     """The event of one JSON line written by :func:`encode`."""
     data = json.loads(text)
     kind = data.pop("event")
-    return BatchCommitted(**data) if kind == BatchCommitted.kind else Notice(**data)
+    if kind == BatchCommitted.kind:
+        return BatchCommitted(**data)
+    return WriteStarted(**data) if kind == WriteStarted.kind else Notice(**data)
 
 
 def side_channel() -> Callable[[Event], None] | None:
@@ -150,9 +172,11 @@ def side_channel() -> Callable[[Event], None] | None:
     if not fd:
         return None
     stream = os.fdopen(int(fd), "w", buffering=1, encoding="utf-8", closefd=False)
+    lock = threading.Lock()  # Spark's listener thread and the batch's thread both publish: one line at a time
 
     def write(event: Event) -> None:
-        stream.write(encode(event) + "\n")
+        with lock:
+            stream.write(encode(event) + "\n")
 
     return write
 

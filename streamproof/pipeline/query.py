@@ -19,13 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from streamproof import faults, sources
-from streamproof.checkpoint.folder import RunLock
+from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import check_readable, committed_batches, logged_batches
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.config import PipelineSpec
@@ -37,6 +36,7 @@ from streamproof.pipeline.events import METRICS, READY, RESTARTING, Event, Notic
 from streamproof.pipeline.progress import ProgressEvents
 from streamproof.session import NO_DATA_BATCHES, build_session
 from streamproof.sinks import open_sinks
+from streamproof.storage import Location
 from streamproof.transform import check_derived_columns, parse_records, stateful_stream
 
 
@@ -88,8 +88,11 @@ def run(
         if on_event is not None:
             on_event(event)
 
+    # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the session
+    # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
+    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}") if spec.checkpoint_dir.is_remote else None
     with RunLock(spec.checkpoint_dir):
-        return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name))
+        return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name), spark)
 
 
 def _run_locked(
@@ -98,25 +101,26 @@ def _run_locked(
     max_batches: int | None,
     publish: Callable[[Event], None],
     summary: RunSummary,
+    spark: SparkSession | None,
 ) -> RunSummary:
     wiring = wiring_for(spec.guarantee)
     if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`")
     sources.require_available(spec)
     sinks = open_sinks(spec)
-    refuse_if_checkpoint_lost(None, spec, sinks)  # before the JVM starts, for the sinks readable without it
+    refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
     publish(Notice(spec.name, READY, "starting Spark (checkpoint and sinks checked)"))
-    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}")
+    spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}")
     check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
     if any(sink.needs_spark_for_commits() for sink in sinks):
         refuse_if_checkpoint_lost(spark, spec, sinks)
     for sink in sinks:
         sink.prepare(spark)
-    writer = BatchWriter(spec, sinks)
+    writer = BatchWriter(spec, sinks, publish)
     stop = StopRequest()
     metrics = PipelineMetrics(spec.name)
-    metrics.count_run(spec.checkpoint_dir)
+    metrics.observe_runs(RunCounter(spec.checkpoint_dir).count_start())
     if spec.metrics.port is not None:
         metrics.serve(spec.metrics.port, spec.metrics.host)
         address = f"http://{spec.metrics.host}:{spec.metrics.port}/metrics"
@@ -181,7 +185,7 @@ def _run_through_outages(
         time.sleep(retry.backoff_s)
 
 
-def _wait(query: StreamingQuery, stop: StopRequest, summary: RunSummary, checkpoint: Path) -> None:
+def _wait(query: StreamingQuery, stop: StopRequest, summary: RunSummary, checkpoint: Location) -> None:
     while query.isActive:
         if stop.event.wait(0.2):
             summary.stopped_by = stop.reason
@@ -204,7 +208,7 @@ class StopRequest:
 
 
 def _stop_at_batch_boundary(
-    query: StreamingQuery, checkpoint: Path, *, finish_in_flight: bool, timeout_s: float = 600.0
+    query: StreamingQuery, checkpoint: Location, *, finish_in_flight: bool, timeout_s: float = 600.0
 ) -> None:
     """Stop the query; with ``finish_in_flight``, first let the batch being written commit.
 

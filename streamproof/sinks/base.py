@@ -45,8 +45,9 @@ class Batch:
     end_offsets: Offsets  # in the key order of Spark's offset log (it decides the partition numbering)
     keyed: bool  # exactly-once: key the write on (pipeline, batch id) so that a replay is skipped
     rows: int = 0  # valid rows in the batch (counted once, before the writes)
-    # Crash harness only: a sink writing from Python tasks kills the pipeline at its mid-write point.
-    kill_mid_write: bool = False
+    # Crash harness only: the fault a sink writing from Python tasks meets at its mid-write point
+    # (``mid-sink-write``: the pipeline is killed; ``speculation``: the first attempt is held back).
+    task_fault: str | None = None
 
     def commit_record(self) -> dict[str, Any]:
         """What every commit of the batch records beside the data (Delta userMetadata, ledger, marker)."""
@@ -153,7 +154,7 @@ class FolderSink(Sink):
 
     @property
     def data_files_folder(self) -> Path | None:
-        return None if "://" in str(self.path) else self.path
+        return None if self.path.is_remote else self.path.path
 
 
 def holds_batch(sink: Sink, batch: Batch) -> bool:

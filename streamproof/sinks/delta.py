@@ -27,7 +27,7 @@ Example (inside your own ``foreachBatch``)::
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 
 from streamproof.config import DeltaSinkSpec
 from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
+from streamproof.storage import Location
 from streamproof.transform import recency, record_schema, struct_type
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -131,16 +132,7 @@ class DeltaSink(FolderSink):
         ]
 
     def needs_spark_for_commits(self) -> bool:
-        return "://" in str(self.path)
-
-    def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
-        if not self.needs_spark_for_commits():  # a local table: its log files, without starting Spark
-            return super().last_commit(spark)
-        assert spark is not None, "a Delta table on object storage is read through Spark"
-        commits = pipeline_commits(spark, str(self.path), self.pipeline.name, limit=5)
-        if not commits:
-            return None
-        return SinkCommit(commits[0]["batch_id"], commits[0]["end_offsets"], keyed=True)
+        return self.path.is_remote  # its log is read through Hadoop's FileSystem, in Spark's JVM
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
@@ -148,35 +140,18 @@ class DeltaSink(FolderSink):
         return spark.read.format("delta").load(str(self.path))
 
 
-def pipeline_commits(spark: SparkSession, table_path: str, pipeline: str, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest streamproof commit records of ``pipeline`` in a Delta table (newest first)."""
-    if not DeltaTable.isDeltaTable(spark, table_path):
-        return []
-    history = DeltaTable.forPath(spark, table_path).history(limit).select("version", "userMetadata").collect()
-    commits = []
-    for row in history:
-        try:
-            record = json.loads(row["userMetadata"] or "{}").get("streamproof")
-        except json.JSONDecodeError:
-            continue
-        if record and record.get("pipeline") == pipeline:
-            commits.append({**record, "table_version": row["version"]})
-    return commits
-
-
-def commits_on_disk(table_path: Path, pipeline: str) -> list[dict[str, Any]]:
+def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
     """Every commit of ``pipeline`` in the table's log: ``{"version", "batch_id", "end_offsets", "txn"}``.
 
-    Reads the ``_delta_log/*.json`` commit files directly (no Spark), so the harness can check right after
-    a SIGKILL, before any restart, which batches reached the table and whether they carry the txn id.
+    Reads the ``_delta_log/<version>.json`` commit files themselves (no Spark job; a local table with no JVM at
+    all), so the harness can check right after a SIGKILL, before any restart, which batches reached the table and
+    whether they carry the txn id.
     """
     commits: list[dict[str, Any]] = []
-    log = table_path / "_delta_log"
-    if not log.is_dir():
-        return commits
-    for commit_file in sorted(log.glob("[0-9]*.json")):
+    log = table / "_delta_log"
+    for name in (name for name in log.names() if re.fullmatch(r"\d+\.json", name)):
         txn_versions, record = set(), None
-        for line in commit_file.read_text(encoding="utf-8").splitlines():
+        for line in (log / name).read_text().splitlines():
             action = json.loads(line)
             if "txn" in action and action["txn"].get("appId") == app_id(pipeline):
                 txn_versions.add(int(action["txn"]["version"]))
@@ -187,7 +162,7 @@ def commits_on_disk(table_path: Path, pipeline: str) -> list[dict[str, Any]]:
         if record is not None:
             commits.append(
                 {
-                    "version": int(commit_file.stem),
+                    "version": int(name.split(".")[0]),
                     "batch_id": int(record["batch_id"]),
                     "end_offsets": record["end_offsets"],
                     "txn": int(record["batch_id"]) in txn_versions,

@@ -61,10 +61,7 @@ class FilesSink(FolderSink):
 
     def latest_logged_batch(self) -> int | None:
         """The latest batch id in ``_spark_metadata`` (plain ``N`` or compacted ``N.compact`` entries)."""
-        log = self.path / METADATA_DIR
-        if not log.is_dir():
-            return None
-        ids = [int(entry.name.split(".")[0]) for entry in log.iterdir() if entry.name.split(".")[0].isdigit()]
+        ids = [int(name.split(".")[0]) for name in (self.path / METADATA_DIR).names() if name.split(".")[0].isdigit()]
         return max(ids, default=None)
 
     def commits(self) -> list[SinkCommit]:
@@ -73,6 +70,6 @@ class FilesSink(FolderSink):
         return [] if latest is None else [SinkCommit(batch_id, None, True) for batch_id in range(latest + 1)]
 
     def read(self, spark: SparkSession) -> DataFrame | None:
-        if not self.path.is_dir() or not any(self.path.glob("*.parquet")):
+        if not any(name.endswith(".parquet") for name in self.path.names()):
             return None
         return spark.read.parquet(str(self.path))

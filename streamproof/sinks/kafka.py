@@ -47,11 +47,11 @@ from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.faults import CrashInTask
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import client_config, ensure_topic, require_topic, source_client_config, topic_exists
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
 from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
 
 DECIDED_TIMEOUT_S = 120.0
@@ -175,7 +175,7 @@ class TransactionalWriter:
     columns: tuple[str, ...]  # key, value, then the coordinates
     batch_id: int
     end_offsets: dict[str, dict[str, int]]
-    crash: CrashInTask | None = None  # crash harness only
+    crash: TaskFault | None = None  # crash harness only
 
     def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
         """Write partition ``index``; yield ``(index, records written, skipped as a replay)``."""
@@ -278,8 +278,9 @@ class KafkaSink(Sink):
         count = partitions.getNumPartitions()
         if not self._fenced:
             self._fence_zombies(count)
+        fault = task_fault(batch.task_fault, count, batch.batch_id)
         writer = TransactionalWriter(self.spec, batch.pipeline, tuple(records.columns), batch.batch_id,
-                                     batch.end_offsets, CrashInTask.armed(batch.kill_mid_write, count))  # fmt: skip
+                                     batch.end_offsets, fault)  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
         self._record_batch_complete(batch)
         written = sum(count for _, count, _ in results)

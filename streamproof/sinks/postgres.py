@@ -43,9 +43,9 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
-from streamproof.faults import CrashInTask
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
 from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
 
 EXACT_NUMERIC = "numeric(38, 10)"
@@ -82,7 +82,7 @@ class PartitionWriter:
     batch_id: int
     end_offsets: str  # JSON, key order as Spark logged it (kept as text: jsonb would reorder the keys)
     keyed: bool
-    crash: CrashInTask | None = None  # crash harness only
+    crash: TaskFault | None = None  # crash harness only
     # Resolved on the driver: executors on a cluster do not share its environment. Travels inside the
     # task like Spark's own JDBC writer's password; excluded from repr so that no log line prints it.
     password: str | None = field(default=None, repr=False)
@@ -282,7 +282,7 @@ class PostgresSink(Sink):
             self.spec, batch.pipeline, columns,
             tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,
             json.dumps(batch.end_offsets), batch.keyed,
-            CrashInTask.armed(batch.kill_mid_write, partitions.getNumPartitions()), self.spec.password(),
+            task_fault(batch.task_fault, partitions.getNumPartitions(), batch.batch_id), self.spec.password(),
         )  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
         if batch.keyed:
