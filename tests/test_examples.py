@@ -6,8 +6,9 @@ sink of the example 0 lost / 0 duplicated / 0 unexpected, every record accounted
 sink kind and mode is killed mid-write and after its commit in test_sinks_exactly_once.py. Not run again:
 ``orders_to_delta.toml`` (the plugin tests run it through crashes), ``orders_dedup_to_delta.toml`` and
 ``customer_windows_to_delta.toml`` (test_dedup.py runs them through the crash matrix), ``all_sinks.toml``
-(its six sinks are those of test_sinks_exactly_once.py) and ``orders_silver_from_bronze.toml`` (its source is a
-Delta table: test_delta_source.py runs the same pipeline through a crash).
+(its six sinks are those of test_sinks_exactly_once.py), ``orders_silver_from_bronze.toml`` (its source is a
+Delta table: test_delta_source.py runs the same pipeline through a crash) and ``orders_to_delta_cluster.toml``
+(it needs a cluster and HDFS: test_cluster.py runs it through the cluster's faults).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ALREADY_RUN = (
     "orders_dedup_to_delta.toml",
     "customer_windows_to_delta.toml",
     "orders_silver_from_bronze.toml",
+    "orders_to_delta_cluster.toml",
 )
 EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.toml") if path.name not in ALREADY_RUN)
 

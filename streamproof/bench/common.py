@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.config import PipelineSpec, SparkSettings, dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
-from streamproof.faults import process_table, process_tree_groups
+from streamproof.faults import ArmedCrash, process_table, process_tree_groups
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.matrix import isolated_sink
@@ -89,12 +89,13 @@ class BenchChild:
     """``streamproof run PIPELINE`` for a benchmark: a :class:`~streamproof.harness.child.PipelineChild` whose
     events make a :class:`PipelineRun`, and whose process tree's peak memory is sampled while it runs."""
 
-    def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, *, available_now: bool = True) -> None:
+    def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, *, available_now: bool = True,
+                 crash: ArmedCrash | None = None) -> None:  # fmt: skip
         self.emit = emit
         self.child = PipelineChild(
             pipeline_file, log_dir, name=f"{pipeline_file.parent.name}-{time.strftime('%H%M%S')}",
             available_now=available_now, jit="tiered",  # what `streamproof run` uses: the figures users get
-            on_event=self._show,
+            on_event=self._show, crash=crash,
         )  # fmt: skip
         self.name = pipeline_file.parent.name
         self.peak_memory_mb = 0.0
@@ -235,9 +236,9 @@ class Bench:
         pipeline_file.write_text(dump_pipeline(updated))
         return pipeline_file
 
-    def child(self, pipeline_file: Path, *, available_now: bool = True) -> BenchChild:
-        """A pipeline child of this run, its logs under the work folder."""
-        return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now)
+    def child(self, pipeline_file: Path, *, available_now: bool = True, crash: ArmedCrash | None = None) -> BenchChild:
+        """A pipeline child of this run, its logs under the work folder (armed with ``crash``, if given)."""
+        return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now, crash=crash)
 
     def drain(self, pipeline_file: Path, timeout_s: float = 3600) -> PipelineRun:
         """Run the pipeline to the end of its topic in a child process."""

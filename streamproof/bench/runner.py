@@ -29,6 +29,7 @@ from typing import Any
 
 import pyspark
 
+from streamproof.bench.cluster import bench_cluster
 from streamproof.bench.common import DEFAULT_EVENTS, RESULTS, Bench, Emit
 from streamproof.bench.latency import bench_latency
 from streamproof.bench.recovery import bench_recovery
@@ -42,9 +43,12 @@ from streamproof.jars import cached_jars, check_java
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": bench_throughput, "latency": bench_latency, "recovery": bench_recovery, "sinks": bench_sinks,
-    "scaling": bench_scaling, "tuning": bench_tuning,
+    "scaling": bench_scaling, "tuning": bench_tuning, "cluster": bench_cluster,
 }  # fmt: skip
 BENCHMARKS = tuple(RUNNERS)
+DEFAULT_BENCHMARKS = tuple(
+    name for name in BENCHMARKS if name != "cluster"
+)  # that one needs `infra up --spark-workers`
 # What the command prints of each benchmark's results (the whole document goes to the results file).
 SUMMARY_KEYS = ("ratios", "targets_met", "latency", "latency_after_warmup", "ratios_vs_delta_append", "median_s")
 

@@ -1,0 +1,173 @@
+"""On a real Spark standalone cluster (a Master and 2 Workers of 1 core, each its own JVM, executors in JVMs of
+their own) with the checkpoint and the Delta tables on real HDFS (a NameNode and a DataNode), all started by
+`streamproof infra up`'s own code on free ports.
+
+Faults (exactly-once, examples/orders_to_delta_cluster.toml's sinks: Delta append on HDFS, PostgreSQL upsert,
+Kafka), one run through four batches, a fault each, in the Delta write: the executor JVM running a write task
+SIGKILLed halfway through its rows (Spark retries the task elsewhere), the first attempt of a write task held back
+until Spark's speculation runs a second attempt of it on the other executor, the DataNode SIGKILLed while a task
+is halfway and started again a second later, a Worker and its executors SIGKILLed halfway; then drained.
+Expected: the run survives each; each fault's evidence in Spark's own event log (an attempt lost with its
+executor, a speculative attempt, an attempt failed against the dead DataNode) and in the harness's record (the
+DataNode back, the Worker restarted); every sink 0 lost / 0 duplicated / 0 unexpected.
+Then the checkpoint commands on hdfs://: show, backup and restore, the refusal of a lost checkpoint, recover.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, run_cli
+from streamproof.checkpoint.folder import backup, restore
+from streamproof.checkpoint.log import committed_batches
+from streamproof.checkpoint.recover import recover
+from streamproof.config import dump_pipeline, load_pipeline
+from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE, SPECULATION, WORKER_LOSS
+from streamproof.generator import generate
+from streamproof.harness.cluster import ClusterFaults
+from streamproof.harness.crashes import run_with_crashes
+from streamproof.infra import PG_PASSWORD_ENV, HdfsCluster, KafkaBroker, PostgresServer, SparkCluster, free_port
+from streamproof.maintenance import maintain
+from streamproof.reconcile import verify_pipeline
+from streamproof.session import local_session
+from streamproof.storage import Location
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1800)]
+
+CI_SINKS = ("delta", "pg-upsert", "kafka")
+EVENTS = 24_000
+BATCH = 4_000  # six batches: one before the four faults, one after
+TOPIC = "cluster_orders"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    state = tmp_path_factory.mktemp("cluster-state")
+    hdfs = HdfsCluster(state, ports={name: free_port() for name in HdfsCluster(state).ports})
+    webui = free_port()
+    while any(port_taken(webui + number) for number in (1, 2)):
+        webui = free_port()
+    spark = SparkCluster(state, workers=2, port=free_port(), webui_port=webui)
+    try:
+        print(hdfs.up())
+        print(spark.up())
+        yield ClusterFaults(spark, hdfs)
+    finally:
+        print(spark.down(wipe=True))
+        print(hdfs.down(wipe=True))
+
+
+def port_taken(port: int) -> bool:
+    from streamproof.infra import port_in_use
+
+    return port_in_use(port)
+
+
+def cluster_pipeline(workdir: Path, cluster: ClusterFaults, broker: KafkaBroker, postgres: PostgresServer,
+                     topic: str) -> Path:  # fmt: skip
+    """examples/orders_to_delta_cluster.toml (the CI's three of its sinks) on the test cluster, HDFS, broker and
+    PostgreSQL, its files under its own HDFS folder."""
+    assert cluster.spark is not None and cluster.hdfs is not None
+    spec = load_pipeline(REPO / "examples" / "orders_to_delta_cluster.toml")
+    root = f"{cluster.hdfs.uri}/tests/{workdir.name}"
+
+    def moved(sink: Any) -> Any:
+        changes = {
+            "delta": {"path": f"{root}/orders"},
+            "pg-upsert": {"port": postgres.port, "table": f"{topic}_orders"},
+            "kafka": {"bootstrap_servers": broker.bootstrap_servers, "topic": f"{topic}-out"},
+        }
+        return sink.model_copy(update=changes[sink.name])
+
+    spec = spec.model_copy(update={
+        "checkpoint": f"{root}/checkpoint",
+        "source": spec.source.model_copy(update={"bootstrap_servers": broker.bootstrap_servers, "topic": topic,
+                                                 "max_offsets_per_trigger": BATCH}),
+        "transform": spec.transform.model_copy(update={"quarantine": f"{root}/quarantine"}),
+        "sinks": [moved(sink) for sink in spec.sinks if sink.name in CI_SINKS],
+        "spark": spec.spark.model_copy(update={"master": cluster.spark.master_url}),
+    })  # fmt: skip
+    workdir.mkdir(parents=True, exist_ok=True)
+    pipeline_file = workdir / "pipeline.toml"
+    pipeline_file.write_text(dump_pipeline(spec))
+    return pipeline_file
+
+
+@pytest.fixture(scope="module")
+def proven(cluster: ClusterFaults, kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:  # fmt: skip
+    assert PG_PASSWORD_ENV in os.environ
+    workdir = tmp_path_factory.mktemp("on-cluster")
+    generate(kafka_broker.bootstrap_servers, TOPIC, EVENTS, partitions=4, malformed=0.005, seed=31)
+    pipeline_file = cluster_pipeline(workdir, cluster, kafka_broker, streamproof_postgres, TOPIC)
+    points = [EXECUTOR_MID_WRITE, SPECULATION, DATANODE_RESTART, WORKER_LOSS]
+    harness = run_with_crashes(
+        pipeline_file, points, log_dir=workdir / "logs", emit=print, cluster=cluster, timeout_s=600
+    )
+    spec = load_pipeline(pipeline_file)
+    spark = local_session(spec.spark, app_name="streamproof-tests")
+    return spec, harness, verify_pipeline(spark, spec), pipeline_file
+
+
+def test_every_sink_is_exactly_once_through_the_cluster_faults(proven: Any) -> None:
+    _, harness, reports, _ = proven
+    assert [crash.point for crash in harness.crashes] == [EXECUTOR_MID_WRITE, SPECULATION, DATANODE_RESTART,
+                                                          WORKER_LOSS]  # fmt: skip
+    assert [report.sink for report in reports] == list(CI_SINKS)
+    for report in reports:
+        assert report.source_records == EVENTS
+        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+
+
+def test_each_fault_left_its_evidence(proven: Any) -> None:
+    """Spark's own event log: an attempt lost with its executor, a speculative attempt, an attempt failed against
+    the dead DataNode; and the harness's record: the DataNode and the Worker back."""
+    _, harness, _, _ = proven
+    facts = {crash.point: crash.facts for crash in harness.crashes}
+    assert facts[EXECUTOR_MID_WRITE]["ends"].get("ExecutorLostFailure", 0) >= 1, facts[EXECUTOR_MID_WRITE]
+    assert facts[SPECULATION]["speculative"] >= 1, facts[SPECULATION]
+    datanode = facts[DATANODE_RESTART]
+    assert datanode["failed"] >= 1 and datanode["datanode_live_again"], datanode
+    assert datanode["killed_datanode_pid"] != datanode["restarted_datanode_pid"], datanode
+    worker = facts[WORKER_LOSS]
+    assert worker["ends"].get("ExecutorLostFailure", 0) >= 1 and worker["restarted_workers"], worker
+    assert all(fact["pipeline_exit"] == 0 for fact in facts.values()), facts  # the run survived each of them
+
+
+def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    """show, backup and restore, the refusal of a lost checkpoint, recover, a run after it, verify, maintain: on
+    hdfs:// paths. The commands run with a local Spark (they need no cluster, only Hadoop's FileSystem); show and
+    run through the CLI, the others as the CLI calls them, in this process (a JVM start each saved)."""
+    spec, _, _, _ = proven
+    spark = local_session(spec.spark, app_name="streamproof-tests")
+    env = {PG_PASSWORD_ENV: os.environ[PG_PASSWORD_ENV]}
+    local = tmp_path / "local.toml"
+    local.write_text(dump_pipeline(spec.on_master("local[2]")))
+    checkpoint = spec.checkpoint_dir
+    shown = run_cli("checkpoint", "show", str(local), env=env)
+    assert shown.returncode == 0 and f"checkpoint {checkpoint}" in shown.stdout, shown.stderr[-2000:]
+    committed = committed_batches(checkpoint)
+    assert committed and shown.stdout.count("yes") >= min(len(committed), 20), shown.stdout
+
+    copy = backup(checkpoint, Location(f"{checkpoint}-backup"))
+    assert copy.is_remote and committed_batches(copy) == committed
+    checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
+    refused = run_cli("run", str(local), "--available-now", env=env)
+    assert refused.returncode == 2 and "the checkpoint was lost" in refused.stderr, refused.stderr[-2000:]
+    aside = restore(checkpoint, copy)  # what the refused run left (its lock's folder) is kept aside: no offsets
+    assert (aside is None or not (aside / "offsets").exists()) and committed_batches(checkpoint) == committed
+
+    checkpoint.delete(recursive=True)
+    rebuilt = recover(spark, spec)
+    assert rebuilt.startswith(f"rebuilt {checkpoint}") and committed_batches(checkpoint)[-1] == committed[-1], rebuilt
+    generate(kafka_broker.bootstrap_servers, TOPIC, 4_000, partitions=4, seed=32)
+    drained = run_cli("run", str(local), "--available-now", env=env)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    for report in verify_pipeline(spark, spec):
+        assert report.source_records == EVENTS + 4_000 and report.ok, report.to_json()
+    compacted = list(maintain(spark, spec, compact=True, vacuum_hours=None))
+    assert len(compacted) == 2 and all("OPTIMIZE removed" in line for line in compacted), compacted
