@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,30 +114,31 @@ class DaemonProcess:
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, then SIGKILL past ``timeout_s``; returns the pid stopped (None when it was not running)."""
-        pid = self.pid()
-        if pid is not None:
+        pid = self._signal_and_wait(signal.SIGTERM, timeout_s, poll_s=0.2)
+        if pid is not None and process_alive(pid):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout_s
-            while process_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if process_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        if pid is not None:
             reap(pid)
         self.pid_file.unlink(missing_ok=True)
         return pid
 
     def kill(self) -> int | None:
         """SIGKILL now (a fault the crash harness injects); returns the pid killed."""
+        pid = self._signal_and_wait(signal.SIGKILL, STOP_TIMEOUT_S, poll_s=0.05)
+        if pid is not None:
+            reap(pid)
+        return pid
+
+    def _signal_and_wait(self, signal_number: int, timeout_s: float, poll_s: float) -> int | None:
+        """Send ``signal_number`` to the daemon, if running, and wait up to ``timeout_s`` for it to end."""
         pid = self.pid()
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + STOP_TIMEOUT_S
+                os.kill(pid, signal_number)
+            deadline = time.monotonic() + timeout_s
             while process_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            reap(pid)
+                time.sleep(poll_s)
         return pid
 
 
@@ -152,3 +154,17 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, *, interval_s: f
             return False
         time.sleep(interval_s)
     return False
+
+
+def wiped(home: Path, message: str, wipe: bool) -> str:
+    """``message``, with ``home`` deleted first when ``wipe`` (what ``infra down --wipe`` adds to every service).
+
+    Example::
+
+        >>> wiped(Path("/nonexistent/streamproof"), "stopped HDFS", wipe=True)
+        'stopped HDFS'
+    """
+    if wipe and home.exists():
+        shutil.rmtree(home)
+        message += f"; deleted {home}"
+    return message

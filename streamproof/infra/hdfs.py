@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from streamproof.errors import InfraError, log_tail
-from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until
+from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until, wiped
 from streamproof.jars import cached_jars, check_java
 
 NAMENODE = "org.apache.hadoop.hdfs.server.namenode.NameNode"
@@ -166,10 +166,7 @@ class HdfsCluster(LocalDaemon):
         datanode, namenode = self.datanode.stop(), self.namenode.stop()
         message = "HDFS was not running" if namenode is None and datanode is None else (
             f"stopped HDFS (NameNode {namenode}, DataNode {datanode})")  # fmt: skip
-        if wipe and self.home.exists():
-            shutil.rmtree(self.home)
-            message += f"; deleted {self.home}"
-        return message
+        return wiped(self.home, message, wipe)
 
     def status(self) -> str:
         if not self.running():

@@ -29,7 +29,7 @@ from typing import ClassVar
 from confluent_kafka.admin import AdminClient
 
 from streamproof.errors import InfraError, log_tail
-from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use
+from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wiped
 from streamproof.jars import check_java, kafka_broker_classpath
 from streamproof.kafka_client import client_config
 
@@ -188,10 +188,7 @@ class KafkaBroker(LocalDaemon):
         """Stop the broker ``up`` started (by pid); ``wipe`` also deletes its data."""
         pid = self.process.stop()
         message = "Kafka was not running" if pid is None else f"stopped Kafka (pid {pid})"
-        if wipe and self.home.exists():
-            shutil.rmtree(self.home)
-            message += f"; deleted {self.home}"
-        return message
+        return wiped(self.home, message, wipe)
 
     def status(self) -> str:
         pid = self.process.pid()

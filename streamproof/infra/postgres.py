@@ -20,7 +20,7 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 
 from streamproof.errors import InfraError, log_tail
-from streamproof.infra.common import START_TIMEOUT_S, STOP_TIMEOUT_S, LocalDaemon, port_in_use
+from streamproof.infra.common import START_TIMEOUT_S, STOP_TIMEOUT_S, LocalDaemon, port_in_use, wiped
 
 PG_VERSION = "15"
 PG_DEFAULT_PORT = 5432
@@ -160,10 +160,7 @@ class PostgresServer(LocalDaemon):
             if done.returncode != 0:
                 raise InfraError(f"pg_ctl stop failed for {self.data_dir}:\n{done.stderr[-1000:]}")
             message = f"stopped PostgreSQL (127.0.0.1:{self.port})"
-        if wipe and self.home.exists():
-            shutil.rmtree(self.home)
-            message += f"; deleted {self.home}"
-        return message
+        return wiped(self.home, message, wipe)
 
     def status(self) -> str:
         if not self.running():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from streamproof.errors import InfraError, log_tail
-from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until
+from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until, wiped
 from streamproof.jars import check_java
 
 DEFAULT_MASTER_PORT = 7077
@@ -159,10 +158,7 @@ class SparkCluster(LocalDaemon):
         master = self.master.stop()
         message = "Spark cluster was not running" if master is None and not stopped else (
             f"stopped the Spark cluster (master {master}, {len(stopped)} workers)")  # fmt: skip
-        if wipe and self.home.exists():
-            shutil.rmtree(self.home)
-            message += f"; deleted {self.home}"
-        return message
+        return wiped(self.home, message, wipe)
 
     def status(self) -> str:
         if not self.running():
