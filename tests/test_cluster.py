@@ -30,7 +30,15 @@ from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE, SPECULATION
 from streamproof.generator import generate
 from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import run_with_crashes
-from streamproof.infra import PG_PASSWORD_ENV, HdfsCluster, KafkaBroker, PostgresServer, SparkCluster, free_port
+from streamproof.infra import (
+    PG_PASSWORD_ENV,
+    HdfsCluster,
+    KafkaBroker,
+    PostgresServer,
+    SparkCluster,
+    free_port,
+    port_in_use,
+)
 from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.session import local_session
@@ -49,7 +57,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     state = tmp_path_factory.mktemp("cluster-state")
     hdfs = HdfsCluster(state, ports={name: free_port() for name in HdfsCluster(state).ports})
     webui = free_port()
-    while any(port_taken(webui + number) for number in (1, 2)):
+    while any(port_in_use(webui + number) for number in (1, 2)):  # the workers' web UIs take the next ports
         webui = free_port()
     spark = SparkCluster(state, workers=2, port=free_port(), webui_port=webui)
     try:
@@ -59,12 +67,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     finally:
         print(spark.down(wipe=True))
         print(hdfs.down(wipe=True))
-
-
-def port_taken(port: int) -> bool:
-    from streamproof.infra import port_in_use
-
-    return port_in_use(port)
 
 
 def cluster_pipeline(workdir: Path, cluster: ClusterFaults, broker: KafkaBroker, postgres: PostgresServer,
