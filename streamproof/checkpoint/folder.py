@@ -19,6 +19,7 @@ import json
 import os
 import time
 
+from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
 from streamproof.storage import Location
 
@@ -143,8 +144,8 @@ class RunCounter:
         return runs
 
 
-def refuse_while_running(checkpoint: Location, action: str) -> None:
-    holder = RunLock(checkpoint).holder()
+def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
+    holder = RunLock(Location(checkpoint)).holder()
     if holder is not None:
         raise PipelineError(
             f"cannot {action} {checkpoint} while a pipeline runs on it (pid {holder}): stop it first (SIGTERM "
@@ -152,8 +153,12 @@ def refuse_while_running(checkpoint: Location, action: str) -> None:
         )
 
 
-def backup(checkpoint: Location, target: Location | None = None) -> Location:
-    """Copy the checkpoint (not while a pipeline runs on it) to ``target`` (default: a stamped sibling)."""
+def backup(checkpoint: Checkpoint, target: Checkpoint | None = None) -> Location:
+    """Copy the checkpoint (not while a pipeline runs on it) to ``target`` (default: a stamped sibling).
+
+    ``checkpoint`` and ``target`` are local paths or URIs, e.g. ``backup("hdfs://nn:9000/checkpoints/orders")``.
+    """
+    checkpoint, target = Location(checkpoint), (Location(target) if target is not None else None)
     if not checkpoint.is_dir():
         raise PipelineError(f"{checkpoint}: no checkpoint to back up")
     refuse_while_running(checkpoint, "back up")
@@ -164,12 +169,13 @@ def backup(checkpoint: Location, target: Location | None = None) -> Location:
     return target
 
 
-def restore(checkpoint: Location, source: Location) -> Location | None:
+def restore(checkpoint: Checkpoint, source: Checkpoint) -> Location | None:
     """Replace the checkpoint by the backup ``source``; the current one is kept aside (returned).
 
     Restoring an older backup is safe with streamproof's sinks: the batches the sinks hold beyond it are
     replayed with the same ids and offsets, and each keyed sink skips them.
     """
+    checkpoint, source = Location(checkpoint), Location(source)
     if not (source / "offsets").is_dir():
         raise PipelineError(f"{source}: not a checkpoint backup (no offsets/ folder)")
     refuse_while_running(checkpoint, "restore")
