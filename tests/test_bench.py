@@ -28,7 +28,8 @@ def test_unknown_benchmark_and_tiny_data_are_refused_in_one_line() -> None:
     result = run_cli("bench", "speed", timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: unknown benchmark 'speed': expected one of throughput, latency, recovery, sinks, scaling, tuning"
+        "error: unknown benchmark 'speed': expected one of throughput, latency, recovery, sinks, scaling, tuning, "
+        "cluster"
     ]
 
 
