@@ -24,8 +24,9 @@ import pytest
 from conftest import REPO, run_cli
 from streamproof.checkpoint.folder import backup, restore
 from streamproof.checkpoint.log import committed_batches
-from streamproof.checkpoint.recover import recover
+from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.config import dump_pipeline, load_pipeline
+from streamproof.errors import PipelineError
 from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE, SPECULATION, WORKER_LOSS
 from streamproof.generator import generate
 from streamproof.harness.cluster import ClusterFaults
@@ -42,6 +43,7 @@ from streamproof.infra import (
 from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.session import local_session
+from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1800)]
@@ -143,7 +145,8 @@ def test_each_fault_left_its_evidence(proven: Any) -> None:
 def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker, tmp_path: Path) -> None:
     """show, backup and restore, the refusal of a lost checkpoint, recover, a run after it, verify, maintain: on
     hdfs:// paths. The commands run with a local Spark (they need no cluster, only Hadoop's FileSystem); show and
-    run through the CLI, the others as the CLI calls them, in this process (a JVM start each saved)."""
+    the run after recover through the CLI, the others as the CLI calls them, in this process (a JVM start each
+    saved)."""
     spec, _, _, _ = proven
     spark = local_session(spec.spark, app_name="streamproof-tests")
     env = {PG_PASSWORD_ENV: os.environ[PG_PASSWORD_ENV]}
@@ -158,10 +161,9 @@ def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker
     copy = backup(checkpoint, Location(f"{checkpoint}-backup"))
     assert copy.is_remote and committed_batches(copy) == committed
     checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
-    refused = run_cli("run", str(local), "--available-now", env=env)
-    assert refused.returncode == 2 and "the checkpoint was lost" in refused.stderr, refused.stderr[-2000:]
-    aside = restore(checkpoint, copy)  # what the refused run left (its lock's folder) is kept aside: no offsets
-    assert (aside is None or not (aside / "offsets").exists()) and committed_batches(checkpoint) == committed
+    with pytest.raises(PipelineError, match="the checkpoint was lost"):  # as `run` refuses it (a JVM start saved)
+        refuse_if_checkpoint_lost(spark, spec, open_sinks(spec))
+    assert restore(checkpoint, copy) is None and committed_batches(checkpoint) == committed
 
     checkpoint.delete(recursive=True)
     rebuilt = recover(spark, spec)

@@ -136,8 +136,9 @@ def exactly_once(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path_factory: Any
 ) -> tuple[dict[str, Report], Any, Path]:
     workdir = tmp_path_factory.mktemp("fan-out-exactly-once")
-    # before-sink-write and after-checkpoint-commit take the same path for every sink (the Delta matrix
-    # proves them); what differs per sink is its own write being killed, and its replay after a commit.
+    # before-sink-write and after-checkpoint-commit take the same path for every sink (`prove --matrix`
+    # proves them, with no write in flight); what differs per sink is its own write being killed, and its
+    # replay after a commit.
     # PostgreSQL is killed once: its three modes share the write path up to the statement that moves the rows.
     points = [*(f"mid-sink-write:{label}" for label in ("merge", "pg-upsert", "kafka", "files")), "after-sink-commit"]
     reports, harness = _prove(workdir, kafka_broker, streamproof_postgres, spark, guarantee="exactly-once",
