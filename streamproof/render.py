@@ -16,6 +16,7 @@ from streamproof.guarantees import wiring_for
 from streamproof.harness.crashes import TimelineEvent
 from streamproof.harness.matrix import MatrixCell
 from streamproof.reconcile import Report
+from streamproof.reconcile.checker import SAMPLES
 
 
 def report_table(report: Report) -> Table:
@@ -61,7 +62,27 @@ def report_table(report: Report) -> Table:
         restart = crash.get("restarted_in_s")
         restart_text = f", restarted in {restart:.1f} s" if isinstance(restart, int | float) else ""
         table.add_row(f"crash {index}", f"{crash['point']} in batch {crash['batch_id']}{restart_text}")
+    for kind, samples in report.samples.items():
+        shown = ", ".join(sample_text(sample) for sample in samples[:3])
+        more = f" (+{len(samples) - 3} more in --json / --html)" if len(samples) > 3 else ""
+        table.add_row(f"[bold red]{kind}[/], e.g.", f"{shown}{more}")
     return table
+
+
+_COORDINATE_NAMES = {"_src_topic": "topic", "_src_partition": "partition", "_src_offset": "offset"}
+
+
+def sample_text(sample: dict[str, object]) -> str:
+    """One damaged record, key, group or window on one line: source coordinates as ``topic:partition@offset``.
+
+    >>> sample_text({"_src_topic": "orders", "_src_partition": 1, "_src_offset": 42, "rows": 2})
+    'orders:1@42 rows=2'
+    """
+    parts = []
+    if "_src_topic" in sample:
+        parts.append(f"{sample['_src_topic']}:{sample.get('_src_partition')}@{sample.get('_src_offset')}")
+    parts += [f"{name}={value}" for name, value in sample.items() if name not in _COORDINATE_NAMES]
+    return " ".join(parts)
 
 
 def _late_in_play(report: Report) -> bool:
@@ -229,13 +250,28 @@ def report_html(reports: Sequence[Report], events: Sequence[TimelineEvent] = (),
     for report in reports:
         rows = "".join(
             f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
-            for key, value in report.to_dict().items() if key not in ("crashes", "quarantine_reasons")
+            for key, value in report.to_dict().items() if key not in ("crashes", "quarantine_reasons", "samples")
         )  # fmt: skip
         verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
         heading = f"<h2>{html.escape(report.sink)}: {html.escape(verdict)}</h2>"
-        sections.append(f"{heading}<table class='grid'>{rows}</table>")
+        sections.append(f"{heading}<table class='grid'>{rows}</table>" + _samples_html(report))
     body = (
         f"<p class='small'>{html.escape(command)}</p>" + "".join(sections)
         + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
     )  # fmt: skip
     return _PAGE.format(title=f"streamproof report: {html.escape(reports[0].pipeline)}", body=body)
+
+
+def _samples_html(report: Report) -> str:
+    """The damaged records, keys, groups or windows the checker named, one table per kind of damage."""
+    tables = []
+    for kind, samples in report.samples.items():
+        columns = list(dict.fromkeys(name for sample in samples for name in sample))
+        head = "".join(f"<th>{html.escape(_COORDINATE_NAMES.get(name, name))}</th>" for name in columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(sample.get(name, '')))}</td>" for name in columns) + "</tr>"
+            for sample in samples
+        )
+        title = f"{kind}: {getattr(report, kind):,} counted, these {len(samples)} named (at most {SAMPLES})"
+        tables.append(f"<h3>{html.escape(title)}</h3><table class='grid'><tr>{head}</tr>{body}</table>")
+    return "".join(tables)

@@ -48,6 +48,21 @@ def test_lost_duplicated_and_unexpected_sink_rows_are_counted_exactly(spark: Any
     counts = reconcile(_source(spark, 10, 3), _coords(spark, sink), _coords(spark, quarantine))
     assert (counts.lost, counts.duplicated, counts.unexpected) == (2, 3, 2)
     assert counts.sink_records == 13
+    # What, not only how many: the report names each damaged record by its coordinates.
+    named = {kind: [(r["_src_topic"], r["_src_partition"], r["_src_offset"], r.get("rows")) for r in rows]
+             for kind, rows in counts.samples.items()}  # fmt: skip
+    assert named == {"lost": [("t", 0, 4, None), ("t", 0, 5, None)], "duplicated": [("t", 0, 7, 3), ("t", 0, 8, 2)],
+                     "unexpected": [("other", 0, 1, 1), ("t", 0, 99, 1)]}  # fmt: skip
+
+
+def test_a_clean_reconciliation_names_nothing_and_names_at_most_twenty(spark: Any) -> None:
+    from streamproof.reconcile.checker import SAMPLES
+
+    sink, quarantine = _perfect(50, 0)
+    assert reconcile(_source(spark, 50, 0), _coords(spark, sink), _coords(spark, quarantine)).samples == {}
+    counts = reconcile(_source(spark, 50, 0), _coords(spark, []), _coords(spark, quarantine))
+    assert counts.lost == 50
+    assert [r["_src_offset"] for r in counts.samples["lost"]] == list(range(SAMPLES))
 
 
 def test_quarantine_damage_counts_too(spark: Any) -> None:
@@ -59,6 +74,8 @@ def test_quarantine_damage_counts_too(spark: Any) -> None:
     counts = reconcile(_source(spark, 10, 3), _coords(spark, sink), _coords(spark, quarantine))
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 1, 2)
     assert counts.quarantined == 2
+    assert [(r["_src_offset"], r.get("in")) for r in counts.samples["lost"]] == [(0, "quarantine")]
+    assert [(r["_src_offset"], r.get("in")) for r in counts.samples["unexpected"]] == [(3, "quarantine"), (1, None)]
 
 
 def test_empty_sink_loses_everything(spark: Any) -> None:
@@ -79,6 +96,8 @@ def test_dedup_key_matching_counts_upstream_duplicates_and_extra_rows(spark: Any
     assert counts.upstream_duplicates == 2
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 1, 1)
     assert counts.source_records == counts.expected + counts.quarantined + counts.upstream_duplicates
+    assert counts.samples == {"lost": [{"event_id": "e3"}], "duplicated": [{"event_id": "e2", "rows": 2}],
+                              "unexpected": [{"event_id": "zz", "rows": 1}]}  # fmt: skip
 
 
 LATEST_SOURCE = (
@@ -122,6 +141,8 @@ def test_latest_state_counts_a_stale_key_as_lost_and_extra_rows_exactly(spark: A
     counts = reconcile_latest(_order_history(spark), spark.createDataFrame(sink, LATEST_SINK),
                               _coords(spark, [("t", 1, 3)]), "order_id", "event_time")  # fmt: skip
     assert (counts.lost, counts.duplicated, counts.unexpected) == (2, 1, 2)
+    keys = {kind: [r["order_id"] for r in rows] for kind, rows in counts.samples.items()}
+    assert keys == {"lost": ["o1", "o3"], "duplicated": ["o2"], "unexpected": ["o3", "o9"]}
 
 
 TOTALS_SOURCE = (
@@ -154,6 +175,12 @@ def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> 
     damaged_sink = spark.createDataFrame(damaged, TOTALS_SINK)
     counts = reconcile_totals(source, damaged_sink, quarantine, "customer_id", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 2, 1)
+    # Both values of each wrong group, exact decimals as text (JSON keeps them exact).
+    c1, c3 = counts.samples["duplicated"]
+    assert (c1["customer_id"], c1["expected_events"], c1["held_events"]) == ("c1", 2, 3)
+    assert (c3["customer_id"], c3["expected_amount"], c3["held_amount"]) == ("c3", "1.2500000000", "9.9900000000")
+    assert [r["customer_id"] for r in counts.samples["lost"]] == ["c4"]
+    assert [(r["customer_id"], r["rows"]) for r in counts.samples["unexpected"]] == [("c9", 1)]
 
 
 def test_late_records_dropped_by_configuration_are_counted_and_expected_nowhere(spark: Any) -> None:
@@ -256,6 +283,11 @@ path = "/tmp/unused"
     counts = reconcile_windows(source, sink, _coords(spark, []), spec.transform, closed_through)
     assert (counts.expected, counts.lost, counts.duplicated, counts.unexpected) == (3, 0, 2, 1)
     assert (counts.aggregated, counts.pending, counts.sink_records) == (4, 1, 5)
+    wrong = [(r["g"], r["window_start"][11:16], r["expected_sum_amount"], r["held_sum_amount"], r["rows"])
+             for r in counts.samples["duplicated"]]  # fmt: skip
+    assert wrong == [("b", "00:00", "16.0000000000", "16.0000000000", 2),  # in window order
+                     ("a", "00:01", "4.0000000000", "4.5000000000", 1)]  # fmt: skip
+    assert [(r["g"], r["window_start"][11:16]) for r in counts.samples["unexpected"]] == [("a", "00:02")]
     # The sink missing a closed window, or holding fewer records in one, is loss.
     fewer = sink.where(~((F.col("g") == "b") | (F.col("sum_amount") == 4.5)))
     counts = reconcile_windows(source, fewer, _coords(spark, []), spec.transform, closed_through)

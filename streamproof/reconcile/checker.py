@@ -36,10 +36,11 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
 from typing import Any, Literal
 
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from streamproof.config import AnySinkSpec, DeltaSinkSpec, PostgresSinkSpec
@@ -48,6 +49,7 @@ from streamproof.transform import COORDINATES, EXACT_SUM, window_rows
 VALID = "_valid"
 DROPPED = "_dropped"  # a record that by configuration goes nowhere (a late record with dedup.late = "drop")
 LATE_FLAG = "_late"
+SAMPLES = 20  # named records per kind of damage: enough to go and look, few enough to read (Jepsen's set checker)
 
 
 @dataclass
@@ -66,6 +68,9 @@ class Counts:
     dropped_late: int = 0
     aggregated: int = 0
     pending: int = 0
+    # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated" and "unexpected",
+    # each naming the record (coordinates), key, group or window, where it was ("in") and what was found.
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ def reconcile(
     """
     side = _quarantine_side(source, quarantine)
     sink_side = _identity_side(source, sink, key_columns)
-    return _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
+    counts = _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
+    return replace(counts, samples=_merged(side["samples"], sink_side["samples"]))
 
 
 def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, key: str, order_by: str) -> Counts:
@@ -150,13 +156,13 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         F.sum(F.col("_known").isNotNull().cast("int")).alias("known"),
         F.max(is_winner.cast("int")).alias("has_winner"),
     )
+    joined = winners.select(key, F.lit(True).alias("_expected")).join(per_key, key, "full_outer")
+    lost = F.col("_expected").isNotNull() & (F.coalesce("has_winner", F.lit(0)) == 0)
     row = (
-        winners.select(key, F.lit(True).alias("_expected"))
-        .join(per_key, key, "full_outer")
+        joined
         .agg(
             F.sum(F.col("_expected").isNotNull().cast("int")).alias("expected"),
-            F.sum(F.when(F.col("_expected").isNotNull() & (F.coalesce("has_winner", F.lit(0)) == 0), 1).otherwise(0))
-            .alias("lost"),
+            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
             F.sum(F.when(F.col("known") > 1, F.col("known") - 1).otherwise(0)).alias("duplicated"),
             F.sum(F.coalesce(F.col("n") - F.col("known"), F.lit(0))).alias("unexpected"),
             F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
@@ -164,7 +170,14 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         .first()
     )  # fmt: skip
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
-    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    found = _samples(joined, sink_side, {
+        "lost": (lost, [key, F.lit("no row with its latest record").alias("found")]),
+        "duplicated": (F.col("known") > 1, [key, F.col("known").alias("rows")]),
+        "unexpected": (F.col("n") > F.coalesce("known", F.lit(0)), [key, (F.col("n") - F.coalesce("known", F.lit(0)))
+                                                                     .alias("rows")]),
+    })  # fmt: skip
+    counts = _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    return replace(counts, samples=_merged(side["samples"], found))
 
 
 def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, by: str, sums: list[str]) -> Counts:
@@ -190,22 +203,31 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     for column in sums:
         same_sums = same_sums & (F.col(f"_s_{column}") == F.col(f"_x_{column}"))
     both = F.col("_x_events").isNotNull() & F.col("n").isNotNull()
+    joined = expected_totals.join(per_group, by, "full_outer")
+    lost = (F.col("_x_events").isNotNull() & F.col("n").isNull()) | (both & (F.col("_s_events") < F.col("_x_events")))
+    duplicated = both & ((F.col("_s_events") > F.col("_x_events")) |
+                         ((F.col("_s_events") == F.col("_x_events")) & ~same_sums))  # fmt: skip
     row = (
-        expected_totals.join(per_group, by, "full_outer")
+        joined
         .agg(
             F.sum(F.col("_x_events").isNotNull().cast("int")).alias("expected"),
-            F.sum(F.when(F.col("_x_events").isNotNull() & F.col("n").isNull(), 1)
-                  .when(both & (F.col("_s_events") < F.col("_x_events")), 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(both & (F.col("_s_events") > F.col("_x_events")), 1)
-                  .when(both & (F.col("_s_events") == F.col("_x_events")) & ~same_sums, 1).otherwise(0))
-            .alias("duplicated"),
+            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
+            F.sum(F.when(duplicated, 1).otherwise(0)).alias("duplicated"),
             F.sum(F.when(F.col("_x_events").isNull(), F.col("n")).otherwise(0)).alias("unexpected"),
             F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
         )
         .first()
     )  # fmt: skip
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
-    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    both_values = [by, F.col("_x_events").alias("expected_events"), F.col("_s_events").alias("held_events"),
+                   *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
+                   *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums)]  # fmt: skip
+    found = _samples(joined, sink_side, {
+        "lost": (lost, both_values), "duplicated": (duplicated, both_values),
+        "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
+    })  # fmt: skip
+    counts = _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    return replace(counts, samples=_merged(side["samples"], found))
 
 
 def reconcile_windows(
@@ -245,8 +267,9 @@ def reconcile_windows(
     closed, held_it = F.coalesce(F.col("_closed"), F.lit(False)), F.col("_n").isNotNull()
     fewer = F.col("_s_events") < F.col("x.events") if aggregate.count else F.lit(False)
     more = F.col("_s_events") > F.col("x.events") if aggregate.count else F.lit(False)
+    joined = x.join(s, on, "full_outer")
     row = (
-        x.join(s, on, "full_outer")
+        joined
         .agg(
             F.sum(F.when(closed, 1).otherwise(0)).alias("expected"),
             F.sum(F.when(closed & (~held_it | fewer), 1).otherwise(0)).alias("lost"),
@@ -263,7 +286,17 @@ def reconcile_windows(
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
     windowed = _counted(row, "aggregated", "pending")
     upstream_duplicates = side["valid_records"] - windowed["aggregated"] - windowed["pending"]
-    return replace(_counts(side, sink_side, upstream_duplicates=upstream_duplicates), **windowed)
+    both_values = [*(F.coalesce(F.col(f"x.{k}"), F.col(f"s.{k}")).alias(k) for k in keys),
+                   F.col("x.events").alias("expected_events"), F.col("_s_events").alias("held_events"),
+                   F.col("_n").alias("rows"), *(F.col(f"x.{m}").alias(f"expected_{m}") for m in measures),
+                   *(F.col(f"_s_{m}").alias(f"held_{m}") for m in measures)]  # fmt: skip
+    found = _samples(joined, sink_side, {
+        "lost": (closed & (~held_it | fewer), both_values),
+        "duplicated": (closed & held_it & ((F.col("_n") > 1) | more | (~fewer & ~same_sums)), both_values),
+        "unexpected": (~closed & held_it, both_values),
+    })  # fmt: skip
+    counts = _counts(side, sink_side, upstream_duplicates=upstream_duplicates)
+    return replace(counts, samples=_merged(side["samples"], found), **windowed)
 
 
 def _counted(row: Any, *names: str) -> dict[str, int]:
@@ -271,12 +304,41 @@ def _counted(row: Any, *names: str) -> dict[str, int]:
     return {name: int(row[name] or 0) for name in names}
 
 
+def _samples(rows: DataFrame, counted: dict[str, Any], kinds: dict[str, tuple[Column, list[Any]]]
+             ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Up to :data:`SAMPLES` rows of each kind of damage that was counted, in a stable order; a count of 0 costs
+    no Spark job, so a clean reconciliation is as fast as before."""
+    found = {}
+    for kind, (condition, columns) in kinds.items():
+        if counted.get(kind):
+            picked = rows.where(condition).select(*columns)
+            found[kind] = [{name: _plain(value) for name, value in row.asDict().items()}
+                           for row in picked.orderBy(*picked.columns).limit(SAMPLES).collect()]  # fmt: skip
+    return found
+
+
+def _plain(value: Any) -> Any:
+    """A value JSON writes as is: exact decimals and timestamps as text."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return value.isoformat() if isinstance(value, datetime | date) else str(value)
+
+
+def _merged(*parts: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Samples of the quarantine and the sink side together, still at most :data:`SAMPLES` of each kind."""
+    merged: dict[str, list[dict[str, Any]]] = {}
+    for part in parts:
+        for kind, rows in part.items():
+            merged[kind] = (merged.get(kind, []) + rows)[:SAMPLES]
+    return merged
+
+
 def _sink_side(row: Any) -> dict[str, int]:
     """The sink half of the counts from one aggregated row."""
     return _counted(row, "expected", "lost", "duplicated", "unexpected", "sink_records")
 
 
-def _counts(side: dict[str, int], sink_side: dict[str, int], *, upstream_duplicates: int = 0,
+def _counts(side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplicates: int = 0,
             superseded: int = 0) -> Counts:  # fmt: skip
     return Counts(
         source_records=side["source_records"],
@@ -292,30 +354,36 @@ def _counts(side: dict[str, int], sink_side: dict[str, int], *, upstream_duplica
     )
 
 
-def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, int]:
+def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]:
     """Invalid source records against the quarantine table (matched on coordinates), and source totals."""
     coords = list(COORDINATES)
     dropped = F.col(DROPPED) if DROPPED in source.columns else F.lit(False)
     belongs = ~F.col(VALID) & ~F.col(DROPPED)  # expected in quarantine
-    row = (
-        source.select(*coords, F.col(VALID), dropped.alias(DROPPED))
-        .join(quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer")
-        .agg(
-            F.sum(F.when(F.col(VALID).isNull() | ~belongs, F.coalesce("n", F.lit(0))).otherwise(0)).alias("unexpected"),
-            F.sum(F.when(belongs & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(belongs & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("duplicated"),
-            F.sum(F.when(belongs & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
-            F.sum(F.when(F.col(VALID).isNotNull(), 1).otherwise(0)).alias("source_records"),
-            F.sum(F.when(F.col(VALID), 1).otherwise(0)).alias("valid_records"),
-            F.sum(F.when(F.col(DROPPED), 1).otherwise(0)).alias("dropped"),
-        )
-        .first()
+    joined = source.select(*coords, F.col(VALID), dropped.alias(DROPPED)).join(
+        quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer"
     )
+    stray = F.col(VALID).isNull() | ~belongs
+    row = joined.agg(
+        F.sum(F.when(stray, F.coalesce("n", F.lit(0))).otherwise(0)).alias("unexpected"),
+        F.sum(F.when(belongs & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(belongs & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(belongs & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
+        F.sum(F.when(F.col(VALID).isNotNull(), 1).otherwise(0)).alias("source_records"),
+        F.sum(F.when(F.col(VALID), 1).otherwise(0)).alias("valid_records"),
+        F.sum(F.when(F.col(DROPPED), 1).otherwise(0)).alias("dropped"),
+    ).first()
     names = ("unexpected", "lost", "duplicated", "quarantined", "source_records", "valid_records", "dropped")
-    return _counted(row, *names)
+    counted: dict[str, Any] = _counted(row, *names)
+    where = [*coords, F.lit("quarantine").alias("in")]
+    counted["samples"] = _samples(joined, counted, {
+        "lost": (belongs & F.col("n").isNull(), where),
+        "duplicated": (belongs & (F.col("n") > 1), [*where, F.col("n").alias("rows")]),
+        "unexpected": (stray & F.col("n").isNotNull(), [*where, F.col("n").alias("rows"), F.col(VALID).alias("valid")]),
+    })  # fmt: skip
+    return counted
 
 
-def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | None) -> dict[str, int]:
+def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | None) -> dict[str, Any]:
     """Sink rows against valid source records, matched on coordinates or on the dedup key."""
     identity = list(key_columns) if key_columns else list(COORDINATES)
     # Per identity: is any source record with it valid / present at all?
@@ -323,22 +391,24 @@ def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | 
         F.max(F.col(VALID).cast("int")).alias("any_valid"),
     )
     sink_ids = sink.groupBy(*identity).agg(F.count(F.lit(1)).alias("n"))
-    row = (
-        source_ids.join(sink_ids, identity, "full_outer")
-        .agg(
-            F.sum(F.when(F.col("any_valid") == 1, 1).otherwise(0)).alias("expected"),
-            F.sum(F.when((F.col("any_valid") == 1) & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
-            F.sum(F.when((F.col("any_valid") == 1) & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias(
-                "duplicated"
-            ),
-            F.sum(
-                F.when(F.col("any_valid").isNull() | (F.col("any_valid") == 0), F.coalesce("n", F.lit(0))).otherwise(0)
-            ).alias("unexpected"),
-            F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
-        )
-        .first()
-    )
-    return _sink_side(row)
+    joined = source_ids.join(sink_ids, identity, "full_outer")
+    row = joined.agg(
+        F.sum(F.when(F.col("any_valid") == 1, 1).otherwise(0)).alias("expected"),
+        F.sum(F.when((F.col("any_valid") == 1) & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
+        F.sum(F.when((F.col("any_valid") == 1) & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(
+            F.when(F.col("any_valid").isNull() | (F.col("any_valid") == 0), F.coalesce("n", F.lit(0))).otherwise(0)
+        ).alias("unexpected"),
+        F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+    ).first()
+    counted: dict[str, Any] = _sink_side(row)
+    expected, rows = F.coalesce(F.col("any_valid") == 1, F.lit(False)), F.col("n").alias("rows")
+    counted["samples"] = _samples(joined, counted, {
+        "lost": (expected & F.col("n").isNull(), identity),
+        "duplicated": (expected & (F.col("n") > 1), [*identity, rows]),
+        "unexpected": (~expected & F.col("n").isNotNull(), [*identity, rows]),
+    })  # fmt: skip
+    return counted
 
 
 def compare(check: Check, source: DataFrame, sink: DataFrame | None, quarantine: DataFrame,
