@@ -143,7 +143,9 @@ class SparkCluster(LocalDaemon):
         """Start worker ``number`` (after a fault killed it, too); returns its pid."""
         port = self.webui_port + number
         if port_in_use(port):
-            raise InfraError(f"port {port} on 127.0.0.1 (worker {number}'s web UI) is taken by another process")
+            # The Worker's web UI is only for people: if its port was taken (a restarted Worker races every process
+            # that binds a free port for the one its predecessor left), Spark picks a free one (port 0).
+            port = 0
         process = self.worker(number).start(
             self._spark_class("org.apache.spark.deploy.worker.Worker", "--host", self.worker_host(number),
                               "--webui-port", str(port), "--cores", str(self.worker_cores), "--memory",
