@@ -125,8 +125,7 @@ def reconcile(
     """
     side = _quarantine_side(source, quarantine)
     sink_side = _identity_side(source, sink, key_columns)
-    counts = _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
-    return replace(counts, samples=_merged(side["samples"], sink_side["samples"]))
+    return _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
 
 
 def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, key: str, order_by: str) -> Counts:
@@ -158,26 +157,25 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     )
     joined = winners.select(key, F.lit(True).alias("_expected")).join(per_key, key, "full_outer")
     lost = F.col("_expected").isNotNull() & (F.coalesce("has_winner", F.lit(0)) == 0)
+    stray_rows = F.coalesce(F.col("n") - F.col("known"), F.lit(0))  # rows no valid record of the key explains
     row = (
         joined
         .agg(
             F.sum(F.col("_expected").isNotNull().cast("int")).alias("expected"),
             F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
             F.sum(F.when(F.col("known") > 1, F.col("known") - 1).otherwise(0)).alias("duplicated"),
-            F.sum(F.coalesce(F.col("n") - F.col("known"), F.lit(0))).alias("unexpected"),
+            F.sum(stray_rows).alias("unexpected"),
             F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
         )
         .first()
     )  # fmt: skip
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
-    found = _samples(joined, sink_side, {
+    sink_side["samples"] = _samples(joined, sink_side, {
         "lost": (lost, [key, F.lit("no row with its latest record").alias("found")]),
         "duplicated": (F.col("known") > 1, [key, F.col("known").alias("rows")]),
-        "unexpected": (F.col("n") > F.coalesce("known", F.lit(0)), [key, (F.col("n") - F.coalesce("known", F.lit(0)))
-                                                                     .alias("rows")]),
+        "unexpected": (stray_rows > 0, [key, stray_rows.alias("rows")]),
     })  # fmt: skip
-    counts = _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
-    return replace(counts, samples=_merged(side["samples"], found))
+    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
 
 
 def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, by: str, sums: list[str]) -> Counts:
@@ -222,12 +220,11 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     both_values = [by, F.col("_x_events").alias("expected_events"), F.col("_s_events").alias("held_events"),
                    *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
                    *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums)]  # fmt: skip
-    found = _samples(joined, sink_side, {
+    sink_side["samples"] = _samples(joined, sink_side, {
         "lost": (lost, both_values), "duplicated": (duplicated, both_values),
         "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
     })  # fmt: skip
-    counts = _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
-    return replace(counts, samples=_merged(side["samples"], found))
+    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
 
 
 def reconcile_windows(
@@ -267,15 +264,16 @@ def reconcile_windows(
     closed, held_it = F.coalesce(F.col("_closed"), F.lit(False)), F.col("_n").isNotNull()
     fewer = F.col("_s_events") < F.col("x.events") if aggregate.count else F.lit(False)
     more = F.col("_s_events") > F.col("x.events") if aggregate.count else F.lit(False)
+    lost, early = closed & (~held_it | fewer), ~closed & held_it  # early: a window written while still open
     joined = x.join(s, on, "full_outer")
     row = (
         joined
         .agg(
             F.sum(F.when(closed, 1).otherwise(0)).alias("expected"),
-            F.sum(F.when(closed & (~held_it | fewer), 1).otherwise(0)).alias("lost"),
+            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
             F.sum(F.when(closed & held_it, F.col("_n") - 1).otherwise(0)
                   + F.when(closed & held_it & (more | (~fewer & ~same_sums)), 1).otherwise(0)).alias("duplicated"),
-            F.sum(F.when(~closed & held_it, F.col("_n")).otherwise(0)).alias("unexpected"),
+            F.sum(F.when(early, F.col("_n")).otherwise(0)).alias("unexpected"),
             F.sum(F.coalesce(F.col("_n"), F.lit(0))).alias("sink_records"),
             F.sum(F.when(closed, F.col("x.events")).otherwise(0)).alias("aggregated"),
             F.sum(F.when(~closed & F.col("x.events").isNotNull(), F.col("x.events")).otherwise(0)).alias("pending"),
@@ -290,13 +288,13 @@ def reconcile_windows(
                    F.col("x.events").alias("expected_events"), F.col("_s_events").alias("held_events"),
                    F.col("_n").alias("rows"), *(F.col(f"x.{m}").alias(f"expected_{m}") for m in measures),
                    *(F.col(f"_s_{m}").alias(f"held_{m}") for m in measures)]  # fmt: skip
-    found = _samples(joined, sink_side, {
-        "lost": (closed & (~held_it | fewer), both_values),
+    sink_side["samples"] = _samples(joined, sink_side, {
+        "lost": (lost, both_values),
         "duplicated": (closed & held_it & ((F.col("_n") > 1) | more | (~fewer & ~same_sums)), both_values),
-        "unexpected": (~closed & held_it, both_values),
+        "unexpected": (early, both_values),
     })  # fmt: skip
     counts = _counts(side, sink_side, upstream_duplicates=upstream_duplicates)
-    return replace(counts, samples=_merged(side["samples"], found), **windowed)
+    return replace(counts, aggregated=windowed["aggregated"], pending=windowed["pending"])
 
 
 def _counted(row: Any, *names: str) -> dict[str, int]:
@@ -333,7 +331,7 @@ def _merged(*parts: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str,
     return merged
 
 
-def _sink_side(row: Any) -> dict[str, int]:
+def _sink_side(row: Any) -> dict[str, Any]:
     """The sink half of the counts from one aggregated row."""
     return _counted(row, "expected", "lost", "duplicated", "unexpected", "sink_records")
 
@@ -351,6 +349,7 @@ def _counts(side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplica
         unexpected=sink_side["unexpected"] + side["unexpected"],
         superseded=superseded,
         dropped_late=side["dropped"],
+        samples=_merged(side["samples"], sink_side["samples"]),
     )
 
 
@@ -363,10 +362,11 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
         quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer"
     )
     stray = F.col(VALID).isNull() | ~belongs
+    missing, doubled = belongs & F.col("n").isNull(), belongs & (F.col("n") > 1)
     row = joined.agg(
         F.sum(F.when(stray, F.coalesce("n", F.lit(0))).otherwise(0)).alias("unexpected"),
-        F.sum(F.when(belongs & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
-        F.sum(F.when(belongs & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(missing, 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(doubled, F.col("n") - 1).otherwise(0)).alias("duplicated"),
         F.sum(F.when(belongs & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
         F.sum(F.when(F.col(VALID).isNotNull(), 1).otherwise(0)).alias("source_records"),
         F.sum(F.when(F.col(VALID), 1).otherwise(0)).alias("valid_records"),
@@ -376,8 +376,8 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
     counted: dict[str, Any] = _counted(row, *names)
     where = [*coords, F.lit("quarantine").alias("in")]
     counted["samples"] = _samples(joined, counted, {
-        "lost": (belongs & F.col("n").isNull(), where),
-        "duplicated": (belongs & (F.col("n") > 1), [*where, F.col("n").alias("rows")]),
+        "lost": (missing, where),
+        "duplicated": (doubled, [*where, F.col("n").alias("rows")]),
         "unexpected": (stray & F.col("n").isNotNull(), [*where, F.col("n").alias("rows"), F.col(VALID).alias("valid")]),
     })  # fmt: skip
     return counted
@@ -392,20 +392,20 @@ def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | 
     )
     sink_ids = sink.groupBy(*identity).agg(F.count(F.lit(1)).alias("n"))
     joined = source_ids.join(sink_ids, identity, "full_outer")
+    expected = F.coalesce(F.col("any_valid") == 1, F.lit(False))  # a sink identity no source has: not expected
+    missing, doubled = expected & F.col("n").isNull(), expected & (F.col("n") > 1)
     row = joined.agg(
-        F.sum(F.when(F.col("any_valid") == 1, 1).otherwise(0)).alias("expected"),
-        F.sum(F.when((F.col("any_valid") == 1) & F.col("n").isNull(), 1).otherwise(0)).alias("lost"),
-        F.sum(F.when((F.col("any_valid") == 1) & (F.col("n") > 1), F.col("n") - 1).otherwise(0)).alias("duplicated"),
-        F.sum(
-            F.when(F.col("any_valid").isNull() | (F.col("any_valid") == 0), F.coalesce("n", F.lit(0))).otherwise(0)
-        ).alias("unexpected"),
+        F.sum(F.when(expected, 1).otherwise(0)).alias("expected"),
+        F.sum(F.when(missing, 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(doubled, F.col("n") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(~expected, F.coalesce("n", F.lit(0))).otherwise(0)).alias("unexpected"),
         F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
     ).first()
-    counted: dict[str, Any] = _sink_side(row)
-    expected, rows = F.coalesce(F.col("any_valid") == 1, F.lit(False)), F.col("n").alias("rows")
+    counted = _sink_side(row)
+    rows = F.col("n").alias("rows")
     counted["samples"] = _samples(joined, counted, {
-        "lost": (expected & F.col("n").isNull(), identity),
-        "duplicated": (expected & (F.col("n") > 1), [*identity, rows]),
+        "lost": (missing, identity),
+        "duplicated": (doubled, [*identity, rows]),
         "unexpected": (~expected & F.col("n").isNotNull(), [*identity, rows]),
     })  # fmt: skip
     return counted
