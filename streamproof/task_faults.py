@@ -71,6 +71,11 @@ def _first_attempt() -> bool:
     return context is not None and context.attemptNumber() == 0
 
 
+def _fires_here(partition_id: int, chosen: int, folder: str, marker: str) -> bool:
+    """Whether a fault of the machines fires in this task: the chosen partition's first attempt, once per batch."""
+    return partition_id == chosen and _first_attempt() and fires_once(folder, marker)
+
+
 @dataclass(frozen=True)
 class CrashInTask:
     """The ``mid-sink-write`` crash of a sink that writes from Python tasks: the batch's last partition
@@ -117,7 +122,7 @@ class MachineLoss:
     folder: str = field(default_factory=fault_folder)
 
     def reached(self, partition_id: int) -> None:
-        if partition_id != self.partition_id or not _first_attempt() or not fires_once(self.folder, self.marker):
+        if not _fires_here(partition_id, self.partition_id, self.folder, self.marker):
             return
         main = EXECUTOR_MAIN if self.point == EXECUTOR_MID_WRITE else WORKER_MAIN
         victim = ancestor_running(main)
@@ -145,7 +150,7 @@ class HeldForTheHarness:
     seconds: float = HARNESS_WAIT_S
 
     def reached(self, partition_id: int) -> None:
-        if partition_id != self.partition_id or not _first_attempt() or not fires_once(self.folder, self.marker):
+        if not _fires_here(partition_id, self.partition_id, self.folder, self.marker):
             return
         released = Path(self.folder) / (self.marker + RELEASED)
         deadline = time.monotonic() + self.seconds
