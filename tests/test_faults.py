@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from streamproof.errors import ConfigError
 from streamproof.faults import ArmedCrash, parse_crash, parse_crashes
+from streamproof.harness.cluster import write_attempts
 from streamproof.harness.crashes import runs_of
 from streamproof.infra import process_alive
 from streamproof.task_faults import (
@@ -164,3 +168,23 @@ def test_expected_damage_of_each_guarantee_at_each_point(
 
     damage = expected_damage(guarantee, point, has_invalid_records=invalid, check=check, partial_writes_visible=partial)
     assert damage == expected
+
+
+def test_write_attempts_reads_only_the_batch_and_sink_asked_for(tmp_path: Path) -> None:
+    """Spark's event log of a cluster run: batch 21's job is not batch 2's, and a sink's filter keeps its own."""
+
+    def job(stage: int, group: str) -> dict[str, Any]:
+        return {"Event": "SparkListenerJobStart", "Stage IDs": [stage], "Properties": {"spark.jobGroup.id": group}}
+
+    def task(stage: int, reason: str, attempt: int = 0, speculative: bool = False) -> dict[str, Any]:
+        return {"Event": "SparkListenerTaskEnd", "Stage ID": stage, "Task End Reason": {"Reason": reason},
+                "Task Info": {"Attempt": attempt, "Speculative": speculative}}  # fmt: skip
+
+    events = [job(1, "streamproof-2-delta"), job(2, "streamproof-2-kafka"), job(3, "streamproof-21-delta"),
+              task(1, "ExecutorLostFailure", attempt=1), task(2, "Success", speculative=True),
+              task(3, "Success")]  # fmt: skip
+    (tmp_path / "app-1").write_text("\n".join(json.dumps(event) for event in events) + "\n{torn")
+    assert write_attempts(tmp_path, 2, "delta") == {
+        "attempts": 1, "retried": 1, "speculative": 0, "failed": 1, "ends": {"ExecutorLostFailure": 1}}  # fmt: skip
+    assert write_attempts(tmp_path, 2) == {"attempts": 2, "retried": 1, "speculative": 1, "failed": 1,
+                                           "ends": {"ExecutorLostFailure": 1, "Success": 1}}  # fmt: skip

@@ -100,7 +100,7 @@ def write_attempts(event_logs: Path, batch_id: int, sink: str | None = None) -> 
     >>> write_attempts(Path("/nonexistent"), 1)["attempts"]
     0
     """
-    groups = {f"streamproof-{batch_id}-{sink}"} if sink else None
+    prefix = f"streamproof-{batch_id}-"  # the job groups of the batch's sink writes: streamproof-<batch>-<sink>
     stages: set[int] = set()
     ends: Counter[str] = Counter()
     attempts = retried = speculative = 0
@@ -118,8 +118,7 @@ def write_attempts(event_logs: Path, batch_id: int, sink: str | None = None) -> 
             kind = event.get("Event")
             if kind == "SparkListenerJobStart":
                 group = (event.get("Properties") or {}).get("spark.jobGroup.id", "")
-                prefix = f"streamproof-{batch_id}-"
-                if group.startswith(prefix) and (groups is None or group in groups):
+                if (group == prefix + sink) if sink else group.startswith(prefix):
                     stages.update(int(stage) for stage in event.get("Stage IDs", []))
             elif kind == "SparkListenerTaskEnd" and int(event.get("Stage ID", -1)) in stages:
                 info = event.get("Task Info") or {}
