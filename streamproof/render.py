@@ -206,8 +206,9 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
     by_key = {(cell.guarantee, cell.sink, cell.point): cell for cell in cells}
     rows = ["<table class='grid'><tr><th>guarantee \\ crash point</th>"
             + "".join(f"<th>{html.escape(p)}</th>" for p in points) + "</tr>"]  # fmt: skip
+    one_sink = len({sink for _, sink in lines}) == 1
     for guarantee, sink in lines:
-        label = guarantee if len({cell.sink for cell in cells}) == 1 else f"{guarantee} · {sink}"
+        label = guarantee if one_sink else f"{guarantee} · {sink}"
         rows.append(f"<tr><th>{html.escape(label)}</th>")
         for point in points:
             cell = by_key.get((guarantee, sink, point))
