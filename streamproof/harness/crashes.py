@@ -303,7 +303,7 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             first = 0 if fresh_numbering else next_batch_to_run(spec.checkpoint_dir)
             if faults.split_point(group[0])[0] in faults.CLUSTER_POINTS:
                 last = number == len(groups) - 1  # then the run that survives its faults drains the source too
-                drained = _survive_faults(harness, spec, group, first + 1, cluster, log_dir / "spark-events", last)
+                drained = _survive_faults(harness, group, first + 1, cluster, log_dir / "spark-events", last)
                 continue
             (where,) = group
             point, sink = faults.split_point(where)
@@ -353,25 +353,22 @@ def _with_conf(spec: PipelineSpec, target: Path, conf: dict[str, str], speculati
     return target
 
 
-def _survive_faults(harness: Harness, spec: PipelineSpec, wheres: list[str], first_batch: int,
-                    cluster: ClusterFaults | None, event_logs: Path, drain: bool = False) -> bool:  # fmt: skip
+def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, cluster: ClusterFaults | None,
+                    event_logs: Path, drain: bool = False) -> bool:  # fmt: skip
     """One run through faults of the machines, the i-th of ``wheres`` in batch ``first_batch + i``, met inside the
     write's tasks (:mod:`streamproof.task_faults`); for ``datanode-restart`` the harness breaks the DataNode while
     the task waits. The run is expected to survive them; it is stopped (SIGTERM) once the last faulted batch is
     committed, unless it is to ``drain`` the source (then True when it did), and a Worker a fault killed is started
-    again. Spark's event log must show each fault happened, else
-    it was missed: an error (a fault that never fired proves nothing)."""
+    again. Spark's event log must show each fault happened, else it is recorded as missed in ``harness.result``
+    (a fault that never fired proves nothing: the proof fails)."""
     planned = {first_batch + number: where for number, where in enumerate(wheres)}
+    split = {batch: faults.split_point(where) for batch, where in planned.items()}  # batch -> (point, sink)
     if cluster is None:
         raise ConfigError(
             f"--crash-at {', '.join(wheres)}: the harness needs the cluster's daemons (`streamproof infra up "
             "--spark-workers 2 --hdfs`, the same --state-dir)"
         )
-    armed = []
-    for batch, where in planned.items():
-        point, sink = faults.split_point(where)
-        armed.append(faults.ArmedCrash(point, batch, sink))
-    run = harness.start(armed)
+    run = harness.start([faults.ArmedCrash(point, batch, sink) for batch, (point, sink) in split.items()])
     fault_dir = run.child.log_path.parent / "faults"
     crashes = {batch: Crash(where, batch, 0.0, run.number) for batch, where in planned.items()}
     last, stopping = max(planned), False
@@ -382,8 +379,7 @@ def _survive_faults(harness: Harness, spec: PipelineSpec, wheres: list[str], fir
             break
         harness._consume(run, at, event)
         if isinstance(event, WriteStarted) and event.batch_id in planned:
-            crash = crashes[event.batch_id]
-            point, sink = faults.split_point(crash.point)
+            crash, (point, sink) = crashes[event.batch_id], split[event.batch_id]
             if not crash.killed_monotonic and sink in (None, event.sink):
                 if point == faults.DATANODE_RESTART:
                     crash.facts = cluster.restart_datanode_under(fault_dir, f"{point}@{event.batch_id}")
@@ -403,7 +399,7 @@ def _survive_faults(harness: Harness, spec: PipelineSpec, wheres: list[str], fir
                                          f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
             harness.emit(f"MISSED {harness.result.missed[-1]}")
             continue
-        point, sink = faults.split_point(crash.point)
+        point, sink = split[batch]
         crash.facts.update(pipeline_exit=code, **write_attempts(event_logs, batch, sink))
         harness.emit(f"{crash.point} in batch {batch} (run {run.number}): {crash.facts}")
         if missed := fault_happened(point, crash.facts):
