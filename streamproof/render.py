@@ -47,6 +47,8 @@ def report_table(report: Report) -> Table:
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
     table.add_row("unexpected", bad(report.unexpected))
     table.add_row(*identity_row(report))
+    for reason in report.reasons:
+        table.add_row("[bold]why not a plain ok[/]", reason)
     if report.generated:
         generated = report.generated
         # Late records are valid ones judged against the watermark: only the invalid ones are the generator's.
@@ -93,25 +95,24 @@ def _late_in_play(report: Report) -> bool:
 def identity_row(report: Report) -> tuple[str, str]:
     """The identity with every term's value, e.g. ``source = expected + quarantined + upstream dups``,
     ``40,000 = 38,142 + 714 + 1,144: holds``."""
-    delivered = [("in closed windows", report.aggregated), ("in open windows", report.pending)] if (
-        report.unit == "windows") else [("expected", report.expected)]  # fmt: skip
-    terms = [*delivered, ("quarantined", report.quarantined), ("upstream dups", report.upstream_duplicates)]
-    if report.superseded:
-        terms.append(("superseded", report.superseded))
-    if _late_in_play(report):
-        terms.append(("dropped late", report.dropped_late))
-    verdict = "holds" if report.identity_holds else "[bold red]does NOT hold[/]"
+    terms = report.identity_terms
+    if _late_in_play(report) and not report.dropped_late:
+        terms = [*terms, ("dropped late", 0)]
+    verdict = "holds" if report.identity_holds else f"[bold red]does NOT hold ({report.identity_gap:+,})[/]"
     values = " + ".join(f"{value:,}" for _, value in terms)
     return f"source = {' + '.join(name for name, _ in terms)}", f"{report.source_records:,} = {values}: {verdict}"
 
 
 def _verdict(report: Report) -> str:
+    trusted = f" (on trust: {', '.join(report.trusted)})" if report.trusted else ""
+    if report.verdict == "unknown":
+        return "[bold magenta]UNKNOWN: no damage found, but the counts do not add up[/]"
     if report.ok:
-        return "[bold green]OK: nothing lost, nothing duplicated[/]"
+        return f"[bold green]OK: nothing lost, nothing duplicated{trusted}[/]"
     if not report.guarantee_held:
         return f"[bold red]FAILED: {report.guarantee} broken[/]"
     allowed = "duplicates" if wiring_for(report.guarantee).may_duplicate else "loss"
-    return f"[dark_orange]{allowed} found, as {report.guarantee} allows[/]"
+    return f"[dark_orange]{allowed} found, as {report.guarantee} allows{trusted}[/]"
 
 
 def print_reports(console: Console, reports: Sequence[Report]) -> None:

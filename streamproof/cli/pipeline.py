@@ -36,6 +36,7 @@ from streamproof.harness.proof import prove_pipeline
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
 from streamproof.reconcile import reports_document, verify_pipeline
+from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
 from streamproof.render import matrix_html, matrix_table, print_reports, report_html
 from streamproof.session import build_session, local_session
 
@@ -143,15 +144,20 @@ def verify(
     html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Reconcile the topic against the sink and quarantine tables; exit 1 on loss or duplicates."""
+    """Reconcile the topic against the sink and quarantine tables.
+
+    Exit 0: ok (nothing lost, duplicated or unexpected, every record accounted for); 1: damaged; 3: unknown (no
+    damage found, but the counts do not add up: the report says why).
+    """
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
     reports = verify_pipeline(spark, spec, manifest_dir=state_path(state_dir) / "generated")
     print_reports(console, reports)
     write_output(json_file, json.dumps(reports_document(reports), indent=2))
     write_output(html_file, report_html(reports, command="streamproof verify " + " ".join(sys.argv[2:])))
-    if not all(report.ok for report in reports):
-        raise typer.Exit(1)
+    code = VERDICT_EXIT_CODES[worst_verdict(reports)]
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

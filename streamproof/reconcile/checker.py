@@ -14,8 +14,10 @@ extra valid records are ``upstream_duplicates``).
 * ``duplicated``: extra rows for one record (or key), in the sink or in quarantine;
 * ``unexpected``: rows no source record explains (unknown coordinates, a valid record in quarantine,
   an invalid record in the sink);
-* ``source_records = expected + quarantined + upstream_duplicates + superseded + dropped_late`` holds whenever
-  ``ok``.
+* ``source_records = expected + quarantined + upstream_duplicates + superseded + dropped_late`` (for windows,
+  ``aggregated + pending`` in place of ``expected``): each term is counted on its own (expected from the source's
+  distinct identities, quarantined from the quarantine table, upstream duplicates and superseded records from the
+  source's key order, dropped from the late flags), so the identity is a check that can fail, not arithmetic.
 
 Sinks that hold a *state* rather than one row per record are compared with the state the source implies
 (:class:`Check`, :func:`check_for`), and count in keys or groups (``unit`` in the report):
@@ -68,6 +70,7 @@ class Counts:
     dropped_late: int = 0
     aggregated: int = 0
     pending: int = 0
+    quarantine_lost: int = 0  # of ``lost``: invalid records missing from the quarantine table
     # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated" and "unexpected",
     # each naming the record (coordinates), key, group or window, where it was ("in") and what was found.
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -125,7 +128,8 @@ def reconcile(
     """
     side = _quarantine_side(source, quarantine)
     sink_side = _identity_side(source, sink, key_columns)
-    return _counts(side, sink_side, upstream_duplicates=side["valid_records"] - sink_side["expected"])
+    upstream = _after_first(source, key_columns, list(COORDINATES)) if key_columns else 0
+    return _counts(side, sink_side, upstream_duplicates=upstream)
 
 
 def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, key: str, order_by: str) -> Counts:
@@ -145,7 +149,7 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         valid.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
         .select(key, *(F.col(c).alias(f"_w{c}") for c in coords))
     )  # fmt: skip
-    known = valid.select(key, *coords).withColumn("_known", F.lit(True))
+    known = valid.select(key, *coords).distinct().withColumn("_known", F.lit(True))
     rows = sink.select(key, *coords).join(known, [key, *coords], "left").join(winners, key, "left")
     is_winner = F.lit(True)
     for column in coords:
@@ -175,7 +179,8 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         "duplicated": (F.col("known") > 1, [key, F.col("known").alias("rows")]),
         "unexpected": (stray_rows > 0, [key, stray_rows.alias("rows")]),
     })  # fmt: skip
-    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    newest = [F.col(order_by).desc_nulls_last(), *(F.desc(c) for c in coords)]
+    return _counts(side, sink_side, superseded=_after_first(source, [key], newest))
 
 
 def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, by: str, sums: list[str]) -> Counts:
@@ -224,7 +229,7 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         "lost": (lost, both_values), "duplicated": (duplicated, both_values),
         "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
     })  # fmt: skip
-    return _counts(side, sink_side, superseded=side["valid_records"] - sink_side["expected"])
+    return _counts(side, sink_side, superseded=_after_first(source, [by], list(COORDINATES)))
 
 
 def reconcile_windows(
@@ -283,7 +288,8 @@ def reconcile_windows(
     assert row is not None  # an aggregation without grouping always returns one row
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
     windowed = _counted(row, "aggregated", "pending")
-    upstream_duplicates = side["valid_records"] - windowed["aggregated"] - windowed["pending"]
+    dedup_keys = list(transform.dedup.key_columns) if transform.dedup is not None else None
+    upstream_duplicates = _after_first(source, dedup_keys, list(COORDINATES)) if dedup_keys else 0
     both_values = [*(F.coalesce(F.col(f"x.{k}"), F.col(f"s.{k}")).alias(k) for k in keys),
                    F.col("x.events").alias("expected_events"), F.col("_s_events").alias("held_events"),
                    F.col("_n").alias("rows"), *(F.col(f"x.{m}").alias(f"expected_{m}") for m in measures),
@@ -295,6 +301,17 @@ def reconcile_windows(
     })  # fmt: skip
     counts = _counts(side, sink_side, upstream_duplicates=upstream_duplicates)
     return replace(counts, aggregated=windowed["aggregated"], pending=windowed["pending"])
+
+
+def _after_first(source: DataFrame, group: list[str], order: list[Any]) -> int:
+    """Valid source records that come after the first of their ``group`` in ``order``: counted from the source
+    alone (an upstream duplicate: its dedup key appeared at an earlier coordinate; a superseded record: its key has
+    a newer one), never as a remainder of other terms, so the identity can fail. A record read twice at the same
+    coordinates is neither first nor after it: the identity then shows it as unaccounted for."""
+    here = F.struct(*COORDINATES)
+    first = F.first(here).over(Window.partitionBy(*group).orderBy(*order))
+    after = source.where(F.col(VALID)).select(here.alias("_at"), (here != first).alias("_after"))
+    return after.where("_after").select("_at").distinct().count()
 
 
 def _counted(row: Any, *names: str) -> dict[str, int]:
@@ -349,6 +366,7 @@ def _counts(side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplica
         unexpected=sink_side["unexpected"] + side["unexpected"],
         superseded=superseded,
         dropped_late=side["dropped"],
+        quarantine_lost=side["lost"],
         samples=_merged(side["samples"], sink_side["samples"]),
     )
 
@@ -358,9 +376,12 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
     coords = list(COORDINATES)
     dropped = F.col(DROPPED) if DROPPED in source.columns else F.lit(False)
     belongs = ~F.col(VALID) & ~F.col(DROPPED)  # expected in quarantine
-    joined = source.select(*coords, F.col(VALID), dropped.alias(DROPPED)).join(
-        quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer"
-    )
+    # One row per coordinate, so a record read twice counts twice in the source but once in every other term.
+    per_record = source.groupBy(*coords).agg(
+        F.count(F.lit(1)).alias("_reads"), (F.max(F.col(VALID).cast("int")) == 1).alias(VALID),
+        (F.max(dropped.cast("int")) == 1).alias(DROPPED),
+    )  # fmt: skip
+    joined = per_record.join(quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer")
     stray = F.col(VALID).isNull() | ~belongs
     missing, doubled = belongs & F.col("n").isNull(), belongs & (F.col("n") > 1)
     row = joined.agg(
@@ -368,11 +389,10 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
         F.sum(F.when(missing, 1).otherwise(0)).alias("lost"),
         F.sum(F.when(doubled, F.col("n") - 1).otherwise(0)).alias("duplicated"),
         F.sum(F.when(belongs & F.col("n").isNotNull(), 1).otherwise(0)).alias("quarantined"),
-        F.sum(F.when(F.col(VALID).isNotNull(), 1).otherwise(0)).alias("source_records"),
-        F.sum(F.when(F.col(VALID), 1).otherwise(0)).alias("valid_records"),
+        F.sum(F.coalesce("_reads", F.lit(0))).alias("source_records"),
         F.sum(F.when(F.col(DROPPED), 1).otherwise(0)).alias("dropped"),
     ).first()
-    names = ("unexpected", "lost", "duplicated", "quarantined", "source_records", "valid_records", "dropped")
+    names = ("unexpected", "lost", "duplicated", "quarantined", "source_records", "dropped")
     counted: dict[str, Any] = _counted(row, *names)
     where = [*coords, F.lit("quarantine").alias("in")]
     counted["samples"] = _samples(joined, counted, {

@@ -34,7 +34,7 @@ from streamproof.checkpoint.log import (
 from streamproof.config import PipelineSpec
 from streamproof.generator import load_manifest
 from streamproof.reconcile.checker import DROPPED, LATE_FLAG, VALID, check_for, compare, reconcile_windows
-from streamproof.reconcile.report import Report
+from streamproof.reconcile.report import RECOMPUTED, Report
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark, parse_records
@@ -62,7 +62,7 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     transform = spec.transform
     assert transform.watermark is not None
     batches = logged_batches(spec.checkpoint_dir)
-    if batches != list(range(len(batches))):
+    if late_basis(spec) != RECOMPUTED:
         late_ones = (
             quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
             if quarantine is not None and "reason" in quarantine.columns
@@ -91,6 +91,20 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
         *(c for c in joined.columns if c.startswith("_b_"))
     )
+
+
+def late_basis(spec: PipelineSpec) -> str:
+    """How :func:`late_flags` knows which records were late: ``recomputed`` from the offset log, or, when the log
+    no longer starts at batch 0, ``trusted: ...`` from the quarantine table the pipeline wrote.
+
+    >>> late_basis(load_pipeline("orders.toml"))                                         # doctest: +SKIP
+    'recomputed'
+    """
+    batches = logged_batches(spec.checkpoint_dir)
+    if batches == list(range(len(batches))):
+        return RECOMPUTED
+    return (f"trusted: late records as the quarantine table lists them (the checkpoint's offset log starts at batch "
+            f"{batches[0]}, so the batches before it cannot be recomputed)")  # fmt: skip
 
 
 def quarantine_reasons(quarantine: DataFrame | None) -> dict[str, int]:
@@ -123,7 +137,10 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     ]))  # fmt: skip
     source = read_source(spark, spec, columns)
     quarantine_table = _read_delta(spark, spec.quarantine_path)
+    basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late"), RECOMPUTED)
     if transform.watermark is not None:
+        # Which records were late decides what is expected, quarantined and dropped.
+        basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), late_basis(spec))
         flagged = late_flags(spark, spec, source, quarantine_table)
         source = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(
             DROPPED, F.col(LATE_FLAG) & F.lit(transform.late == "drop")
@@ -148,7 +165,7 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
                 unit = check.unit
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=reasons, generated=generated,
+                quarantine_reasons=reasons, generated=generated, basis=dict(basis),
             ))  # fmt: skip
     finally:
         source.unpersist()

@@ -6,8 +6,14 @@ Example::
 
     >>> report = Report(pipeline="orders", guarantee="at-least-once", sink="delta", source_records=10, expected=10,
     ...                 quarantined=0, upstream_duplicates=0, sink_records=12, lost=0, duplicated=2, unexpected=0)
-    >>> report.ok, report.guarantee_held, report.identity_holds
-    (False, True, True)
+    >>> report.verdict, report.guarantee_held, report.identity_holds
+    ('damaged', True, True)
+
+The verdict is three-valued: ``ok`` (nothing lost, doubled or unexpected, and every source record accounted for),
+``damaged`` (something was), or ``unknown`` (no damage found, but the identity does not add up, so the counts
+cannot be trusted either way: :attr:`Report.reasons` says why). ``verify`` exits 0, 1 and 3 for them. ``basis``
+says per term whether it was ``recomputed`` from the source and the checkpoint or ``trusted`` from something the
+pipeline wrote (the quarantine table's late records, when the offset log no longer reaches back to batch 0).
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from typing import Any
 
 from streamproof.guarantees import wiring_for
 from streamproof.reconcile.checker import Counts
+
+OK, DAMAGED, UNKNOWN = "ok", "damaged", "unknown"
+RECOMPUTED = "recomputed"
+VERDICT_EXIT_CODES = {OK: 0, DAMAGED: 1, UNKNOWN: 3}  # of ``streamproof verify``
 
 
 @dataclass(kw_only=True)
@@ -31,10 +41,63 @@ class Report(Counts):
     crashes: list[dict[str, Any]] = field(default_factory=list)
     quarantine_reasons: dict[str, int] = field(default_factory=dict)
     generated: dict[str, Any] | None = None
+    # Per term of the identity: "recomputed" (from the source and the checkpoint) or "trusted: <what>".
+    basis: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def damaged(self) -> bool:
+        """Whether anything was lost, doubled or unexpected."""
+        return bool(self.lost or self.duplicated or self.unexpected)
+
+    @property
+    def verdict(self) -> str:
+        """``ok``, ``damaged`` or ``unknown`` (no damage found but the identity fails: see :attr:`reasons`)."""
+        if self.damaged:
+            return DAMAGED
+        return OK if self.identity_holds else UNKNOWN
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.unexpected == 0
+        return self.verdict == OK
+
+    @property
+    def trusted(self) -> dict[str, str]:
+        """The terms taken on trust from something the pipeline wrote, with what they trusted."""
+        return {term: how.removeprefix("trusted: ") for term, how in self.basis.items() if how != RECOMPUTED}
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict is not a plain ``ok``: the identity's gap, and every term taken on trust."""
+        reasons = []
+        if not self.identity_holds:
+            names = " + ".join(name for name, _ in self.identity_terms)
+            reasons.append(
+                f"source = {names} does not hold: {self.identity_gap:+,} records unaccounted for "
+                "(a record read twice, or a term miscounted)"
+            )
+        reasons += [f"{term} trusted: {what}" for term, what in self.trusted.items()]
+        return reasons
+
+    @property
+    def identity_terms(self) -> list[tuple[str, int]]:
+        """The terms that must add up to ``source_records``, each counted on its own, named as printed."""
+        if self.unit == "windows":
+            delivered = [("in closed windows", self.aggregated), ("in open windows", self.pending)]
+        else:
+            delivered = [("expected", self.expected)]
+            if self.superseded or self.unit != "records":
+                delivered.append(("superseded", self.superseded))
+        terms = [*delivered, ("quarantined", self.quarantined), ("upstream dups", self.upstream_duplicates)]
+        if self.dropped_late:
+            terms.append(("dropped late", self.dropped_late))
+        if self.quarantine_lost:  # lost from quarantine: still a source record, accounted for as lost
+            terms.append(("lost from quarantine", self.quarantine_lost))
+        return terms
+
+    @property
+    def identity_gap(self) -> int:
+        """``source_records`` minus the sum of the identity's terms: 0 when every record is accounted for once."""
+        return self.source_records - sum(value for _, value in self.identity_terms)
 
     @property
     def guarantee_held(self) -> bool:
@@ -44,18 +107,21 @@ class Report(Counts):
         never duplicates. Unexpected rows are never allowed.
         """
         wiring = wiring_for(self.guarantee)
-        return wiring.allows(lost=self.lost, duplicated=self.duplicated, unexpected=self.unexpected)
+        allowed = wiring.allows(lost=self.lost, duplicated=self.duplicated, unexpected=self.unexpected)
+        return allowed and self.identity_holds
 
     @property
     def identity_holds(self) -> bool:
-        delivered = self.aggregated + self.pending if self.unit == "windows" else self.expected + self.superseded
-        return self.source_records == delivered + self.quarantined + self.upstream_duplicates + self.dropped_late
+        return self.identity_gap == 0
 
     def to_dict(self) -> dict[str, Any]:
         data = {"pipeline": self.pipeline, "guarantee": self.guarantee, "sink": self.sink, **asdict(self)}
         if self.generated is None:
             data.pop("generated")
         data["ok"] = self.ok
+        data["verdict"] = self.verdict
+        data["reasons"] = self.reasons
+        data["identity_gap"] = self.identity_gap
         data["guarantee_held"] = self.guarantee_held
         return data
 
@@ -72,4 +138,15 @@ def reports_document(reports: list[Report]) -> dict[str, Any]:
         "guarantee": reports[0].guarantee,
         "sinks": [report.to_dict() for report in reports],
         "ok": all(report.ok for report in reports),
+        "verdict": worst_verdict(reports),
     }
+
+
+def worst_verdict(reports: list[Report]) -> str:
+    """The verdict of several sinks: damaged if any is, else unknown if any is, else ok.
+
+    >>> worst_verdict([])
+    'ok'
+    """
+    verdicts = {report.verdict for report in reports}
+    return next((v for v in (DAMAGED, UNKNOWN) if v in verdicts), OK)
