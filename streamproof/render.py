@@ -128,19 +128,27 @@ _OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", 
 def matrix_table(cells: Sequence[MatrixCell]) -> Table:
     """One row per cell: guarantee, point, counts, outcome against what the guarantee allows."""
     table = Table(title="streamproof matrix: guarantee x crash point")
-    for column in ("guarantee", "sink", "crash point", "lost", "duplicated", "unexpected", "restart s", "outcome"):
+    columns = ("guarantee", "sink", "crash point", "lost", "duplicated", "unexpected", "restart s", "outcome",
+               "evidence of the fault")  # fmt: skip
+    for column in columns:
         table.add_column(
             column, justify="right" if column in ("lost", "duplicated", "unexpected", "restart s") else "left"
         )
     for cell in cells:
         style = _OUTCOME_STYLE.get(cell.outcome, "red")
-        verdict = f"[{style}]{cell.outcome}[/]" + (
-            "" if cell.as_expected else f" [bold red](expected {cell.expected})[/]"
-        )
+        verdict = f"[{style}]{cell.outcome}[/]{_cell_note(cell)}"
         restart = f"{cell.restart_s:.1f}" if cell.restart_s is not None else "-"
         table.add_row(cell.guarantee, cell.sink, cell.point, f"{cell.lost:,}", f"{cell.duplicated:,}",
-                      f"{cell.unexpected:,}", restart, verdict)  # fmt: skip
+                      f"{cell.unexpected:,}", restart, verdict, cell.evidence)  # fmt: skip
     return table
+
+
+def _cell_note(cell: MatrixCell) -> str:
+    """What a cell's outcome means against its expectation: unexpected, one of two allowed outcomes, on trust."""
+    if not cell.as_expected:
+        return f" [bold red](expected {cell.expected})[/]"
+    note = f" (of {cell.expected})" if cell.expected.startswith("may-") else ""
+    return note + (f" (on trust: {'; '.join(cell.trusted)})" if cell.trusted else "")
 
 
 _PAGE = """<!doctype html>
@@ -160,6 +168,12 @@ svg text {{ font-size: 11px; }}
 {body}
 </body></html>
 """
+
+
+def _occurred(cell: MatrixCell) -> str:
+    """For HTML: which outcome a cell with two allowed ones showed, and what it took on trust."""
+    occurred = html.escape(f", occurred: {cell.outcome}") if cell.expected.startswith("may-") else ""
+    return occurred + ("<br>on trust: " + html.escape("; ".join(cell.trusted)) if cell.trusted else "")
 
 
 def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
@@ -220,7 +234,8 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
             rows.append(
                 f"<td class='{classes}'><a href='#{guarantee}-{sink}-{point}'>lost {cell.lost:,}<br>"
                 f"duplicated {cell.duplicated:,}<br>unexpected {cell.unexpected:,}</a>"
-                f"<div class='small'>expected: {cell.expected}</div></td>"
+                f"<div class='small'>expected: {cell.expected}{_occurred(cell)}</div>"
+                f"<div class='small'>{html.escape(cell.evidence)}</div></td>"
             )
         rows.append("</tr>")
     rows.append("</table>")

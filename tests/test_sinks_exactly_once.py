@@ -168,7 +168,8 @@ def test_after_sink_commit_every_sink_held_the_batch_keyed_and_spark_had_not_com
     _, harness, _ = exactly_once
     (crash,) = [crash for crash in harness.crashes if crash.point == "after-sink-commit"]
     assert crash.facts == {"offsets_logged": True, "checkpoint_committed": False, "sink_has_batch": True,
-                           "sink_txn": True, "held_by": list(SINK_LABELS)}  # fmt: skip
+                           "sink_txn": True, "held_by": list(SINK_LABELS),
+                           "write_started": list(SINK_LABELS)}  # fmt: skip
     for crash in harness.crashes:
         if crash.point.startswith("mid-sink-write:"):
             killed = crash.point.split(":")[1]
@@ -179,6 +180,8 @@ def test_after_sink_commit_every_sink_held_the_batch_keyed_and_spark_had_not_com
             partial = [killed] if killed.startswith("pg-") or killed == "kafka" else []
             assert crash.facts["checkpoint_committed"] is False, crash.facts
             assert crash.facts["held_by"] == before + partial, crash.facts
+            assert crash.facts["write_started"] == [*before, killed], crash.facts  # its write began, no later one
+            assert crash.facts.get("partial_in", []) == partial, crash.facts
 
 
 def _kcat_count(bootstrap_servers: str, topic: str, isolation: str) -> int:

@@ -7,8 +7,9 @@ until one run drains the source and exits 0; the caller then reconciles with the
 
 * **named points** (:func:`run_with_crashes`): the child is armed with ``STREAMPROOF_CRASH_AT=point@batch``
   for the second batch of its run and kills itself there (:mod:`streamproof.faults`). Right after the
-  death, before any restart, the harness records on disk what the crash left (:func:`crash_facts`): whether
-  the offset log, Spark's commit log and the sink's log hold the batch.
+  death, before any restart, the harness records on disk what the crash left (:mod:`streamproof.harness.evidence`):
+  whether the offset log, Spark's commit log and the sink's log hold the batch, and which writes had begun; facts
+  that do not fit the point make it a missed fault, and the proof fails.
 * **random kills** (:func:`run_with_random_kills`): seeded. For each kill the harness draws ``after``
   (1 to 3 committed batches of the current run) and ``phase`` (uniform in [0, 1)), waits for the
   ``after``-th committed batch, then sleeps ``phase`` times that batch's duration and kills:
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproof import faults
-from streamproof.checkpoint.log import batch_end_offsets, next_batch_to_run
+from streamproof.checkpoint.log import next_batch_to_run
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError, log_tail
 from streamproof.guarantees import wiring_for
@@ -47,9 +48,9 @@ from streamproof.harness.cluster import (
     fault_happened,
     write_attempts,
 )
+from streamproof.harness.evidence import crash_facts, crash_happened
 from streamproof.pipeline.events import BatchCommitted, Event, WriteStarted
 from streamproof.session import local_session
-from streamproof.sinks import open_sinks
 
 Emit = Callable[[str], None]
 
@@ -100,7 +101,7 @@ class HarnessResult:
     wall_s: float = 0.0
     batch_seconds: float = 0.0
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
-    missed: list[str] = field(default_factory=list)  # faults of the machines whose evidence is missing: a failure
+    missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -119,6 +120,7 @@ class HarnessRun:
     child: PipelineChild
     number: int
     committed: list[tuple[float, BatchCommitted]] = field(default_factory=list)
+    writes_started: list[tuple[int, str]] = field(default_factory=list)  # (batch id, sink label), as they began
 
 
 class Harness:
@@ -150,6 +152,8 @@ class Harness:
     def _consume(self, run: HarnessRun, at: float, event: Event) -> None:
         if event.shown:
             self.emit(event.line())
+        if isinstance(event, WriteStarted):
+            run.writes_started.append((event.batch_id, event.sink))
         if not isinstance(event, BatchCommitted):
             return
         run.committed.append((at, event))
@@ -238,32 +242,6 @@ class Harness:
         return result
 
 
-def crash_facts(spec: PipelineSpec, batch_id: int) -> dict[str, Any]:
-    """What a crash in ``batch_id`` left: offset log, Spark commit log, and whether every sink holds the batch
-    (and holds it keyed on the batch: txn id, ledger row, commit marker); for a fan-out, also ``held_by``,
-    the labels of the sinks that hold it."""
-    checkpoint = spec.checkpoint_dir
-    logged = (checkpoint / "offsets" / str(batch_id)).exists()
-    facts: dict[str, Any] = {
-        "offsets_logged": logged,
-        "checkpoint_committed": (checkpoint / "commits" / str(batch_id)).exists(),
-    }
-    # A batch id can recur (at-most-once restarts its numbering), so match the batch's offsets too.
-    end_offsets = batch_end_offsets(checkpoint, batch_id) if logged else None
-    held = {}
-    for sink in open_sinks(spec):
-        matching = [
-            commit for commit in sink.commits()
-            if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
-        ]  # fmt: skip
-        held[sink.name] = (bool(matching), any(commit.keyed for commit in matching))
-    facts["sink_has_batch"] = all(has for has, _ in held.values())
-    facts["sink_txn"] = all(keyed for _, keyed in held.values())
-    if len(held) > 1:
-        facts["held_by"] = [name for name, (has, _) in held.items() if has]
-    return facts
-
-
 def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
                      timeout_s: float = RUN_TIMEOUT_S,
                      cluster: ClusterFaults | None = None) -> HarnessResult:  # fmt: skip
@@ -316,10 +294,14 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                     f"crash {armed.encode()} missed: run {run.number} exited with code {code} instead of dying "
                     f"by SIGKILL (too little data for two batches?); log: {run.child.log_path}"
                 )
+            started = [sink for batch, sink in run.writes_started if batch == armed.batch_id]
             crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
-                          facts=crash_facts(spec, armed.batch_id), killed_monotonic=killed_at)  # fmt: skip
+                          facts=crash_facts(spec, armed.batch_id, started), killed_monotonic=killed_at)  # fmt: skip
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
+            if missing := crash_happened(point, crash.facts, sink or labels[0]):
+                harness.result.missed.append(f"{missing}; log: {run.child.log_path}")
+                emit(f"MISSED {harness.result.missed[-1]}")
         if not drained:
             harness.drain()
     finally:

@@ -35,6 +35,7 @@ from streamproof.generator import generate
 from streamproof.guarantees import GUARANTEES, wiring_for
 from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import Emit, TimelineEvent, run_with_crashes
+from streamproof.harness.evidence import evidence_text
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import check_for
 from streamproof.sinks import open_sinks
@@ -90,7 +91,14 @@ class MatrixCell:
     expected: str  # "clean", "duplicated" or "lost"
     seconds: float
     timeline: list[TimelineEvent] = field(default_factory=list)
-    missed: list[str] = field(default_factory=list)  # faults of the machines without evidence: the cell fails
+    missed: list[str] = field(default_factory=list)  # faults without evidence of happening: the cell fails
+    trusted: list[str] = field(default_factory=list)  # terms of the verdict taken on trust (the report's reasons)
+    identity_gap: int = 0  # records the reconciliation could not account for: the cell's counts prove nothing
+
+    @property
+    def evidence(self) -> str:
+        """What shows the cell's fault happened, one line per fault (the crash facts, or Spark's task attempts)."""
+        return " | ".join(evidence_text(crash.get("facts", {})) for crash in self.crashes) or "no fault recorded"
 
     @property
     def outcome(self) -> str:
@@ -98,6 +106,8 @@ class MatrixCell:
         missed: its fault left no evidence of happening, so its counts prove nothing."""
         if self.missed:
             return "missed"
+        if self.identity_gap:
+            return "unknown"
         damage = [name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected))
                   if count]  # fmt: skip
         return "+".join(damage) or "clean"
@@ -109,12 +119,12 @@ class MatrixCell:
 
     @property
     def as_expected(self) -> bool:
-        if self.missed:
+        if self.missed or self.identity_gap:
             return False
         if self.expected == "clean":
             return self.outcome == "clean"
         if self.expected.startswith("may-"):
-            return self.outcome in ("clean", self.expected.removeprefix("may-").replace("lose", "lost"))
+            return self.outcome in ("clean", {"may-duplicate": "duplicated", "may-lose": "lost"}[self.expected])
         if wiring_for(self.guarantee).may_lose:
             return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
         return getattr(self, self.expected) > 0 and self.lost == 0
@@ -124,7 +134,8 @@ class MatrixCell:
             "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
             "duplicated": self.duplicated, "unexpected": self.unexpected, "crashes": self.crashes,
             "restart_s": self.restart_s, "expected": self.expected, "outcome": self.outcome,
-            "as_expected": self.as_expected, "missed": self.missed, "seconds": round(self.seconds, 1),
+            "as_expected": self.as_expected, "missed": self.missed, "evidence": self.evidence,
+            "trusted": self.trusted, "identity_gap": self.identity_gap, "seconds": round(self.seconds, 1),
             "timeline": [asdict(event) for event in self.timeline],
         }  # fmt: skip
 
@@ -222,9 +233,12 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                                          check=check_for(sink.spec).kind,
                                          partial_writes_visible=sink.partial_writes_visible),
                 seconds=time.monotonic() - started, timeline=harness.timeline, missed=harness.missed,
+                trusted=[reason for reason in report.reasons if " trusted: " in reason],
+                identity_gap=report.identity_gap,
             )  # fmt: skip
             emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
-                 f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected})")  # fmt: skip
+                 f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected}); evidence: "
+                 f"{cell.evidence}")  # fmt: skip
             cells.append(cell)
     return cells
 
