@@ -1,10 +1,10 @@
 """``streamproof demo``: the whole story on embedded defaults, start to finish, leaving nothing running.
 
 Kafka up (if not already) -> 1M order events with 0.1% malformed into a fresh topic -> the exactly-once
-Kafka -> Delta pipeline run to the end through seeded random SIGKILLs and restarts -> reconciliation ->
-a table on the terminal and a JSON report in ``.streamproof/reports/`` -> Kafka down (if the demo
-started it). Each demo uses its own topic, tables and checkpoint under ``.streamproof/demo/<stamp>/``,
-so running it twice never mixes data.
+Kafka -> Delta pipeline run to the end through seeded random SIGKILLs and restarts -> reconciliation by both
+checkers (Spark's, and the independent one without Spark), side by side -> a table on the terminal and a JSON
+report in ``.streamproof/reports/`` -> Kafka down (if the demo started it). Each demo uses its own topic, tables
+and checkpoint under ``.streamproof/demo/<stamp>/``, so running it twice never mixes data.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pathlib import Path
 from rich.console import Console
 
 from streamproof.config import load_pipeline
+from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_random_kills
 from streamproof.infra import KafkaBroker, free_port, port_in_use
 from streamproof.reconcile import Report, verify_pipeline
-from streamproof.render import print_reports
+from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.render import checkers_table, print_reports
 from streamproof.session import build_session
 
 DEMO_PIPELINE = """\
@@ -134,6 +136,12 @@ def run_demo(
             spark.stop()
         report.crashes = [crash.to_dict() for crash in harness.crashes]
         print_reports(console, [report])
+        console.rule("5. the same reconciliation again, without Spark (verify --independent)")
+        (independent,) = verify_independently(spec)
+        console.print(checkers_table(report, independent))
+        differ = disagreements([report], [independent])
+        for line in differ:
+            console.print(f"[bold red]the checkers disagree:[/] {line}")
         restarts = harness.restart_seconds
         console.print(
             f"pipeline: {harness.runs} runs, {harness.batches} batches, {harness.batch_rows_per_second:,.0f} rows/s "
@@ -148,6 +156,10 @@ def run_demo(
         reports.mkdir(parents=True, exist_ok=True)
         report_file = reports / f"{stamp}.json"
         document = report.to_dict()
+        document["independent"] = independent.to_dict()
+        document["checkers_agree"] = not differ
+        if differ:  # two checkers that disagree prove nothing: the demo fails
+            document["ok"] = False
         document["run"] = {
             "runs": harness.runs,
             "batches": harness.batches,
@@ -157,8 +169,10 @@ def run_demo(
         }
         report_file.write_text(json.dumps(document, indent=2))
         console.print(f"report written to {report_file}")
+        if differ:
+            raise PipelineError(f"the two checkers disagree ({'; '.join(differ)}): report {report_file}")
         return report
     finally:
         if started_here:
-            console.rule("5. Kafka down")
+            console.rule("6. Kafka down")
             console.print(broker.down())

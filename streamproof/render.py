@@ -16,7 +16,8 @@ from streamproof.guarantees import wiring_for
 from streamproof.harness.crashes import TimelineEvent
 from streamproof.harness.matrix import MatrixCell
 from streamproof.reconcile import Report
-from streamproof.reconcile.checker import SAMPLES
+from streamproof.reconcile.counts import SAMPLES
+from streamproof.reconcile.independent import COMPARED
 
 
 def report_table(report: Report) -> Table:
@@ -113,6 +114,21 @@ def _verdict(report: Report) -> str:
         return f"[bold red]FAILED: {report.guarantee} broken[/]"
     allowed = "duplicates" if wiring_for(report.guarantee).may_duplicate else "loss"
     return f"[dark_orange]{allowed} found, as {report.guarantee} allows{trusted}[/]"
+
+
+def checkers_table(with_spark: Report, independent: Report) -> Table:
+    """The two checkers' figures side by side, term by term, and each one's verdict."""
+    table = Table(title=f"{with_spark.sink}: both checkers, term by term")
+    for column in ("term", "Spark checker (verify)", "independent checker (verify --independent)", ""):
+        table.add_column(column, justify="left" if column == "term" else "right")
+    windows = with_spark.unit == "windows"
+    for term in (term for term in COMPARED if windows or term not in ("aggregated", "pending")):
+        mine, theirs = getattr(with_spark, term), getattr(independent, term)
+        same = "[green]=[/]" if mine == theirs else "[bold red]differ[/]"
+        table.add_row(term.replace("_", " "), f"{mine:,}", f"{theirs:,}", same)
+    same = "[green]=[/]" if with_spark.verdict == independent.verdict else "[bold red]differ[/]"
+    table.add_row("[bold]verdict[/]", with_spark.verdict, independent.verdict, same)
+    return table
 
 
 def print_reports(console: Console, reports: Sequence[Report]) -> None:

@@ -36,11 +36,17 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from streamproof.config import Aggregate, Transform, duration_seconds, schema_field_names, schema_field_type
+from streamproof.config import (
+    COORDINATES,
+    Aggregate,
+    Transform,
+    duration_seconds,
+    schema_field_names,
+    schema_field_type,
+)
 from streamproof.errors import ConfigError, first_line
 
 # Where a record came from, carried by every sink row: what reconciliation matches on.
-COORDINATES = ("_src_topic", "_src_partition", "_src_offset")
 SOURCE_COLUMNS = (*COORDINATES, "_src_timestamp")
 SOURCE_COLUMNS_DDL = "_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
 REJECT_REASON = "_reject_reason"

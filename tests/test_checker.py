@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamproof.reconcile.checker import Counts, reconcile
+from streamproof.reconcile.checker import reconcile
+from streamproof.reconcile.counts import Counts
 
 SOURCE_SCHEMA = "_src_topic STRING, _src_partition INT, _src_offset LONG, event_id STRING, _valid BOOLEAN"
 COORDS_SCHEMA = "_src_topic STRING, _src_partition INT, _src_offset LONG"
@@ -56,7 +57,7 @@ def test_lost_duplicated_and_unexpected_sink_rows_are_counted_exactly(spark: Any
 
 
 def test_a_clean_reconciliation_names_nothing_and_names_at_most_twenty(spark: Any) -> None:
-    from streamproof.reconcile.checker import SAMPLES
+    from streamproof.reconcile.counts import SAMPLES
 
     sink, quarantine = _perfect(50, 0)
     assert reconcile(_source(spark, 50, 0), _coords(spark, sink), _coords(spark, quarantine)).samples == {}
@@ -207,7 +208,7 @@ def test_late_flags_follow_each_batch_offset_range_and_the_previous_batch_waterm
     from pyspark.sql import functions as F
 
     from streamproof.config import parse_pipeline
-    from streamproof.reconcile.checker import LATE_FLAG
+    from streamproof.reconcile.counts import LATE_FLAG
     from streamproof.reconcile.history import late_flags
 
     checkpoint = tmp_path / "cp"

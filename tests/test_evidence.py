@@ -57,6 +57,14 @@ def test_a_fan_out_kill_mid_write_is_judged_in_the_armed_sink() -> None:
     assert crash_happened("mid-sink-write", partial, "kafka") == "mid-sink-write: the write of kafka had not started"
 
 
+def test_sinks_that_keep_no_log_of_their_batches_give_no_evidence_and_are_not_asked_for_it() -> None:
+    # at-least-once: PostgreSQL append and the Parquet folder write unkeyed, with no ledger or sink log.
+    after = facts(write_started=["delta", "pg", "files"], held_by=["delta"], unlogged=["pg", "files"])
+    assert crash_happened("after-sink-commit", after, "delta") is None
+    too_early = facts(write_started=["delta", "pg"], held_by=[], unlogged=["pg"])
+    assert "before delta committed" in str(crash_happened("after-sink-commit", too_early, "delta"))
+
+
 def test_every_matrix_cell_shows_its_evidence_and_a_missed_fault_fails_it() -> None:
     def cell(**given: Any) -> MatrixCell:
         base: dict[str, Any] = {"guarantee": "at-least-once", "sink": "pg", "point": "mid-sink-write", "lost": 0,

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from streamproof.reconcile.checker import Counts, reconcile, reconcile_latest, reconcile_totals, reconcile_windows
+from streamproof.reconcile.checker import reconcile, reconcile_latest, reconcile_totals, reconcile_windows
+from streamproof.reconcile.counts import Counts
 from streamproof.reconcile.report import DAMAGED, OK, UNKNOWN, VERDICT_EXIT_CODES, Report, worst_verdict
 
 COORDS = "_src_topic STRING, _src_partition INT, _src_offset LONG"

@@ -15,6 +15,7 @@ before the write loses in every sink and duplicates in none.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -30,6 +31,7 @@ from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.reconcile import Report, verify_pipeline
+from streamproof.reconcile.independent import committed_parquet_files, disagreements, verify_independently
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -222,6 +224,8 @@ def test_at_least_once_duplicates_where_a_replay_is_not_absorbed(
 ) -> None:
     reports, _ = _prove(tmp_path, kafka_broker, streamproof_postgres, spark, guarantee="at-least-once",
                         points=["after-sink-commit"], events=8_000, malformed=0.0, labels=WEAKER_LABELS)  # fmt: skip
+    independent = verify_independently(load_pipeline(tmp_path / "pipeline.toml"))
+    assert disagreements(list(reports.values()), independent) == []  # on damage too, term by term
     for label, report in reports.items():
         assert (report.lost, report.unexpected) == (0, 0), report.to_json()
         if label in ABSORBS_REPLAYS:
@@ -237,3 +241,58 @@ def test_at_most_once_loses_and_never_duplicates(
                         points=["before-sink-write"], events=8_000, malformed=0.0, labels=WEAKER_LABELS)  # fmt: skip
     for report in reports.values():
         assert report.lost > 0 and (report.duplicated, report.unexpected) == (0, 0), report.to_json()
+
+
+def test_both_checkers_agree_after_the_kills_and_both_catch_a_planted_defect_in_every_sink_kind(
+    exactly_once: tuple[dict[str, Report], Any, Path], kafka_broker: KafkaBroker, spark: Any
+) -> None:
+    """The independent checker (no Spark: confluent-kafka, delta-rs, psycopg, pyarrow, its own JSON parsing) agrees
+    with verify term by term on the SIGKILLed fan-out; then one defect is planted in each kind of sink, with tools
+    that are not the pipeline's, and both report exactly it. (Last in this module: it damages the sinks.)"""
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from deltalake import DeltaTable
+
+    reports, _, workdir = exactly_once
+    spec = load_pipeline(workdir / "pipeline.toml")
+    independent = verify_independently(spec)
+    assert disagreements(list(reports.values()), independent) == []
+    assert all(report.verdict == "ok" for report in independent), [r.to_json() for r in independent]
+
+    # Delta (MERGE sink): one key's row deleted with delta-rs.
+    merge = DeltaTable(str(workdir / "tables" / "orders"))
+    victim = merge.to_pyarrow_table(columns=["order_id"]).column("order_id")[0].as_py()
+    merge.delete(f"order_id = '{victim}'")
+    # PostgreSQL (append sink): one row inserted a second time.
+    (pg_append,) = [sink for sink in spec.sink_specs if sink.name == "pg-append"]
+    with psycopg.connect(pg_append.conninfo()) as connection:
+        connection.execute(f'INSERT INTO "{pg_append.table}" SELECT * FROM "{pg_append.table}" LIMIT 1')
+    # Kafka: one committed record of the output produced again by a plain producer.
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "plant",
+                         "isolation.level": "read_committed"})  # fmt: skip
+    consumer.assign([TopicPartition("fan-exactly-once-out", 0, 0)])
+    message = consumer.consume(1, timeout=30)[0]
+    consumer.close()
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    producer.produce("fan-exactly-once-out", value=message.value(), key=message.key(), partition=0)
+    assert producer.flush(30) == 0
+    # Parquet (Spark's file sink): one row written again as a new file, entered in the sink's own log.
+    files = workdir / "files"
+    first = committed_parquet_files(files)[0]
+    copy = files / "part-planted-duplicate.parquet"
+    pq.write_table(pa.Table.from_batches([pq.read_table(first).to_batches()[0].slice(0, 1)]), copy)
+    log = sorted((files / "_spark_metadata").glob("[0-9]*"), key=lambda p: int(p.name.split(".")[0]))[-1]
+    entry = {"path": copy.as_uri(), "size": copy.stat().st_size, "isDir": False, "modificationTime": 0,
+             "blockReplication": 1, "blockSize": 33554432, "action": "add"}  # fmt: skip
+    log.write_text(log.read_text().rstrip("\n") + "\n" + json.dumps(entry, separators=(",", ":")))
+
+    with_spark = verify_pipeline(spark, spec)
+    without = verify_independently(spec)
+    assert disagreements(with_spark, without) == []
+    damage = {report.sink: (report.lost, report.duplicated, report.unexpected) for report in without}
+    assert damage == {"merge": (1, 0, 0), "pg-upsert": (0, 0, 0), "pg-totals": (0, 0, 0), "pg-append": (0, 1, 0),
+                      "kafka": (0, 1, 0), "files": (0, 1, 0)}, damage  # fmt: skip
+    assert without[0].samples["lost"] == [{"order_id": victim, "found": "no row with its latest record"}]
+    assert [report.verdict for report in with_spark] == ["damaged", "ok", "ok", "damaged", "damaged", "damaged"]

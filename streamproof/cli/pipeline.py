@@ -36,6 +36,7 @@ from streamproof.harness.proof import prove_pipeline
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
 from streamproof.reconcile import reports_document, verify_pipeline
+from streamproof.reconcile.independent import verify_independently
 from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
 from streamproof.render import matrix_html, matrix_table, print_reports, report_html
 from streamproof.session import build_session, local_session
@@ -142,6 +143,14 @@ def verify(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
     html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
+    independent: Annotated[
+        bool,
+        typer.Option(
+            "--independent",
+            help="Without Spark or the pipeline's code: confluent-kafka, delta-rs, psycopg, "
+            "pyarrow and the checker's own JSON parsing (docs/guarantees.md).",
+        ),
+    ] = False,
     state_dir: StateDir = None,
 ) -> None:
     """Reconcile the topic against the sink and quarantine tables.
@@ -150,9 +159,15 @@ def verify(
     damage found, but the counts do not add up: the report says why).
     """
     spec = load_pipeline(pipeline)
-    spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
-    reports = verify_pipeline(spark, spec, manifest_dir=state_path(state_dir) / "generated")
+    started = time.monotonic()
+    if independent:
+        reports = verify_independently(spec)
+    else:
+        spark = build_session(spec.spark, app_name=f"streamproof-verify:{spec.name}")
+        reports = verify_pipeline(spark, spec, manifest_dir=state_path(state_dir) / "generated")
     print_reports(console, reports)
+    checker = "independent checker (no Spark)" if independent else "Spark checker"
+    console.print(f"{checker}: {worst_verdict(reports)} in {time.monotonic() - started:.1f} s")
     write_output(json_file, json.dumps(reports_document(reports), indent=2))
     write_output(html_file, report_html(reports, command="streamproof verify " + " ".join(sys.argv[2:])))
     code = VERDICT_EXIT_CODES[worst_verdict(reports)]

@@ -11,7 +11,7 @@ Example::
     'delta'
 """
 
-from streamproof.config.fields import duration_seconds, schema_field_names, schema_field_type
+from streamproof.config.fields import COORDINATES, duration_seconds, schema_field_names, schema_field_type
 from streamproof.config.file import dump_pipeline, load_pipeline, parse_pipeline
 from streamproof.config.pipeline import PipelineSpec
 from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
@@ -27,6 +27,7 @@ from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, So
 from streamproof.config.transform import Aggregate, Dedup, Transform, replay_unsafe
 
 __all__ = [
+    "COORDINATES",
     "Aggregate", "AnySinkSpec", "Dedup", "DeltaSinkSpec", "DeltaSource", "FilesSinkSpec", "FilesSource",
     "KafkaSinkSpec", "KafkaSource", "MetricsSettings", "PipelineSpec", "PostgresSinkSpec", "RetrySettings",
     "SinkSpec", "SourceSpec", "SparkSettings", "Transform", "Trigger", "dump_pipeline", "duration_seconds",

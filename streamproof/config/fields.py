@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict
 _DURATION = re.compile(r"^\s*\d+(\.\d+)?\s+(millisecond|second|minute|hour|day)s?\s*$", re.IGNORECASE)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
+# Every record's place in its source (DESIGN.md): every sink row and quarantine row carries them.
+COORDINATES = ("_src_topic", "_src_partition", "_src_offset")
+
 
 class Strict(BaseModel):
     """A section of the pipeline file: unknown keys are refused, values never change after loading."""

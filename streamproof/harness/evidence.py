@@ -29,7 +29,9 @@ def crash_facts(spec: PipelineSpec, batch_id: int, write_started: list[str]) -> 
     """What a crash in ``batch_id`` left: offset log, Spark commit log, and whether every sink holds the batch
     (and holds it keyed on the batch: txn id, ledger row, commit marker); for a fan-out, also ``held_by``,
     the labels of the sinks that hold it; ``write_started``: the sinks whose write of it had begun (the run's
-    own events, in its log); ``partial_in``: sinks committing per partition that hold only part of it."""
+    own events, in its log); ``partial_in``: sinks committing per partition that hold only part of it;
+    ``unlogged``: sinks whose own log holds no batch at all (unkeyed writes keep none).
+    """
     checkpoint = spec.checkpoint_dir
     logged = (checkpoint / "offsets" / str(batch_id)).exists()
     facts: dict[str, Any] = {
@@ -38,15 +40,20 @@ def crash_facts(spec: PipelineSpec, batch_id: int, write_started: list[str]) -> 
     }
     # A batch id can recur (at-most-once restarts its numbering), so match the batch's offsets too.
     end_offsets = batch_end_offsets(checkpoint, batch_id) if logged else None
-    held, partial = {}, []  # partial: sinks committing per partition that hold only some of the batch
+    # partial: sinks committing per partition that hold only some of the batch; unlogged: sinks holding no batch
+    # at all in their own log (an unkeyed write under the weaker guarantees keeps none): no evidence from them.
+    held, partial, unlogged = {}, [], []
     for sink in open_sinks(spec):
+        commits = sink.commits()
         matching = [
-            commit for commit in sink.commits()
+            commit for commit in commits
             if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
         ]  # fmt: skip
         held[sink.name] = (bool(matching), any(commit.keyed for commit in matching))
         if matching and not any(commit.complete for commit in matching):
             partial.append(sink.name)
+        if not commits:
+            unlogged.append(sink.name)
     facts["sink_has_batch"] = all(has for has, _ in held.values())
     facts["sink_txn"] = all(keyed for _, keyed in held.values())
     if len(held) > 1:
@@ -54,6 +61,8 @@ def crash_facts(spec: PipelineSpec, batch_id: int, write_started: list[str]) -> 
     facts["write_started"] = write_started
     if partial:
         facts["partial_in"] = partial
+    if unlogged:
+        facts["unlogged"] = unlogged
     return facts
 
 
@@ -86,8 +95,13 @@ def crash_happened(point: str, facts: dict[str, Any], sink: str) -> str | None:
             return f"{point}: the write of {sink} had not started"
         if sink in held_by and sink not in facts.get("partial_in", []):
             return f"{point}: {sink} already holds the whole batch (the kill came after its write)"
-    elif point == faults.AFTER_SINK_COMMIT and not facts.get("sink_has_batch"):
-        return f"{point}: not every sink holds the batch (the kill came before a sink committed)"
+    elif point == faults.AFTER_SINK_COMMIT:
+        missing = [name for name in started if name not in held_by and name not in facts.get("unlogged", [])]
+        if not started or missing or facts.get("partial_in"):
+            return (
+                f"{point}: not every sink holds the batch (the kill came before {', '.join(missing) or 'a sink'} "
+                "committed)"
+            )
     return None
 
 

@@ -37,7 +37,7 @@ from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import Emit, TimelineEvent, run_with_crashes
 from streamproof.harness.evidence import evidence_text
 from streamproof.reconcile import verify_pipeline
-from streamproof.reconcile.checker import check_for
+from streamproof.reconcile.counts import check_for
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 

@@ -33,7 +33,8 @@ from streamproof.checkpoint.log import (
 )
 from streamproof.config import PipelineSpec
 from streamproof.generator import load_manifest
-from streamproof.reconcile.checker import DROPPED, LATE_FLAG, VALID, check_for, compare, reconcile_windows
+from streamproof.reconcile.checker import compare, reconcile_windows
+from streamproof.reconcile.counts import DROPPED, LATE_FLAG, VALID, check_for
 from streamproof.reconcile.report import RECOMPUTED, Report
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamproof.guarantees import wiring_for
-from streamproof.reconcile.checker import Counts
+from streamproof.reconcile.counts import Counts
 
 OK, DAMAGED, UNKNOWN = "ok", "damaged", "unknown"
 RECOMPUTED = "recomputed"

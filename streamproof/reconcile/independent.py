@@ -1,0 +1,316 @@
+"""``streamproof verify --independent``: reconcile without Spark and without the pipeline's code paths.
+
+The source topic is read with ``confluent-kafka`` (read_committed, from the first offset to the end), each value
+parsed by :mod:`streamproof.reconcile.own_schema`; Delta tables with delta-rs (the ``deltalake`` package),
+PostgreSQL with psycopg, Kafka sink topics with ``confluent-kafka``, Parquet folders with pyarrow (only the files
+Spark's ``_spark_metadata`` log committed); which records were late comes from the checkpoint's offset log, read
+here as text. The judgement is :mod:`streamproof.reconcile.pure`. What it shares with the pipeline: the pipeline
+file and its parsing (:mod:`streamproof.config`), the Kafka connection settings, and the verdict's report
+(:class:`~streamproof.reconcile.report.Report`); docs/guarantees.md lists it.
+
+Example::
+
+    >>> [report.verdict for report in verify_independently(load_pipeline("orders.toml"))]   # doctest: +SKIP
+    ['ok']
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import psycopg
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from deltalake import DeltaTable
+
+from streamproof.config import (
+    COORDINATES,
+    DeltaSinkSpec,
+    FilesSinkSpec,
+    KafkaSinkSpec,
+    PipelineSpec,
+    PostgresSinkSpec,
+    duration_seconds,
+)
+from streamproof.errors import ConfigError
+from streamproof.kafka_client import client_config, source_client_config
+from streamproof.reconcile.counts import Counts, check_for
+from streamproof.reconcile.own_schema import RecordSchema
+from streamproof.reconcile.pure import (
+    EPOCH,
+    SourceRecord,
+    Windows,
+    check_latest,
+    check_records,
+    check_totals,
+    check_windows,
+    window_of,
+)
+from streamproof.reconcile.report import RECOMPUTED, Report
+
+TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late")
+# Every figure both checkers produce: they must agree on each.
+COMPARED = ("source_records", *TERMS, "aggregated", "pending", "sink_records", "lost", "duplicated", "unexpected")
+
+
+def _local(location: Any, what: str) -> Path:
+    if location.is_remote:
+        raise ConfigError(
+            f"verify --independent reads local files only, and {what} is at {location}: use `streamproof verify`"
+        )
+    return Path(location.path)
+
+
+def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int, bytes | None]]:
+    """Every committed record of ``topic`` as (partition, offset, value), each partition read to its end."""
+    consumer = Consumer({**config, "group.id": "streamproof-independent", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return
+        partitions = sorted(metadata.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        open_partitions = set(partitions)
+        for partition in partitions:  # an empty partition sends no end-of-partition event
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            if high <= low:
+                open_partitions.discard(partition)
+        idle = 0
+        while open_partitions:
+            messages = consumer.consume(num_messages=50_000, timeout=1.0)
+            idle = 0 if messages else idle + 1
+            if idle > 60:
+                raise ConfigError(f"topic {topic}: partitions {sorted(open_partitions)} not read to their end in 60 s")
+            for message in messages:
+                error = message.error()
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    open_partitions.discard(message.partition())
+                elif error is not None:
+                    raise ConfigError(f"topic {topic}: {error.str()}")
+                else:
+                    yield int(message.partition() or 0), int(message.offset() or 0), message.value()
+    finally:
+        consumer.close()
+
+
+def read_source(spec: PipelineSpec, schema: RecordSchema) -> list[SourceRecord]:
+    """One :class:`SourceRecord` per committed record of the source topic, parsed by the pipeline file's schema."""
+    if spec.source.kind != "kafka":
+        raise ConfigError(f"verify --independent reads Kafka sources, not {spec.source.kind}: use `streamproof verify`")
+    if spec.transform.format != "json":
+        raise ConfigError(f"verify --independent reads JSON records, not {spec.transform.format}")
+    topic = spec.source.topic
+    records = []
+    for partition, offset, value in consume_topic(source_client_config(spec.source), topic):
+        values, reason = schema.read(value)
+        records.append(SourceRecord((topic, partition, offset), reason is None, values=values))
+    return records
+
+
+def _offset_log(checkpoint: Path, batch_id: int) -> tuple[int, dict[str, dict[str, int]]]:
+    """(batchWatermarkMs, end offsets of the first source) of one entry of Spark's offset log."""
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    return int(json.loads(lines[1]).get("batchWatermarkMs", 0)), json.loads(lines[2])
+
+
+def _batch_ids(folder: Path) -> list[int]:
+    return sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit()) if folder.is_dir() else []
+
+
+def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[tuple[Any, ...]]) -> str:
+    """Mark the late records (no longer valid; dropped with ``dedup.late = "drop"``) from the offset log: a record
+    of batch N is late when its event time (dedup) or window end (windows alone) is at or before batch N-1's
+    watermark. Returns the basis: ``recomputed``, or ``trusted: ...`` when the log no longer starts at batch 0."""
+    transform = spec.transform
+    assert transform.watermark is not None
+    checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
+    batches = _batch_ids(checkpoint / "offsets")
+    drop = transform.late == "drop"
+    if batches != list(range(len(batches))):
+        late_at = {tuple(row[:3]) for row in quarantine if row[3] == "late"}
+        for record in source:
+            if record.at in late_at:
+                record.valid, record.dropped = False, drop
+        return f"trusted: late records as the quarantine table lists them (the offset log starts at batch {batches[0]})"
+    column = transform.watermark[0]
+    size_us = (int(round(duration_seconds(transform.aggregate.window) * 1_000_000))
+               if transform.aggregate is not None and transform.dedup is None else 0)  # fmt: skip
+    ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
+    previous: dict[str, dict[str, int]] = {}
+    watermark = 0
+    for batch_id in batches:
+        late_watermark = watermark  # batch N's late records are judged by batch N-1's watermark
+        watermark, ends = _offset_log(checkpoint, batch_id)
+        for topic, partitions in ends.items():
+            for partition, end in partitions.items():
+                start = previous.get(topic, {}).get(partition, 0)
+                ranges.setdefault((topic, int(partition)), []).append((start, end, late_watermark))
+        previous = ends
+    for record in source:
+        time = record.values.get(column)
+        if not record.valid or time is None:
+            continue
+        behind = window_of(time, size_us)[1] if size_us else time
+        for start, end, late_watermark in ranges.get(record.at[:2], []):
+            if start <= record.at[2] < end:
+                if late_watermark > 0 and behind <= EPOCH + timedelta(milliseconds=late_watermark):
+                    record.valid, record.dropped = False, drop
+                break
+    return RECOMPUTED
+
+
+def closed_through_ms(spec: PipelineSpec) -> int:
+    """The watermark of the last committed batch (Spark's commit log): windows ending at or before it are written."""
+    checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
+    committed = _batch_ids(checkpoint / "commits")
+    return _offset_log(checkpoint, committed[-1])[0] if committed else 0
+
+
+def read_delta(path: Path, columns: list[str]) -> list[tuple[Any, ...]] | None:
+    """The table's rows (these columns) with delta-rs; None when there is no table yet."""
+    if not (path / "_delta_log").is_dir():
+        return None
+    table = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+    return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+
+
+def _read_postgres(sink: PostgresSinkSpec, columns: list[str]) -> list[tuple[Any, ...]] | None:
+    with psycopg.connect(sink.conninfo()) as connection:
+        exists = connection.execute("SELECT to_regclass(%s)", (f"{sink.db_schema}.{sink.table}",)).fetchone()
+        if exists is None or exists[0] is None:
+            return None
+        selected = ", ".join(f'"{c}"' for c in columns)
+        return [tuple(row) for row in connection.execute(f'SELECT {selected} FROM "{sink.db_schema}"."{sink.table}"')]
+
+
+def _read_kafka_sink(sink: KafkaSinkSpec, columns: list[str]) -> list[tuple[Any, ...]]:
+    config = client_config(sink.bootstrap_servers)
+    config |= {k.removeprefix("kafka."): v for k, v in sink.kafka_options.items()
+               if k.removeprefix("kafka.").startswith(("security.", "sasl.", "ssl."))}  # fmt: skip
+    rows = []
+    for _, _, value in consume_topic(config, sink.topic):
+        document = json.loads(value or b"{}")
+        rows.append(tuple(document.get(c) for c in columns))
+    return rows
+
+
+def committed_parquet_files(folder: Path) -> list[Path]:
+    """The data files Spark's file sink committed: its ``_spark_metadata`` log (the latest ``N.compact`` and every
+    entry after it), never a file a killed write left behind. A folder without the log (unkeyed writes: plain
+    Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``."""
+    log = folder / "_spark_metadata"
+    if not log.is_dir():
+        return sorted(p for p in folder.rglob("*.parquet") if not any(part[0] in "_." for part in
+                                                                       p.relative_to(folder).parts))  # fmt: skip
+    entries = sorted(((int(p.name.split(".")[0]), p) for p in log.glob("*") if p.name.split(".")[0].isdigit()),
+                     key=lambda entry: entry[0]) if log.is_dir() else []  # fmt: skip
+    compacts = [batch for batch, path in entries if path.name.endswith(".compact")]
+    first = compacts[-1] if compacts else -1
+    files: dict[str, bool] = {}
+    for batch, path in entries:
+        if batch < first or (batch == first and not path.name.endswith(".compact")):
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            files[entry["path"]] = entry.get("action", "add") == "add"
+    return [Path(unquote(urlparse(name).path)) for name, added in files.items() if added]
+
+
+def _read_files(path: Path, columns: list[str]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    for file in committed_parquet_files(path):
+        table = pq.read_table(file, columns=columns)
+        rows += zip(*(table.column(c).to_pylist() for c in columns), strict=True)
+    return rows
+
+
+def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+    """A sink's rows (these columns), by its own kind of reader; an empty list for a sink not written yet."""
+    if isinstance(sink, DeltaSinkSpec):
+        rows = read_delta(_local(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+    elif isinstance(sink, PostgresSinkSpec):
+        rows = _read_postgres(sink, columns)
+    elif isinstance(sink, KafkaSinkSpec):
+        rows = _read_kafka_sink(sink, columns)
+    elif isinstance(sink, FilesSinkSpec):
+        rows = _read_files(_local(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+    else:
+        raise ConfigError(f"verify --independent cannot read a {sink.kind} sink: use `streamproof verify`")
+    return rows or []
+
+
+def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine: list[Any]) -> tuple[Counts, str]:
+    transform = spec.transform
+    dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
+    coordinates = list(COORDINATES)
+    if transform.aggregate is not None:
+        aggregate = transform.aggregate
+        time = transform.watermark[0] if transform.watermark else ""
+        windows = Windows(time, _window_us(aggregate.window), tuple(aggregate.by), tuple(aggregate.sum),
+                          aggregate.count, tuple(dedup_keys or ()))  # fmt: skip
+        columns = ["window_start", "window_end", *aggregate.by, *(f"sum_{c}" for c in aggregate.sum),
+                   *(["events"] if aggregate.count else [])]  # fmt: skip
+        rows = [dict(zip(columns, row, strict=True)) for row in read_sink(spec, sink, columns)]
+        return check_windows(source, rows, quarantine, windows, closed_through_ms(spec)), "windows"
+    check = check_for(sink)
+    if check.kind == "latest":
+        assert check.key is not None and check.order_by is not None
+        held = read_sink(spec, sink, [check.key, *coordinates])
+        return check_latest(source, [(r[0], tuple(r[1:])) for r in held], quarantine, check.key,
+                            check.order_by), check.unit  # fmt: skip
+    if check.kind == "totals":
+        assert check.by is not None
+        held = read_sink(spec, sink, [check.by, "events", *check.sums])
+        totals = [(r[0], r[1], dict(zip(check.sums, r[2:], strict=True))) for r in held]
+        return check_totals(source, totals, quarantine, check.by, list(check.sums)), check.unit
+    identity = dedup_keys or coordinates
+    return check_records(source, read_sink(spec, sink, identity), quarantine, dedup_keys), check.unit
+
+
+def _window_us(size: str) -> int:
+    return int(round(duration_seconds(size) * 1_000_000))
+
+
+def verify_independently(spec: PipelineSpec) -> list[Report]:
+    """Read the topic, checkpoint, quarantine and sinks without Spark and reconcile: one report per sink."""
+    transform = spec.transform
+    summed = transform.aggregate.sum if transform.aggregate is not None else []
+    schema = RecordSchema.parse(transform.schema_, transform.required, summed)
+    source = read_source(spec, schema)
+    quarantine_rows = read_delta(_local(spec.quarantine_path, "the quarantine table"), [*COORDINATES, "reason"]) or []
+    basis = dict.fromkeys(TERMS, RECOMPUTED)
+    if transform.watermark is not None:
+        basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), flag_late(spec, source, quarantine_rows))
+    quarantine = [tuple(row[:3]) for row in quarantine_rows]
+    reasons: dict[str, int] = {}
+    for row in quarantine_rows:
+        reasons[row[3]] = reasons.get(row[3], 0) + 1
+    reports = []
+    for sink in spec.sink_specs:
+        counts, unit = _judge(spec, sink, source, quarantine)
+        reports.append(Report(pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, unit=unit,
+                              quarantine_reasons=dict(sorted(reasons.items())), basis=dict(basis),
+                              **asdict(counts)))  # fmt: skip
+    return reports
+
+
+def disagreements(spark_reports: list[Report], independent_reports: list[Report]) -> list[str]:
+    """Every term on which the two checkers differ, one line each (empty: they agree term by term).
+
+    >>> disagreements([], [])
+    []
+    """
+    lines = []
+    for spark, own in zip(spark_reports, independent_reports, strict=True):
+        for term in COMPARED:
+            if getattr(spark, term) != getattr(own, term):
+                lines.append(f"{spark.sink}: {term} {getattr(spark, term):,} (spark) != {getattr(own, term):,} "
+                             "(independent)")  # fmt: skip
+    return lines

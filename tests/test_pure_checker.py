@@ -1,0 +1,167 @@
+"""The independent checker's judgement and its own record parsing, without a JVM: planted loss, duplicates,
+unexpected rows, wrong sums and wrong late flags each give their exact count."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+from streamproof.config import parse_pipeline
+from streamproof.reconcile.independent import committed_parquet_files, flag_late
+from streamproof.reconcile.own_schema import RecordSchema
+from streamproof.reconcile.pure import (
+    SourceRecord,
+    Windows,
+    check_latest,
+    check_records,
+    check_totals,
+    check_windows,
+)
+
+
+def _records(valid: int, invalid: int) -> list[SourceRecord]:
+    return [SourceRecord(("t", 0, i), True, values={"event_id": f"e{i}"}) for i in range(valid)] + [
+        SourceRecord(("t", 1, i), False) for i in range(invalid)
+    ]
+
+
+def test_records_count_loss_duplicates_and_unexpected_rows_exactly() -> None:
+    sink = [("t", 0, i) for i in range(10) if i not in (4, 5)]  # 2 lost
+    sink += [("t", 0, 7), ("t", 0, 7), ("t", 0, 8), ("t", 0, 99), ("x", 0, 1)]  # 3 duplicated, 2 unexpected
+    quarantine = [("t", 1, 0), ("t", 1, 1), ("t", 1, 1), ("t", 0, 3)]  # t:1@2 lost, t:1@1 doubled, t:0@3 valid
+    counts = check_records(_records(10, 3), sink, quarantine)
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (2 + 1, 3 + 1, 2 + 1)
+    assert (counts.expected, counts.quarantined, counts.quarantine_lost, counts.sink_records) == (10, 2, 1, 13)
+    assert [(r["_src_offset"], r.get("in")) for r in counts.samples["lost"]] == [(2, "quarantine"), (4, None),
+                                                                                (5, None)]  # fmt: skip
+
+
+def test_dedup_keys_count_upstream_duplicates_from_key_order() -> None:
+    source = _records(4, 0) + [SourceRecord(("t", 0, 9), True, values={"event_id": "e1"})]
+    counts = check_records(source, [("e0",), ("e1",), ("e2",), ("e3",), ("e3",)], [], key_columns=["event_id"])
+    assert (counts.expected, counts.upstream_duplicates, counts.duplicated) == (4, 1, 1)
+
+
+def test_latest_state_loses_a_stale_key_and_counts_stray_rows() -> None:
+    def event(offset: int, order: str, time: str | None) -> SourceRecord:
+        stamp = datetime.fromisoformat(time).replace(tzinfo=UTC) if time else None
+        return SourceRecord(("t", 0, offset), True, values={"order_id": order, "event_time": stamp})
+
+    source = [event(0, "o1", "2026-01-01 00:00:01"), event(1, "o1", "2026-01-01 00:00:03"),
+              event(2, "o2", "2026-01-01 00:00:05"), event(3, "o3", None),
+              event(4, "o3", "2026-01-01 00:00:04")]  # fmt: skip
+    clean = check_latest(source, [("o1", ("t", 0, 1)), ("o2", ("t", 0, 2)), ("o3", ("t", 0, 4))], [], "order_id",
+                         "event_time")  # fmt: skip
+    assert (clean.expected, clean.superseded, clean.lost, clean.duplicated, clean.unexpected) == (3, 2, 0, 0, 0)
+    stale = [("o1", ("t", 0, 0)), ("o2", ("t", 0, 2)), ("o2", ("t", 0, 2)), ("o3", ("t", 9, 9)), ("o9", ("t", 0, 1))]
+    counts = check_latest(source, stale, [], "order_id", "event_time")
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (2, 1, 2)
+
+
+def test_totals_catch_a_double_increment_a_wrong_sum_and_a_missing_group() -> None:
+    events = [("c1", 0.1), ("c1", 0.2), ("c2", 5.0), ("c3", 1.25), ("c4", 2.0)]
+    source = [SourceRecord(("t", 0, i), True, values={"c": c, "amount": a}) for i, (c, a) in enumerate(events)]
+    clean = [("c1", 2, {"amount": Decimal("0.3")}), ("c2", 1, {"amount": 5}), ("c3", 1, {"amount": Decimal("1.25")}),
+             ("c4", 1, {"amount": 2})]  # fmt: skip
+    assert check_totals(source, clean, [], "c", ["amount"]).duplicated == 0
+    damaged = [("c1", 3, {"amount": Decimal("0.5")}), ("c2", 1, {"amount": 5}), ("c3", 1, {"amount": 9.99}),
+               ("c9", 1, {"amount": 1})]  # fmt: skip
+    counts = check_totals(source, damaged, [], "c", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.unexpected, counts.superseded) == (1, 2, 1, 1)
+    assert counts.samples["duplicated"][1]["held_amount"] == "9.9900000000"
+
+
+def test_windows_compare_every_value_and_leave_open_windows_pending() -> None:
+    def at(offset: int, group: str, amount: float, time: str) -> SourceRecord:
+        when = datetime.fromisoformat(f"2026-01-01 {time}").replace(tzinfo=UTC)
+        return SourceRecord(("t", 0, offset), True, values={"g": group, "amount": amount, "event_time": when})
+
+    source = [at(0, "a", 1.25, "00:00:10"), at(1, "a", 2.5, "00:00:50"), at(2, "a", 4.0, "00:01:30"),
+              at(3, "a", 8.0, "00:02:30"), at(4, "b", 16.0, "00:00:20")]  # fmt: skip
+
+    def row(start: str, group: str, total: str, events: int) -> dict[str, object]:
+        begin = datetime.fromisoformat(f"2026-01-01 {start}:00").replace(tzinfo=UTC)
+        return {"window_start": begin, "window_end": begin.replace(minute=begin.minute + 1), "g": group,
+                "sum_amount": Decimal(total), "events": events}  # fmt: skip
+
+    sink = [row("00:00", "a", "3.75", 2), row("00:01", "a", "4.5", 1), row("00:00", "b", "16", 1),
+            row("00:00", "b", "16", 1), row("00:02", "a", "8", 1)]  # fmt: skip
+    windows = Windows("event_time", 60_000_000, ("g",), ("amount",), True)
+    counts = check_windows(source, sink, [], windows, closed_through_ms=1767225720000)  # 00:02
+    assert (counts.expected, counts.lost, counts.duplicated, counts.unexpected) == (3, 0, 2, 1)
+    assert (counts.aggregated, counts.pending, counts.sink_records) == (4, 1, 5)
+
+
+def test_late_flags_come_from_the_offset_log_and_a_wrong_flag_shows(tmp_path: Path) -> None:
+    """Batches 0-2 read offsets 0-2, 3-5, 6-7; batch 1 logged the watermark 00:10. Only batch 2 judges by it, so
+    only offset 6 (00:10, at the watermark) is late; the quarantine holding another record as late is unexpected."""
+    checkpoint = tmp_path / "cp"
+    (checkpoint / "offsets").mkdir(parents=True)
+    ten_past = 1767226200000
+    for batch_id, (watermark, end) in enumerate([(0, 3), (ten_past, 6), (ten_past + 60_000, 8)]):
+        metadata = json.dumps({"batchWatermarkMs": watermark})
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
+    spec = parse_pipeline(f'''
+name = "late"
+checkpoint = "{checkpoint}"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING, event_time TIMESTAMP"
+dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
+[sink]
+kind = "delta"
+path = "{tmp_path / "sink"}"
+''')
+    times = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
+    source = [SourceRecord(("t", 0, i), True, values={"event_id": f"e{i}",
+                                                      "event_time": datetime.fromisoformat(f"2026-01-01 {t}+00:00")})
+              for i, t in enumerate(times)]  # fmt: skip
+    assert flag_late(spec, source, []) == "recomputed"
+    assert [record.at[2] for record in source if not record.valid] == [6]
+    sink = [(f"e{i}",) for i in range(9) if i != 6]
+    assert check_records(source, sink, [("t", 0, 6)], key_columns=["event_id"]).unexpected == 0
+    wrong = check_records(source, sink, [("t", 0, 6), ("t", 0, 7)], key_columns=["event_id"])  # 7 is not late
+    assert (wrong.unexpected, wrong.lost) == (1, 0)
+
+
+def test_the_own_schema_reads_every_kind_of_bad_record_the_generator_makes() -> None:
+    schema = RecordSchema.parse("event_id STRING, order_id STRING, amount DOUBLE, qty INT, event_time TIMESTAMP, "
+                                "price DECIMAL(10, 2)", required=["event_id", "order_id"])  # fmt: skip
+    good = b'{"event_id":"e1","order_id":"o1","amount":12.5,"qty":3,"event_time":"2026-01-01T00:00:00.123Z"}'
+    values, reason = schema.read(good)
+    assert reason is None and values["event_time"] == datetime(2026, 1, 1, 0, 0, 0, 123000, tzinfo=UTC)
+    bad = {b"": "empty", None: "empty", b"\xff\xfe\x00": "not_utf8", b'{"event_id":"e1","order_': "invalid_json",
+           b"[1, 2]": "invalid_json", b'{"event_id":"e1","amount":"twelve euros","order_id":"o"}': "schema",
+           b'{"event_id":"e1","order_id":"o","event_time":"yesterday"}': "schema",
+           b'{"event_id":"e1","order_id":"o","qty":1.5}': "schema",
+           b'{"event_id":"e1","order_id":"o","amount":1e400}': "out_of_range:amount",
+           b'{"event_id":"","order_id":"o"}': "missing_required:event_id",
+           b'{"event_id":"e1"}': "missing_required:order_id"}  # fmt: skip
+    assert {value: schema.read(value)[1] for value in bad} == bad
+
+
+def test_only_the_files_the_sink_log_committed_are_read(tmp_path: Path) -> None:
+    log = tmp_path / "_spark_metadata"
+    log.mkdir()
+
+    def entry(name: str, action: str = "add") -> str:
+        return json.dumps({"path": (tmp_path / name).as_uri(), "action": action})
+
+    (log / "0").write_text(f"v1\n{entry('a.parquet')}")
+    (log / "1.compact").write_text(f"v1\n{entry('a.parquet')}\n{entry('b.parquet')}")
+    (log / "2").write_text(f"v1\n{entry('c.parquet')}\n{entry('a.parquet', 'delete')}")
+    assert [path.name for path in committed_parquet_files(tmp_path)] == ["b.parquet", "c.parquet"]
+
+
+def test_a_folder_without_the_sink_log_is_read_as_spark_lists_it(tmp_path: Path) -> None:
+    for name in ("part-0.parquet", "sub/part-1.parquet", "_temporary/part-2.parquet", ".part-3.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert [p.relative_to(tmp_path).as_posix() for p in committed_parquet_files(tmp_path)] == [
+        "part-0.parquet",
+        "sub/part-1.parquet",
+    ]
