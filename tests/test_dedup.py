@@ -30,6 +30,7 @@ from streamproof.generator import generate
 from streamproof.harness.matrix import MatrixCell, run_matrix
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile import verify_pipeline
+from streamproof.reconcile.independent import disagreements, verify_independently
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1500)]
 
@@ -69,6 +70,8 @@ def test_every_record_is_accounted_for_after_the_crash(
     assert report.upstream_duplicates > 0 and report.quarantine_reasons.get("late", 0) > 0, report.to_json()
     assert report.dropped_late == 0
     assert report.expected == report.sink_records
+    # Dedup keys, late flags from the offset log: the independent checker recomputes both on its own.
+    assert disagreements([report], verify_independently(spec)) == []
 
 
 def test_late_records_dropped_by_configuration_are_counted(
@@ -96,3 +99,4 @@ def test_late_records_dropped_by_configuration_are_counted(
     })))  # fmt: skip
     (strict_report,) = verify_pipeline(spark, strict)
     assert strict_report.lost == report.dropped_late
+    assert disagreements([report, strict_report], [*verify_independently(spec), *verify_independently(strict)]) == []

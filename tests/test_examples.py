@@ -21,6 +21,7 @@ import pytest
 from conftest import REPO
 from streamproof.config import KafkaSinkSpec, PipelineSpec, PostgresSinkSpec, load_pipeline
 from streamproof.infra import PostgresServer
+from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.testing import Prover
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -72,3 +73,6 @@ def test_example_runs_and_reconciles(
         assert sink_report.identity_holds and sink_report.sink_records > 0 and sink_report.quarantined > 0, (
             sink_report.to_dict()
         )
+    # The independent checker (no Spark, its own parsing and readers) agrees term by term.
+    run = load_pipeline(streamproof_prover.workdir / f"proof-{len(streamproof_prover.proofs)}" / "pipeline.toml")
+    assert disagreements(reports, verify_independently(run)) == []

@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,16 @@ def _sample(kind_rows: dict[str, list[dict[str, Any]]], kind: str, row: dict[str
     rows = kind_rows.setdefault(kind, [])
     if len(rows) < SAMPLES:
         rows.append(row)
+
+
+def _pick(found: list[tuple[str, Any, dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """The first :data:`SAMPLES` of each kind of damage in a stable order (by the damaged identity), without
+    sorting everything that was checked."""
+    kinds: dict[str, list[tuple[Any, dict[str, Any]]]] = defaultdict(list)
+    for kind, key, row in found:
+        kinds[kind].append((key, row))
+    return {kind: [row for _, row in heapq.nsmallest(SAMPLES, rows, key=lambda item: repr(item[0]))]
+            for kind, rows in kinds.items()}  # fmt: skip
 
 
 def _named(at: Coordinates) -> dict[str, Any]:
@@ -128,16 +139,18 @@ def check_records(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, ...]
     counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "unexpected": 0,
                                "sink_records": sum(held.values()), "samples": {}}  # fmt: skip
     names = list(key_columns) if key_columns else ["_src_topic", "_src_partition", "_src_offset"]
-    for ident in sorted(expected, key=repr):
+    found = []
+    for ident in expected:
         if ident not in held:
             counted["lost"] += 1
-            _sample(counted["samples"], "lost", dict(zip(names, ident, strict=True)))
+            found.append(("lost", ident, dict(zip(names, ident, strict=True))))
         elif held[ident] > 1:
             counted["duplicated"] += held[ident] - 1
-            _sample(counted["samples"], "duplicated", {**dict(zip(names, ident, strict=True)), "rows": held[ident]})
-    for ident in sorted(set(held) - expected, key=repr):
+            found.append(("duplicated", ident, {**dict(zip(names, ident, strict=True)), "rows": held[ident]}))
+    for ident in held.keys() - expected:
         counted["unexpected"] += held[ident]
-        _sample(counted["samples"], "unexpected", {**dict(zip(names, ident, strict=True)), "rows": held[ident]})
+        found.append(("unexpected", ident, {**dict(zip(names, ident, strict=True)), "rows": held[ident]}))
+    counted["samples"] = _pick(found)
     upstream = _after_first(source, lambda r: tuple(r.values.get(c) for c in key_columns)) if key_columns else 0
     return _counts(_quarantine_side(source, quarantine), counted, upstream_duplicates=upstream)
 
@@ -163,18 +176,20 @@ def check_latest(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, Coord
         rows[row_key].append(tuple(at))  # type: ignore[arg-type]
     counted: dict[str, Any] = {"expected": len(winners), "lost": 0, "duplicated": 0, "unexpected": 0,
                                "sink_records": sum(len(held) for held in rows.values()), "samples": {}}  # fmt: skip
-    for row_key in sorted(set(winners) | set(rows), key=repr):
+    found = []
+    for row_key in winners.keys() | rows.keys():
         held = rows.get(row_key, [])
         explained = sum(1 for at in held if (row_key, at) in known)
         if row_key in winners and winners[row_key].at not in held:
             counted["lost"] += 1
-            _sample(counted["samples"], "lost", {key: row_key, "found": "no row with its latest record"})
+            found.append(("lost", row_key, {key: row_key, "found": "no row with its latest record"}))
         if explained > 1:
             counted["duplicated"] += explained - 1
-            _sample(counted["samples"], "duplicated", {key: row_key, "rows": explained})
+            found.append(("duplicated", row_key, {key: row_key, "rows": explained}))
         if len(held) > explained:
             counted["unexpected"] += len(held) - explained
-            _sample(counted["samples"], "unexpected", {key: row_key, "rows": len(held) - explained})
+            found.append(("unexpected", row_key, {key: row_key, "rows": len(held) - explained}))
+    counted["samples"] = _pick(found)
     superseded = _after_first(source, lambda r: r.values.get(key), newest_first=True,
                               order=lambda r: _ordered(newest(r)))  # fmt: skip
     return _counts(_quarantine_side(source, quarantine), counted, superseded=superseded)
@@ -208,20 +223,22 @@ def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, 
             totals[index] += exact(values.get(column)) or Decimal(0)
     counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "unexpected": 0,
                                "sink_records": sum(totals[0] for totals in held.values()), "samples": {}}  # fmt: skip
-    for group in sorted(set(expected) | set(held), key=repr):
+    found = []
+    for group in expected.keys() | held.keys():
         want, got = expected.get(group), held.get(group)
         both = {"expected_events": want[0] if want else None, "held_events": got[1] if got else None,
                 **{f"expected_{c}": str(want[i]) if want else None for i, c in enumerate(sums, 1)},
                 **{f"held_{c}": str(got[i]) if got else None for i, c in enumerate(sums, 2)}}  # fmt: skip
         if want is None:
             counted["unexpected"] += got[0] if got else 0
-            _sample(counted["samples"], "unexpected", {by: group, "rows": got[0] if got else 0, **both})
+            found.append(("unexpected", group, {by: group, "rows": got[0] if got else 0, **both}))
         elif got is None or got[1] < want[0]:
             counted["lost"] += 1
-            _sample(counted["samples"], "lost", {by: group, **both})
+            found.append(("lost", group, {by: group, **both}))
         elif got[1] > want[0] or got[2:] != want[1:]:
             counted["duplicated"] += 1
-            _sample(counted["samples"], "duplicated", {by: group, **both})
+            found.append(("duplicated", group, {by: group, **both}))
+    counted["samples"] = _pick(found)
     superseded = _after_first(source, lambda r: r.values.get(by))
     return _counts(_quarantine_side(source, quarantine), counted, superseded=superseded)
 
@@ -291,7 +308,8 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
     counted: dict[str, Any] = {"expected": 0, "lost": 0, "duplicated": 0, "unexpected": 0, "samples": {},
                                "sink_records": sum(rows[0] for rows in held.values())}  # fmt: skip
     aggregated = pending = 0
-    for key in sorted(set(expected) | set(held), key=repr):
+    found = []
+    for key in expected.keys() | held.keys():
         want, got = expected.get(key), held.get(key)
         closed = want is not None and key[1] <= closed_through
         described = {"window_start": key[0].isoformat(), "window_end": key[1].isoformat(),
@@ -302,7 +320,7 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
         if not closed:
             if got is not None:
                 counted["unexpected"] += got[0]
-                _sample(counted["samples"], "unexpected", described)
+                found.append(("unexpected", key, described))
             continue
         assert want is not None
         counted["expected"] += 1
@@ -310,14 +328,15 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
         more = windows.count and got is not None and got[1] > want[0]
         if got is None or fewer:
             counted["lost"] += 1
-            _sample(counted["samples"], "lost", described)
+            found.append(("lost", key, described))
         if got is None:
             continue
         # A window written twice, or holding more records, or the same count with other sums (fewer is loss).
         doubled = got[0] - 1 + (1 if more or (not fewer and got[2:] != want[1:]) else 0)
         if doubled:
             counted["duplicated"] += doubled
-            _sample(counted["samples"], "duplicated", described)
+            found.append(("duplicated", key, described))
+    counted["samples"] = _pick(found)
     upstream = _after_first(source, lambda r: tuple(r.values.get(c) for c in windows.dedup_keys)) if (
         windows.dedup_keys) else 0  # fmt: skip
     return _counts(_quarantine_side(source, quarantine), counted, upstream_duplicates=upstream, aggregated=aggregated,
