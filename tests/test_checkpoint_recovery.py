@@ -6,6 +6,10 @@ is refused (exit 2, one line naming the sink and the way out); `checkpoint recov
 checkpoint; the run drains; both sinks reconcile 0 lost / 0 duplicated.
 Fault 2: the last offset log file truncated (a torn write). Expected: refused with the file named (exit 2,
 no JVM stack trace); recover keeps the damaged checkpoint aside; new events drain; both sinks 0/0.
+Fault 3: storage goes backwards: PostgreSQL restored from a backup two batches old (table and ledger), the Delta
+table's trailing commit deleted, more events arriving. Expected: the run is refused (exit 2, one line naming the
+sink behind, the batches and offsets it misses, and `checkpoint rewind`); the rewind replays the missing batches
+with their original offsets; the run drains; both sinks 0/0 by both checkers.
 """
 
 from __future__ import annotations
@@ -15,16 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from conftest import assert_every_sink_clean, run_cli
 from streamproof import faults
 from streamproof.checkpoint.folder import RunLock, backup
 from streamproof.checkpoint.log import logged_batches
+from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.crashes import Harness
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.reconcile.independent import disagreements, verify_independently
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -117,6 +124,46 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert drained.returncode == 0, drained.stderr[-2000:]
     print(f"damaged checkpoint: recover + drain took {time.monotonic() - started:.1f} s")
     _assert_clean(spark, pipeline_file, 13_000)
+
+    # Storage goes backwards: PostgreSQL restored from a backup taken now (table and ledger), two batches later;
+    # and the Delta table's trailing commit gone (an object store or a restore lost it).
+    spec = load_pipeline(pipeline_file)
+    (pg,) = [sink for sink in spec.sink_specs if sink.name == "pg"]
+    with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
+        connection.execute("CREATE TABLE backup_orders AS SELECT * FROM recovery_orders")
+        connection.execute("CREATE TABLE backup_ledger AS SELECT * FROM streamproof_ledger WHERE pipeline = 'recovery'")
+    # No Delta checkpoint in the versions to come: one at the lost version would leave the table unreadable to
+    # Delta itself (its log points at a version with no commit file), a different failure.
+    spark.sql(f"ALTER TABLE delta.`{tmp_path / 'orders'}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1000')")
+    generate(kafka_broker.bootstrap_servers, "recovery", 4_000, partitions=4, malformed=0.0, seed=7)
+    drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
+        connection.execute("DELETE FROM recovery_orders")
+        connection.execute("INSERT INTO recovery_orders SELECT * FROM backup_orders")
+        connection.execute("DELETE FROM streamproof_ledger WHERE pipeline = 'recovery'")
+        connection.execute("INSERT INTO streamproof_ledger SELECT * FROM backup_ledger")
+    log = tmp_path / "orders" / "_delta_log"
+    trailing = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
+    for suffix in ("json", "crc"):  # the commit and its checksum (a checkpoint of that version, if any, stays)
+        (log / f"{trailing:020d}.{suffix}").unlink(missing_ok=True)
+    generate(kafka_broker.bootstrap_servers, "recovery", 1_000, partitions=4, malformed=0.0, seed=8)  # more arrives
+    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert refused.returncode == 2, refused.stdout[-2000:]
+    message = refused.stderr.strip()
+    assert message.startswith(f"error: sink delta ({tmp_path / 'orders'}) is behind the checkpoint: it holds batches "
+                              "up to"), message  # fmt: skip
+    assert "streamproof checkpoint rewind" in message and "source offsets from" in message and "\n" not in message
+    rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    # The trailing commit was deleted by hand: Hadoop's hidden checksum of it stayed, and would fail its rewrite.
+    assert f".{trailing:020d}.json.crc" in rewound.stdout and "stray checksum file(s)" in rewound.stdout, rewound.stdout
+    assert "replayed batches" in rewound.stdout and "delta (from batch" in rewound.stdout
+    assert "pg (from batch" in rewound.stdout, rewound.stdout
+    drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    reports = assert_every_sink_clean(spark, pipeline_file, 18_000)
+    assert disagreements(reports, verify_independently(spec)) == []
 
 
 def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(tmp_path: Path) -> None:

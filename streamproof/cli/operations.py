@@ -1,4 +1,4 @@
-"""``streamproof checkpoint show|backup|restore|recover``, ``maintain``, ``bench``: looking after a pipeline."""
+"""``streamproof checkpoint show|backup|restore|recover|rewind``, ``maintain``, ``bench``: looking after a pipeline."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from streamproof.bench.runner import (
 from streamproof.bench.scaling import plot_scaling
 from streamproof.checkpoint.folder import backup, restore
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
+from streamproof.checkpoint.positions import rewind
 from streamproof.checkpoint.recover import recover
 from streamproof.cli.base import (
     PipelineFile,
@@ -32,6 +33,7 @@ from streamproof.cli.base import (
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, StreamproofError
+from streamproof.pipeline.query import run as run_pipeline
 from streamproof.session import build_session, local_session
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -115,6 +117,22 @@ def checkpoint_recover(pipeline: PipelineFile) -> None:
     spec = load_pipeline(pipeline)
     spark = local_session(spec.spark, app_name=f"streamproof-recover:{spec.name}")
     console.print(recover(spark, spec), markup=False)
+
+
+@checkpoint_app.command("rewind")
+@friendly_errors
+def checkpoint_rewind(pipeline: PipelineFile) -> None:
+    """Replay the batches a sink lost (storage gone backwards): the checkpoint goes back to that sink's last batch
+    and every batch after it runs again with its original id and offsets; the other sinks skip them."""
+    spec = load_pipeline(pipeline)
+    spark = None
+    if any(sink.needs_spark_for_commits() for sink in open_sinks(spec)):
+        spark = build_session(spec.spark, app_name=f"streamproof-rewind:{spec.name}")
+
+    def replay(spec: PipelineSpec) -> None:
+        run_pipeline(spec, once=True, on_event=lambda event: emit_plain(event.line()) if event.shown else None)
+
+    console.print(rewind(spec, replay, spark), markup=False)
 
 
 @app.command()

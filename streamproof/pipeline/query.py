@@ -26,6 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 from streamproof import faults, sources
 from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import check_readable, committed_batches, logged_batches
+from streamproof.checkpoint.positions import refuse_if_sink_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
@@ -41,7 +42,7 @@ from streamproof.transform import check_derived_columns, parse_records, stateful
 
 
 def start_query(
-    spark: SparkSession, spec: PipelineSpec, batches: BatchWriter, *, available_now: bool
+    spark: SparkSession, spec: PipelineSpec, batches: BatchWriter, *, available_now: bool, once: bool = False
 ) -> StreamingQuery:
     """Build and start the streaming query, wired for the pipeline's guarantee."""
     starting_offsets = None
@@ -58,7 +59,9 @@ def start_query(
         .option("checkpointLocation", str(spec.checkpoint_dir))
         .foreachBatch(batches)
     )
-    if available_now or spec.trigger.available_now:
+    if once:  # one batch: the one logged and not committed when there is one (a replay), then stop
+        stream_writer = stream_writer.trigger(once=True)
+    elif available_now or spec.trigger.available_now:
         stream_writer = stream_writer.trigger(availableNow=True)
     elif spec.trigger.processing_time:
         stream_writer = stream_writer.trigger(processingTime=spec.trigger.processing_time)
@@ -72,8 +75,10 @@ def run(
     max_batches: int | None = None,
     on_event: Callable[[Event], None] | None = None,
     summary: RunSummary | None = None,
+    once: bool = False,
 ) -> RunSummary:
-    """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT.
+    """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT; ``once``: a
+    single batch (``checkpoint rewind`` replays the batch logged and not committed with it).
 
     ``on_event`` receives the run's events as they happen (:mod:`streamproof.pipeline.events`; the CLI prints
     their lines); they also go to ``$STREAMPROOF_EVENTS_FD`` when set. ``summary`` (optional) is updated as
@@ -92,7 +97,7 @@ def run(
     # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}") if spec.checkpoint_dir.is_remote else None
     with RunLock(spec.checkpoint_dir):
-        return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name), spark)
+        return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name), spark, once)
 
 
 def _run_locked(
@@ -102,6 +107,7 @@ def _run_locked(
     publish: Callable[[Event], None],
     summary: RunSummary,
     spark: SparkSession | None,
+    once: bool = False,
 ) -> RunSummary:
     wiring = wiring_for(spec.guarantee)
     if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
@@ -109,12 +115,14 @@ def _run_locked(
     sources.require_available(spec)
     sinks = open_sinks(spec)
     refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
+    refuse_if_sink_behind(spark, spec, sinks)
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
     publish(Notice(spec.name, READY, "starting Spark (checkpoint and sinks checked)"))
     spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}")
     check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
     if any(sink.needs_spark_for_commits() for sink in sinks):
         refuse_if_checkpoint_lost(spark, spec, sinks)
+        refuse_if_sink_behind(spark, spec, sinks)
     for sink in sinks:
         sink.prepare(spark)
     writer = BatchWriter(spec, sinks, publish)
@@ -138,7 +146,8 @@ def _run_locked(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
     try:
-        query = _run_through_outages(spark, spec, writer, stop, summary, publish, available_now=available_now)
+        query = _run_through_outages(spark, spec, writer, stop, summary, publish, available_now=available_now,
+                                     once=once)  # fmt: skip
         _wait_for_last_progress(query, summary, writer)
     finally:
         for sig, handler in previous.items():
@@ -157,6 +166,7 @@ def _run_through_outages(
     publish: Callable[[Event], None],
     *,
     available_now: bool,
+    once: bool = False,
 ) -> StreamingQuery:
     """Run the query; when it stops because a server is briefly away (:func:`is_transient`), start it again
     from its checkpoint (the batch in flight is replayed, and the keyed sinks skip what they hold), until
@@ -165,7 +175,7 @@ def _run_through_outages(
     outage_began: float | None = None
     while True:
         batches_before = summary.batches
-        query = start_query(spark, spec, writer, available_now=available_now)
+        query = start_query(spark, spec, writer, available_now=available_now, once=once)
         _wait(query, stop, summary, spec.checkpoint_dir)
         error = query.exception()
         if error is None:

@@ -1,0 +1,165 @@
+"""Each sink's position against the checkpoint: a sink behind it is refused, and ``checkpoint rewind`` repairs it.
+
+Storage can go backwards: a Delta table whose trailing commits vanished (an object store, a restore from
+backup), a PostgreSQL database restored from an older dump. The checkpoint still says those batches are done, so
+Spark would never run them again and the records would be gone without a word. Every keyed sink records each
+batch it holds (:meth:`streamproof.sinks.base.Sink.commits`); at every start of an exactly-once pipeline each
+sink's last batch is compared with the checkpoint's last committed one (:func:`refuse_if_sink_behind`), before
+anything is written.
+
+The repair (:func:`rewind`) replays the missing batches with their original ids and offsets, one at a time, from
+the checkpoint's own offset log: the sinks that lack a batch write it, the others skip it by its key. The
+checkpoint is copied aside first, never lost.
+
+Example::
+
+    >>> refuse_if_sink_behind(None, load_pipeline("orders.toml"), sinks)          # doctest: +SKIP
+    PipelineError: sink delta (...) is behind the checkpoint: it holds batches up to 6, the checkpoint ...
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from streamproof.checkpoint.folder import refuse_while_running
+from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
+from streamproof.config import PipelineSpec
+from streamproof.errors import PipelineError
+from streamproof.guarantees import wiring_for
+from streamproof.kafka_client import require_topic
+from streamproof.sinks import open_sinks
+from streamproof.sinks.base import Sink
+
+
+@dataclass(frozen=True)
+class Behind:
+    """A sink whose last batch is older than the checkpoint's last committed one."""
+
+    sink: Sink
+    holds_through: int  # -1: no batch at all
+    committed_through: int
+
+    @property
+    def missing(self) -> str:
+        first, last = self.holds_through + 1, self.committed_through
+        return f"batch {first}" if first == last else f"batches {first}-{last}"
+
+
+def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[Behind]:
+    """The keyed sinks that hold fewer batches than the checkpoint committed (those needing Spark to read their
+    log are skipped without a session)."""
+    committed = committed_batches(spec.checkpoint_dir)
+    if not committed or not wiring_for(spec.guarantee).idempotent_sink:
+        return []
+    behind = []
+    for sink in sinks:
+        if spark is None and sink.needs_spark_for_commits():
+            continue
+        head = sink.last_commit(spark)
+        holds = head.batch_id if head is not None else -1
+        if holds < committed[-1]:
+            behind.append(Behind(sink, holds, committed[-1]))
+    return behind
+
+
+def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
+    try:
+        return json.dumps(batch_end_offsets(spec.checkpoint_dir, batch_id))
+    except PipelineError:
+        return "(no longer in the offset log)"
+
+
+def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> None:
+    """Refuse to start while a sink is behind the checkpoint: one line naming the sink, the batches it misses with
+    their source offsets, and the repair."""
+    for lag in sinks_behind(spark, spec, sinks):
+        start = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
+        holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
+        raise PipelineError(
+            f"sink {lag.sink.name} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
+            f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {start} to "
+            f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
+            f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"
+        )
+
+
+def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None = None) -> str:
+    """Set the checkpoint back to the position of the sink furthest behind and replay every batch after it, each
+    with its original id and offsets (``replay`` runs the pipeline for the one batch logged and not committed).
+    Refused while the source no longer holds the first offsets to replay. Returns what was done, in one line."""
+    if not wiring_for(spec.guarantee).idempotent_sink:
+        raise PipelineError(
+            "checkpoint rewind replays batches into sinks that skip what they hold: exactly-once pipelines only"
+        )
+    checkpoint = spec.checkpoint_dir
+    refuse_while_running(checkpoint, "rewind")
+    lags = sinks_behind(spark, spec, open_sinks(spec))
+    if not lags:
+        return f"every sink holds every batch {checkpoint} committed: nothing to rewind"
+    low, last = min(lag.holds_through for lag in lags), lags[0].committed_through
+    logged = set(logged_batches(checkpoint))
+    gone = [batch for batch in range(max(low, 0), last + 1) if batch not in logged]
+    if gone:
+        raise PipelineError(
+            f"the offset log no longer holds batch(es) {gone} (Spark keeps the last 100): their original offsets are "
+            "unknown, so they cannot be replayed as they were; restore the sinks or a checkpoint backup"
+        )
+    entries = {batch: (checkpoint / "offsets" / str(batch)).read_text() for batch in range(low + 1, last + 1)}
+    _refuse_if_source_lost(spec, low)
+    strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
+    aside = checkpoint.with_name(f"{checkpoint.name}.before-rewind-{time.strftime('%Y%m%dT%H%M%S')}")
+    checkpoint.copy_tree(aside)
+    for batch in range(low + 1, last + 1):
+        for log in ("commits", "offsets"):
+            for name in (str(batch), f".{batch}.crc"):
+                if (checkpoint / log / name).exists():
+                    (checkpoint / log / name).delete()
+    for batch, text in entries.items():
+        (checkpoint / "offsets" / str(batch)).write_text(text)
+        replay(spec)
+        if not (checkpoint / "commits" / str(batch)).exists():
+            raise PipelineError(f"the replay of batch {batch} did not commit; the checkpoint before the rewind is "
+                                f"kept as {aside}")  # fmt: skip
+    behind = ", ".join(f"{lag.sink.name} (from batch {lag.holds_through + 1})" for lag in lags)
+    removed = f"; removed {len(strays)} stray checksum file(s) of lost log entries ({', '.join(strays)})" if (
+        strays) else ""  # fmt: skip
+    return (f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
+            f"them by their keys; the checkpoint before the rewind is kept as {aside}{removed}")  # fmt: skip
+
+
+def remove_stray_checksums(sink: Sink) -> list[str]:
+    """Remove the hidden checksum files (Hadoop's ``.N.json.crc``) of log entries that are gone from a sink's own
+    log: left behind, they make the entry's rewrite fail with a checksum error. Returns their paths."""
+    folder = sink.data_files_folder
+    if folder is None:
+        return []
+    removed = []
+    for log in (folder / "_delta_log", folder / "_spark_metadata"):
+        names = {path.name for path in log.iterdir()} if log.is_dir() else set()
+        for name in sorted(names):
+            if name.startswith(".") and name.endswith(".crc") and name[1:-4] not in names:
+                (log / name).unlink()
+                removed.append(str(log / name))
+    return removed
+
+
+def _refuse_if_source_lost(spec: PipelineSpec, low: int) -> None:
+    """The first offsets to replay must still be in the source (retention may have deleted them)."""
+    if spec.source.kind != "kafka":
+        return
+    start = batch_end_offsets(spec.checkpoint_dir, low) if low >= 0 else {}
+    first = {int(p): offset for p, offset in start.get(spec.source.topic, {}).items()}
+    watermarks = require_topic(spec.source)
+    lost = {p: (first.get(p, 0), earliest) for p, (earliest, _) in watermarks.items() if earliest > first.get(p, 0)}
+    if lost:
+        described = ", ".join(f"partition {p} from offset {want} (now starts at {have})" for p, (want, have) in
+                              sorted(lost.items()))  # fmt: skip
+        raise PipelineError(
+            f"topic {spec.source.topic} no longer holds the records to replay: {described}; they are gone from the "
+            "source (retention, or the topic was recreated): restore the sinks from a backup instead"
+        )
