@@ -79,11 +79,13 @@ def crash_happened(point: str, facts: dict[str, Any], sink: str) -> str | None:
     if not facts.get("offsets_logged"):
         return f"{point}: the offset log does not hold the batch (the kill came before Spark planned it)"
     committed = facts.get("checkpoint_committed")
+    # Every sink whose write began holds the batch, except those that keep no log of their batches.
+    not_holding = [name for name in started if name not in held_by and name not in facts.get("unlogged", [])]
     if point == faults.AFTER_CHECKPOINT_COMMIT:
         if not committed:
             return f"{point}: Spark's commit log does not hold the batch"
-        if not facts.get("sink_has_batch"):
-            return f"{point}: not every sink holds the batch"
+        if not started or not_holding or facts.get("partial_in"):
+            return f"{point}: not every sink holds the batch ({', '.join(not_holding) or 'no write began'})"
         return None
     if committed:
         return f"{point}: Spark's commit log already holds the batch (the kill came after the batch ended)"
@@ -95,13 +97,11 @@ def crash_happened(point: str, facts: dict[str, Any], sink: str) -> str | None:
             return f"{point}: the write of {sink} had not started"
         if sink in held_by and sink not in facts.get("partial_in", []):
             return f"{point}: {sink} already holds the whole batch (the kill came after its write)"
-    elif point == faults.AFTER_SINK_COMMIT:
-        missing = [name for name in started if name not in held_by and name not in facts.get("unlogged", [])]
-        if not started or missing or facts.get("partial_in"):
-            return (
-                f"{point}: not every sink holds the batch (the kill came before {', '.join(missing) or 'a sink'} "
-                "committed)"
-            )
+    elif point == faults.AFTER_SINK_COMMIT and (not started or not_holding or facts.get("partial_in")):
+        return (
+            f"{point}: not every sink holds the batch (the kill came before {', '.join(not_holding) or 'a sink'} "
+            "committed)"
+        )
     return None
 
 
