@@ -10,6 +10,8 @@ Fault 3: storage goes backwards: PostgreSQL restored from a backup two batches o
 table's trailing commit deleted, more events arriving. Expected: the run is refused (exit 2, one line naming the
 sink behind, the batches and offsets it misses, and `checkpoint rewind`); the rewind replays the missing batches
 with their original offsets; the run drains; both sinks 0/0 by both checkers.
+Fault 4: the source goes backwards: retention deletes records before they are read, then the topic is deleted and
+created again. Expected: each start refused in one line with the partitions and offsets (exit 2), never a skip.
 """
 
 from __future__ import annotations
@@ -21,16 +23,19 @@ from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from conftest import assert_every_sink_clean, run_cli
 from streamproof import faults
 from streamproof.checkpoint.folder import RunLock, backup
-from streamproof.checkpoint.log import logged_batches
+from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.crashes import Harness
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.kafka_client import topic_end_offsets
 from streamproof.reconcile.independent import disagreements, verify_independently
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -164,6 +169,35 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert drained.returncode == 0, drained.stderr[-2000:]
     reports = assert_every_sink_clean(spark, pipeline_file, 18_000)
     assert disagreements(reports, verify_independently(spec)) == []
+
+    # The source goes backwards. Retention deletes new records of partition 0 before the pipeline reads them.
+    generate(kafka_broker.bootstrap_servers, "recovery", 1_000, partitions=4, malformed=0.0, seed=9)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    read = batch_end_offsets(checkpoint, committed_batches(checkpoint)[-1])["recovery"]["0"]
+    end = topic_end_offsets(kafka_broker.bootstrap_servers, "recovery")[0]
+    for future in admin.delete_records([TopicPartition("recovery", 0, end)]).values():
+        future.result(timeout=30)
+    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert refused.returncode == 2, refused.stdout[-2000:]
+    assert refused.stderr.strip() == (
+        f"error: topic recovery deleted records before this pipeline read them (retention): partition 0: offsets "
+        f"{read}-{end - 1} ({end - read:,} records); exactly-once cannot continue past a gap in the source: raise the "
+        "topic's retention and restore the records, or accept the loss by starting on a new checkpoint (`verify` "
+        "reports them as unavailable)"
+    )
+    # The topic deleted and created again: its offsets start from 0, below what the checkpoint read.
+    for future in admin.delete_topics(["recovery"]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 60
+    while "recovery" in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+        time.sleep(0.5)
+    generate(kafka_broker.bootstrap_servers, "recovery", 100, partitions=4, malformed=0.0, seed=10)
+    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert refused.returncode == 2, refused.stdout[-2000:]
+    message = refused.stderr.strip()
+    assert message.startswith(f"error: topic recovery is behind the checkpoint {checkpoint}: partition 0 ends at "
+                              "offset "), message  # fmt: skip
+    assert "the topic was deleted and recreated, or truncated" in message and "\n" not in message
 
 
 def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(tmp_path: Path) -> None:

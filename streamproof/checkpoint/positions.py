@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import refuse_while_running
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
-from streamproof.config import PipelineSpec
+from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
@@ -86,6 +86,52 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
             f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"
         )
+
+
+def refuse_if_source_behind(spec: PipelineSpec) -> None:
+    """Refuse to start when the Kafka topic no longer holds what the checkpoint says comes next: it ends before
+    what was read (deleted and recreated, or truncated), or retention deleted records before they were read.
+    Spark would skip such a gap (or fail with a stack trace, by ``failOnDataLoss``); under exactly-once it is
+    stopped here with the numbers, whatever that option says."""
+    checkpoint = spec.checkpoint_dir
+    if not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
+        return
+    committed, logged = committed_batches(checkpoint), logged_batches(checkpoint)
+    if not logged:
+        return
+    topic = spec.source.topic
+    read = _topic_offsets(spec, committed[-1]) if committed else {}  # read and committed: must not be past the end
+    to_read = _topic_offsets(spec, logged[-1])  # an in-flight batch is replayed from ``read`` to here
+    watermarks = require_topic(spec.source)
+    ends_early = []
+    for partition, end in sorted(to_read.items()):
+        now = f"ends at offset {watermarks[partition][1]}" if partition in watermarks else "is gone"
+        if partition not in watermarks or watermarks[partition][1] < end:
+            ends_early.append(f"partition {partition} {now}, the checkpoint has read up to {end}")
+    if ends_early:
+        raise PipelineError(
+            f"topic {topic} is behind the checkpoint {checkpoint}: {'; '.join(ends_early)} (the topic was deleted "
+            "and recreated, or truncated); the sinks hold records that are no longer in it: start this pipeline "
+            "afresh on a new checkpoint and new sinks, or restore the topic"
+        )
+    # Only past a committed batch: the first batch starts wherever the source started then.
+    deleted = [f"partition {p}: offsets {read[p]}-{earliest - 1} ({earliest - read[p]:,} records)"
+               for p, (earliest, _) in sorted(watermarks.items()) if p in read and earliest > read[p]]  # fmt: skip
+    if deleted:
+        raise PipelineError(
+            f"topic {topic} deleted records before this pipeline read them (retention): {'; '.join(deleted)}; "
+            "exactly-once cannot continue past a gap in the source: raise the topic's retention and restore the "
+            "records, or accept the loss by starting on a new checkpoint (`verify` reports them as unavailable)"
+        )
+
+
+def _topic_offsets(spec: PipelineSpec, batch_id: int) -> dict[int, int]:
+    assert isinstance(spec.source, KafkaSource)
+    try:
+        ends = batch_end_offsets(spec.checkpoint_dir, batch_id)
+    except PipelineError:
+        return {}
+    return {int(p): offset for p, offset in ends.get(spec.source.topic, {}).items()}
 
 
 def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None = None) -> str:
@@ -150,7 +196,7 @@ def remove_stray_checksums(sink: Sink) -> list[str]:
 
 def _refuse_if_source_lost(spec: PipelineSpec, low: int) -> None:
     """The first offsets to replay must still be in the source (retention may have deleted them)."""
-    if spec.source.kind != "kafka":
+    if not isinstance(spec.source, KafkaSource):
         return
     start = batch_end_offsets(spec.checkpoint_dir, low) if low >= 0 else {}
     first = {int(p): offset for p, offset in start.get(spec.source.topic, {}).items()}

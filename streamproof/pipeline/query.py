@@ -26,7 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 from streamproof import faults, sources
 from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import check_readable, committed_batches, logged_batches
-from streamproof.checkpoint.positions import refuse_if_sink_behind
+from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
@@ -113,6 +113,7 @@ def _run_locked(
     if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`")
     sources.require_available(spec)
+    refuse_if_source_behind(spec)
     sinks = open_sinks(spec)
     refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
     refuse_if_sink_behind(spark, spec, sinks)
