@@ -215,3 +215,24 @@ def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(
         holder.wait()
     copy = backup(checkpoint)  # the holder is gone: its lock file is stale
     assert (copy / "offsets").is_dir() and not (copy / RunLock.NAME).exists()
+
+
+def test_a_damaged_log_gets_a_diagnosis_and_the_way_out(tmp_path: Path) -> None:
+    """A log entry deleted by hand with Hadoop's hidden checksum left beside it (Spark would blame "multiple
+    streaming queries"), and a commit with no offsets entry: each refused in one line naming the files."""
+    from streamproof.checkpoint.log import check_readable, rebuild
+    from streamproof.storage import Location
+
+    checkpoint = tmp_path / "checkpoint"
+    rebuild(Location(checkpoint), {0: {"t": {"0": 5}}, 1: {"t": {"0": 9}}, 2: {"t": {"0": 12}}}, committed_through=2)
+    check_readable(checkpoint, "hint")
+    (checkpoint / "commits" / "2").unlink()
+    (checkpoint / "commits" / ".2.crc").write_bytes(b"crc")
+    with pytest.raises(PipelineError, match=r"commits/2 deleted while Hadoop's checksum file\(s\) beside it stayed "
+                                            r"\(commits/\.2\.crc\): delete those checksum files too"):  # fmt: skip
+        check_readable(checkpoint, "hint")
+    (checkpoint / "commits" / ".2.crc").unlink()
+    (checkpoint / "offsets" / "2").unlink()
+    (checkpoint / "commits" / "2").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    with pytest.raises(PipelineError, match=r"commits/2 has no offsets/2 \(the offset log ends at 1\)"):
+        check_readable(checkpoint, "hint")

@@ -115,7 +115,26 @@ def check_readable(checkpoint: Checkpoint, recover_hint: str) -> None:
     Spark would stop on it with a JVM stack trace; this names the file and the way out.
     """
     folder = Location(checkpoint)
-    for log, batches in (("offsets", logged_batches(folder)), ("commits", committed_batches(folder))):
+    logged, committed = logged_batches(folder), committed_batches(folder)
+    for log in ("offsets", "commits"):
+        names = set((folder / log).names()) if (folder / log).exists() else set()
+        strays = sorted(n for n in names if n.startswith(".") and n.endswith(".crc") and n[1:-4].isdigit()
+                        and n[1:-4] not in names)  # fmt: skip
+        if strays:  # Spark would fail its next write with "Multiple streaming queries are concurrently using ..."
+            entries = ", ".join(f"{log}/{name[1:-4]}" for name in strays)
+            raise PipelineError(
+                f"{folder}: {entries} deleted while Hadoop's checksum file(s) beside it stayed "
+                f"({', '.join(f'{log}/{name}' for name in strays)}): delete those checksum files too, then start "
+                "again (no other query is using this checkpoint)"
+            )
+    beyond = [batch for batch in committed if batch not in logged and (not logged or batch > logged[-1])]
+    if beyond:
+        raise PipelineError(
+            f"{folder}: commits/{beyond[0]} has no offsets/{beyond[0]} (the offset log ends at "
+            f"{logged[-1] if logged else 'nothing'}): the offset log lost entries; restore a backup "
+            f"(`streamproof checkpoint restore`) or rebuild the checkpoint ({recover_hint})"
+        )
+    for log, batches in (("offsets", logged), ("commits", committed)):
         if not batches:
             continue
         path = folder / log / str(batches[-1])
