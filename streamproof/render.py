@@ -282,7 +282,7 @@ def report_html(reports: Sequence[Report], events: Sequence[TimelineEvent] = (),
     sections = []
     for report in reports:
         rows = "".join(
-            f"<tr><th>{html.escape(key)}</th><td>{html.escape(str(value))}</td></tr>"
+            f"<tr><th>{html.escape(key)}</th><td>{html.escape(_shown(value))}</td></tr>"
             for key, value in report.to_dict().items() if key not in ("crashes", "quarantine_reasons", "samples")
         )  # fmt: skip
         verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
@@ -293,6 +293,19 @@ def report_html(reports: Sequence[Report], events: Sequence[TimelineEvent] = (),
         + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
     )  # fmt: skip
     return _PAGE.format(title=f"streamproof report: {html.escape(reports[0].pipeline)}", body=body)
+
+
+def _shown(value: object) -> str:
+    """A report value for a person: a basis per term as ``term: how`` pairs, a list one item after another.
+
+    >>> _shown({"expected": "recomputed"}), _shown([]), _shown(3)
+    ('expected: recomputed', 'none', '3')
+    """
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {item}" for key, item in value.items())
+    if isinstance(value, list):
+        return "; ".join(str(item) for item in value) or "none"
+    return str(value)
 
 
 def _samples_html(report: Report) -> str:
