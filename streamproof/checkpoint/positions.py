@@ -52,7 +52,11 @@ class Behind:
 
 def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[Behind]:
     """The keyed sinks that hold fewer batches than the checkpoint committed (those needing Spark to read their
-    log are skipped without a session)."""
+    log are skipped without a session).
+
+    >>> [(lag.sink.name, lag.missing) for lag in sinks_behind(None, spec, open_sinks(spec))]  # doctest: +SKIP
+    [('delta', 'batch 10')]
+    """
     committed = committed_batches(spec.checkpoint_dir)
     if not committed or not wiring_for(spec.guarantee).idempotent_sink:
         return []
@@ -76,7 +80,10 @@ def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
 
 def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> None:
     """Refuse to start while a sink is behind the checkpoint: one line naming the sink, the batches it misses with
-    their source offsets, and the repair."""
+    their source offsets, and the repair.
+
+    >>> refuse_if_sink_behind(None, spec, open_sinks(spec))    # doctest: +SKIP
+    """
     for lag in sinks_behind(spark, spec, sinks):
         start = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
@@ -92,7 +99,10 @@ def refuse_if_source_behind(spec: PipelineSpec) -> None:
     """Refuse to start when the Kafka topic no longer holds what the checkpoint says comes next: it ends before
     what was read (deleted and recreated, or truncated), or retention deleted records before they were read.
     Spark would skip such a gap (or fail with a stack trace, by ``failOnDataLoss``); under exactly-once it is
-    stopped here with the numbers, whatever that option says."""
+    stopped here with the numbers, whatever that option says.
+
+    >>> refuse_if_source_behind(load_pipeline("orders.toml"))   # doctest: +SKIP
+    """
     checkpoint = spec.checkpoint_dir
     if not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
         return
@@ -137,7 +147,11 @@ def _topic_offsets(spec: PipelineSpec, batch_id: int) -> dict[int, int]:
 def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None = None) -> str:
     """Set the checkpoint back to the position of the sink furthest behind and replay every batch after it, each
     with its original id and offsets (``replay`` runs the pipeline for the one batch logged and not committed).
-    Refused while the source no longer holds the first offsets to replay. Returns what was done, in one line."""
+    Refused while the source no longer holds the first offsets to replay. Returns what was done, in one line.
+
+    >>> print(rewind(spec, lambda spec: run(spec, once=True)))    # doctest: +SKIP
+    replayed batches 8-10 with their original offsets into delta (from batch 10), pg (from batch 8); ...
+    """
     if not wiring_for(spec.guarantee).idempotent_sink:
         raise PipelineError(
             "checkpoint rewind replays batches into sinks that skip what they hold: exactly-once pipelines only"
@@ -180,7 +194,11 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
 
 def remove_stray_checksums(sink: Sink) -> list[str]:
     """Remove the hidden checksum files (Hadoop's ``.N.json.crc``) of log entries that are gone from a sink's own
-    log: left behind, they make the entry's rewrite fail with a checksum error. Returns their paths."""
+    log: left behind, they make the entry's rewrite fail with a checksum error. Returns their paths.
+
+    >>> remove_stray_checksums(open_sinks(spec)[0])             # doctest: +SKIP
+    ['/data/orders/_delta_log/.00000000000000000011.json.crc']
+    """
     folder = sink.data_files_folder
     if folder is None:
         return []

@@ -31,6 +31,9 @@ def crash_facts(spec: PipelineSpec, batch_id: int, write_started: list[str]) -> 
     the labels of the sinks that hold it; ``write_started``: the sinks whose write of it had begun (the run's
     own events, in its log); ``partial_in``: sinks committing per partition that hold only part of it;
     ``unlogged``: sinks whose own log holds no batch at all (unkeyed writes keep none).
+
+    >>> crash_facts(load_pipeline("orders.toml"), 1, ["delta"])["sink_has_batch"]           # doctest: +SKIP
+    False
     """
     checkpoint = spec.checkpoint_dir
     logged = (checkpoint / "offsets" / str(batch_id)).exists()

@@ -68,7 +68,11 @@ def _local(location: Any, what: str) -> Path:
 
 
 def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int, bytes | None]]:
-    """Every committed record of ``topic`` as (partition, offset, value), each partition read to its end."""
+    """Every committed record of ``topic`` as (partition, offset, value), each partition read to its end.
+
+    >>> sum(1 for _ in consume_topic({"bootstrap.servers": "127.0.0.1:9092"}, "orders"))   # doctest: +SKIP
+    1000000
+    """
     consumer = Consumer({**config, "group.id": "streamproof-independent", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
     try:
@@ -101,7 +105,11 @@ def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int
 
 
 def read_source(spec: PipelineSpec, schema: RecordSchema) -> list[SourceRecord]:
-    """One :class:`SourceRecord` per committed record of the source topic, parsed by the pipeline file's schema."""
+    """One :class:`SourceRecord` per committed record of the source topic, parsed by the pipeline file's schema.
+
+    >>> read_source(spec, RecordSchema.parse(spec.transform.schema_))[0].at                 # doctest: +SKIP
+    ('orders', 0, 0)
+    """
     if spec.source.kind != "kafka":
         raise ConfigError(f"verify --independent reads Kafka sources, not {spec.source.kind}: use `streamproof verify`")
     if spec.transform.format != "json":
@@ -127,7 +135,11 @@ def _batch_ids(folder: Path) -> list[int]:
 def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[tuple[Any, ...]]) -> str:
     """Mark the late records (no longer valid; dropped with ``dedup.late = "drop"``) from the offset log: a record
     of batch N is late when its event time (dedup) or window end (windows alone) is at or before batch N-1's
-    watermark. Returns the basis: ``recomputed``, or ``trusted: ...`` when the log no longer starts at batch 0."""
+    watermark. Returns the basis: ``recomputed``, or ``trusted: ...`` when the log no longer starts at batch 0.
+
+    >>> flag_late(spec, source, quarantine_rows)                                          # doctest: +SKIP
+    'recomputed'
+    """
     transform = spec.transform
     assert transform.watermark is not None
     checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
@@ -167,14 +179,22 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
 
 
 def closed_through_ms(spec: PipelineSpec) -> int:
-    """The watermark of the last committed batch (Spark's commit log): windows ending at or before it are written."""
+    """The watermark of the last committed batch (Spark's commit log): windows ending at or before it are written.
+
+    >>> closed_through_ms(spec)                                                           # doctest: +SKIP
+    1767225720000
+    """
     checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
     committed = _batch_ids(checkpoint / "commits")
     return _offset_log(checkpoint, committed[-1])[0] if committed else 0
 
 
 def read_delta(path: Path, columns: list[str]) -> list[tuple[Any, ...]] | None:
-    """The table's rows (these columns) with delta-rs; None when there is no table yet."""
+    """The table's rows (these columns) with delta-rs; None when there is no table yet.
+
+    >>> read_delta(Path("/nonexistent"), ["order_id"]) is None
+    True
+    """
     if not (path / "_delta_log").is_dir():
         return None
     table = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
@@ -204,7 +224,11 @@ def _read_kafka_sink(sink: KafkaSinkSpec, columns: list[str]) -> list[tuple[Any,
 def committed_parquet_files(folder: Path) -> list[Path]:
     """The data files Spark's file sink committed: its ``_spark_metadata`` log (the latest ``N.compact`` and every
     entry after it), never a file a killed write left behind. A folder without the log (unkeyed writes: plain
-    Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``."""
+    Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``.
+
+    >>> committed_parquet_files(Path("/nonexistent"))
+    []
+    """
     log = folder / "_spark_metadata"
     if not log.is_dir():
         return sorted(p for p in folder.rglob("*.parquet") if not any(part[0] in "_." for part in
@@ -232,7 +256,11 @@ def _read_files(path: Path, columns: list[str]) -> list[tuple[Any, ...]]:
 
 
 def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[Any, ...]]:
-    """A sink's rows (these columns), by its own kind of reader; an empty list for a sink not written yet."""
+    """A sink's rows (these columns), by its own kind of reader; an empty list for a sink not written yet.
+
+    >>> read_sink(spec, spec.sink_specs[0], ["_src_topic", "_src_partition", "_src_offset"])[0]  # doctest: +SKIP
+    ('orders', 0, 0)
+    """
     if isinstance(sink, DeltaSinkSpec):
         rows = read_delta(_local(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
     elif isinstance(sink, PostgresSinkSpec):
@@ -279,7 +307,11 @@ def _window_us(size: str) -> int:
 
 
 def verify_independently(spec: PipelineSpec) -> list[Report]:
-    """Read the topic, checkpoint, quarantine and sinks without Spark and reconcile: one report per sink."""
+    """Read the topic, checkpoint, quarantine and sinks without Spark and reconcile: one report per sink.
+
+    >>> [report.verdict for report in verify_independently(spec)]                          # doctest: +SKIP
+    ['ok']
+    """
     transform = spec.transform
     summed = transform.aggregate.sum if transform.aggregate is not None else []
     schema = RecordSchema.parse(transform.schema_, transform.required, summed)

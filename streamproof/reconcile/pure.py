@@ -129,7 +129,13 @@ def _counts(side: dict[str, Any], sink: dict[str, Any], **terms: int) -> Counts:
 def check_records(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, ...]], quarantine: Iterable[Coordinates],
                   key_columns: list[str] | None = None) -> Counts:  # fmt: skip
     """One sink row per valid record, matched on coordinates (``sink`` holds each row's coordinates), or, with
-    ``key_columns``, one per dedup key (``sink`` holds each row's key values, in that order)."""
+    ``key_columns``, one per dedup key (``sink`` holds each row's key values, in that order).
+
+    >>> resent = [SourceRecord(("t", 0, i), True, values={"id": "e1"}) for i in (0, 1)]
+    >>> counts = check_records(resent, [("e1",)], [], key_columns=["id"])
+    >>> counts.expected, counts.upstream_duplicates, counts.lost
+    (1, 1, 0)
+    """
 
     def identity(record: SourceRecord) -> tuple[Any, ...]:
         return tuple(record.values.get(c) for c in key_columns) if key_columns else record.at
@@ -162,7 +168,13 @@ def _newest(order_by: str) -> Any:
 
 def check_latest(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, Coordinates]],
                  quarantine: Iterable[Coordinates], key: str, order_by: str) -> Counts:  # fmt: skip
-    """One row per ``key`` holding its latest valid record; ``sink`` holds each row's (key, coordinates)."""
+    """One row per ``key`` holding its latest valid record; ``sink`` holds each row's (key, coordinates).
+
+    >>> old, new = (SourceRecord(("t", 0, i), True, values={"k": "a", "at": i}) for i in (0, 1))
+    >>> counts = check_latest([old, new], [("a", ("t", 0, 0))], [], "k", "at")
+    >>> counts.expected, counts.superseded, counts.lost
+    (1, 1, 1)
+    """
     newest = _newest(order_by)
     winners: dict[Any, SourceRecord] = {}
     for record in source:
@@ -206,7 +218,12 @@ def _ordered(rank: tuple[bool, Any, Coordinates]) -> tuple[bool, Any, Coordinate
 def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, dict[str, Any]]],
                  quarantine: Iterable[Coordinates], by: str, sums: list[str]) -> Counts:  # fmt: skip
     """One row per ``by`` group holding the exact sums of ``sums`` and the record count; ``sink`` holds each row's
-    (group, events, {column: sum})."""
+    (group, events, {column: sum}).
+
+    >>> source = [SourceRecord(("t", 0, i), True, values={"c": "c1", "amount": 0.1}) for i in (0, 1)]
+    >>> check_totals(source, [("c1", 2, {"amount": Decimal("0.3")})], [], "c", ["amount"]).duplicated
+    1
+    """
     expected: dict[Any, list[Any]] = {}
     for record in source:
         if record.valid:
@@ -275,7 +292,12 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
                   windows: Windows, closed_through_ms: int) -> Counts:  # fmt: skip
     """Window rows recomputed from the valid records (the first per dedup key), every value compared: a closed
     window (its end at or before ``closed_through_ms``) must be held once with equal count and sums, an open one not
-    yet. ``sink`` rows are dicts with window_start, window_end, the ``by`` columns, sum_<c> and events."""
+    yet. ``sink`` rows are dicts with window_start, window_end, the ``by`` columns, sum_<c> and events.
+
+    >>> windows = Windows("event_time", 60_000_000, by=(), sums=(), count=True)
+    >>> check_windows(source, sink_rows, [], windows, closed_through_ms=1767225720000).lost   # doctest: +SKIP
+    0
+    """
     valid = [record for record in source if record.valid]
     if windows.dedup_keys:
         first: dict[tuple[Any, ...], SourceRecord] = {}
