@@ -47,7 +47,10 @@ def checkpoint_show(
 ) -> None:
     """Per batch: the offsets Spark logged and whether it committed; beside it, each sink's last batch."""
     spec = load_pipeline(pipeline)
-    spark = local_session(spec.spark, app_name=f"streamproof-checkpoint:{spec.name}")
+    sinks_list = open_sinks(spec)
+    # A JVM only where a file is reached through Hadoop's FileSystem (HDFS, object stores): a local look is instant.
+    needs_jvm = spec.on_distributed_storage or any(sink.needs_spark_for_commits() for sink in sinks_list)
+    spark = local_session(spec.spark, app_name=f"streamproof-checkpoint:{spec.name}") if needs_jvm else None
     logged, committed = logged_batches(spec.checkpoint_dir), set(committed_batches(spec.checkpoint_dir))
     table = Table(title=f"checkpoint {spec.checkpoint_dir}")
     for column in ("batch", "end offsets (topic: partition=offset)", "committed"):
@@ -64,7 +67,7 @@ def checkpoint_show(
     sinks = Table(title="what the sinks hold")
     for column in ("sink", "where", "last batch", "its end offsets"):
         sinks.add_column(column)
-    for sink in open_sinks(spec):
+    for sink in sinks_list:
         head = sink.last_commit(spark)
         sinks.add_row(sink.name, sink.location, "-" if head is None else str(head.batch_id),
                       "-" if head is None or head.end_offsets is None else _offsets_text(head.end_offsets))  # fmt: skip
