@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 
 import psycopg
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 
 from streamproof.config import (
@@ -38,7 +38,7 @@ from streamproof.config import (
     PostgresSinkSpec,
     duration_seconds,
 )
-from streamproof.errors import ConfigError
+from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import client_config, source_client_config
 from streamproof.reconcile.counts import Counts, check_for
 from streamproof.reconcile.own_schema import RecordSchema
@@ -76,7 +76,13 @@ def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int
     consumer = Consumer({**config, "group.id": "streamproof-independent", "enable.auto.commit": False,
                          "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
     try:
-        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        try:
+            metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        except KafkaException:
+            raise PipelineError(
+                f"cannot reach Kafka at {config.get('bootstrap.servers')} within 30 s to read {topic}: start it with "
+                "`streamproof infra up` or fix the pipeline file's bootstrap_servers"
+            ) from None
         if metadata is None or metadata.error is not None:
             return
         partitions = sorted(metadata.partitions)
@@ -202,7 +208,15 @@ def read_delta(path: Path, columns: list[str]) -> list[tuple[Any, ...]] | None:
 
 
 def _read_postgres(sink: PostgresSinkSpec, columns: list[str]) -> list[tuple[Any, ...]] | None:
-    with psycopg.connect(sink.conninfo()) as connection:
+    try:
+        connection = psycopg.connect(sink.conninfo())
+    except psycopg.OperationalError as error:
+        reason = str(error).strip().splitlines()[-1].strip() if str(error).strip() else type(error).__name__
+        raise PipelineError(
+            f"cannot connect to {sink.redacted()} for sink {sink.name}: {reason}; start it with `streamproof infra up "
+            "--postgres` or fix the sink's host, port, user and password variable"
+        ) from None
+    with connection:
         exists = connection.execute("SELECT to_regclass(%s)", (f"{sink.db_schema}.{sink.table}",)).fetchone()
         if exists is None or exists[0] is None:
             return None
