@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,37 @@ def stateful_example(workdir: Path, broker: str, topic: str, late: str = "quaran
     path = workdir / "pipeline.toml"
     path.write_text(dump_pipeline(spec))
     return path
+
+
+# Three batches of one partition (offsets 0-2, 3-5, 6-7); the watermark logged for batch 0 is 0, for batch 1 00:10,
+# for batch 2 00:11. Spark judges batch N's late records by batch N-1's watermark: with these event times (one per
+# offset 0-8) only offset 6 (00:10, at the watermark, in batch 2) is late; offset 8 is beyond the last batch.
+LATE_TIMES = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
+
+
+def late_checkpoint(workdir: Path) -> Any:
+    """A dedup pipeline whose checkpoint holds :data:`LATE_TIMES`' three batches (written by hand)."""
+    from streamproof.config import parse_pipeline
+
+    checkpoint = workdir / "cp"
+    (checkpoint / "offsets").mkdir(parents=True)
+    ten_past = 1767226200000  # 2026-01-01T00:10:00Z
+    for batch_id, (watermark, end) in enumerate([(0, 3), (ten_past, 6), (ten_past + 60_000, 8)]):
+        metadata = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 0, "conf": {}})
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
+    return parse_pipeline(f'''
+name = "late"
+checkpoint = "{checkpoint}"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING, event_time TIMESTAMP"
+dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
+[sink]
+kind = "delta"
+path = "{workdir / "sink"}"
+''')
 
 
 def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> list[Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conftest import LATE_TIMES, late_checkpoint
 from streamproof.reconcile.checker import reconcile
 from streamproof.reconcile.counts import Counts
 
@@ -203,35 +204,14 @@ def test_late_flags_follow_each_batch_offset_range_and_the_previous_batch_waterm
     """Batch 0 reads offsets 0-2, batch 1 offsets 3-5, batch 2 offsets 6-7 of one partition; the watermark logged
     for batch 0 is 0 and for batch 1 is 00:10. Spark judges batch N's late records by batch N-1's watermark: so
     nothing in batches 0 and 1 is late, and in batch 2 only the valid record at or before 00:10 is."""
-    import json
-
     from pyspark.sql import functions as F
 
-    from streamproof.config import parse_pipeline
     from streamproof.reconcile.counts import LATE_FLAG
     from streamproof.reconcile.history import late_flags
 
-    checkpoint = tmp_path / "cp"
-    (checkpoint / "offsets").mkdir(parents=True)
-    ten_past = 1767226200000  # 2026-01-01T00:10:00Z
-    for batch_id, (watermark, end) in enumerate([(0, 3), (ten_past, 6), (ten_past + 60_000, 8)]):
-        metadata = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 0, "conf": {}})
-        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
-    spec = parse_pipeline(f'''
-name = "late"
-checkpoint = "{checkpoint}"
-[source]
-kind = "kafka"
-topic = "t"
-[transform]
-schema = "event_id STRING, event_time TIMESTAMP"
-dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
-[sink]
-kind = "delta"
-path = "{tmp_path / "sink"}"
-''')
+    spec = late_checkpoint(tmp_path)
     # offset 8 lies beyond the last logged batch: not read yet, so not late whatever its time.
-    times = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
+    times = LATE_TIMES
     rows = [("t", 0, offset, f"e{offset}", f"2026-01-01 {t}", True) for offset, t in enumerate(times)]
     rows.append(("t", 0, 9, None, "2026-01-01 00:00", False))  # invalid: never late
     source = spark.createDataFrame(rows, "_src_topic STRING, _src_partition INT, _src_offset LONG, event_id STRING, "

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from streamproof.config import parse_pipeline
+from conftest import LATE_TIMES, late_checkpoint
 from streamproof.reconcile.independent import committed_parquet_files, flag_late
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.pure import (
@@ -97,26 +97,8 @@ def test_windows_compare_every_value_and_leave_open_windows_pending() -> None:
 def test_late_flags_come_from_the_offset_log_and_a_wrong_flag_shows(tmp_path: Path) -> None:
     """Batches 0-2 read offsets 0-2, 3-5, 6-7; batch 1 logged the watermark 00:10. Only batch 2 judges by it, so
     only offset 6 (00:10, at the watermark) is late; the quarantine holding another record as late is unexpected."""
-    checkpoint = tmp_path / "cp"
-    (checkpoint / "offsets").mkdir(parents=True)
-    ten_past = 1767226200000
-    for batch_id, (watermark, end) in enumerate([(0, 3), (ten_past, 6), (ten_past + 60_000, 8)]):
-        metadata = json.dumps({"batchWatermarkMs": watermark})
-        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
-    spec = parse_pipeline(f'''
-name = "late"
-checkpoint = "{checkpoint}"
-[source]
-kind = "kafka"
-topic = "t"
-[transform]
-schema = "event_id STRING, event_time TIMESTAMP"
-dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute" }}
-[sink]
-kind = "delta"
-path = "{tmp_path / "sink"}"
-''')
-    times = ["00:20", "00:00", "00:05", "00:01", "00:09", "00:20", "00:10", "00:10:00.001", "00:00"]
+    spec = late_checkpoint(tmp_path)
+    times = LATE_TIMES
     source = [SourceRecord(("t", 0, i), True, values={"event_id": f"e{i}",
                                                       "event_time": datetime.fromisoformat(f"2026-01-01 {t}+00:00")})
               for i, t in enumerate(times)]  # fmt: skip
