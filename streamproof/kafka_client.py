@@ -42,8 +42,18 @@ def source_client_config(source: KafkaSource) -> ClientConfig:
     >>> source_client_config(source)["security.protocol"]
     'SSL'
     """
-    config = client_config(source.bootstrap_servers)
-    for key, value in source.kafka_options.items():
+    return secured_client_config(source.bootstrap_servers, source.kafka_options)
+
+
+def secured_client_config(bootstrap_servers: str, kafka_options: dict[str, str]) -> ClientConfig:
+    """librdkafka settings with the security settings of Spark-style ``kafka.*`` options (a source's or a sink's);
+    JAAS strings are Java's, librdkafka has no use for them.
+
+    >>> sorted(secured_client_config("b:9092", {"kafka.sasl.mechanism": "PLAIN", "kafka.sasl.jaas.config": "x"}))
+    ['bootstrap.servers', 'log_level', 'sasl.mechanism']
+    """
+    config = client_config(bootstrap_servers)
+    for key, value in kafka_options.items():
         name = key.removeprefix("kafka.")
         if name.startswith(("security.", "sasl.", "ssl.")) and "jaas" not in name:
             config[name] = value

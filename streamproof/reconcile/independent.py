@@ -39,7 +39,7 @@ from streamproof.config import (
     duration_seconds,
 )
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.kafka_client import client_config, source_client_config
+from streamproof.kafka_client import secured_client_config, source_client_config
 from streamproof.reconcile.counts import Counts, check_for
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.pure import (
@@ -158,8 +158,9 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
                 record.valid, record.dropped = False, drop
         return f"trusted: late records as the quarantine table lists them (the offset log starts at batch {batches[0]})"
     column = transform.watermark[0]
-    size_us = (int(round(duration_seconds(transform.aggregate.window) * 1_000_000))
-               if transform.aggregate is not None and transform.dedup is None else 0)  # fmt: skip
+    size_us = (
+        _window_us(transform.aggregate.window) if transform.aggregate is not None and transform.dedup is None else 0
+    )
     ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     previous: dict[str, dict[str, int]] = {}
     watermark = 0
@@ -225,9 +226,7 @@ def _read_postgres(sink: PostgresSinkSpec, columns: list[str]) -> list[tuple[Any
 
 
 def _read_kafka_sink(sink: KafkaSinkSpec, columns: list[str]) -> list[tuple[Any, ...]]:
-    config = client_config(sink.bootstrap_servers)
-    config |= {k.removeprefix("kafka."): v for k, v in sink.kafka_options.items()
-               if k.removeprefix("kafka.").startswith(("security.", "sasl.", "ssl."))}  # fmt: skip
+    config = secured_client_config(sink.bootstrap_servers, sink.kafka_options)
     rows = []
     for _, _, value in consume_topic(config, sink.topic):
         document = json.loads(value or b"{}")
