@@ -20,11 +20,12 @@ import pytest
 
 from conftest import assert_every_sink_clean, run_cli
 from streamproof import sources
-from streamproof.config import parse_pipeline
+from streamproof.config import load_pipeline, parse_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.generator import order_events
 from streamproof.harness.crashes import run_with_crashes
+from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.transform import parse_records, valid_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -89,6 +90,8 @@ def test_bronze_to_silver_through_the_change_feed_is_exactly_once_through_a_cras
     assert harness.crashes[0].facts["sink_has_batch"] and not harness.crashes[0].facts["checkpoint_committed"]
     (report,) = assert_every_sink_clean(spark, pipeline, inserted + updated + deleted)
     assert report.quarantine_reasons == {"deleted_upstream": deleted}, report.to_json()
+    # The independent checker reads the change feed with delta-rs and its own coordinate rules: the same figures.
+    assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
 
     # Lineage: every silver row names its bronze row's Kafka coordinates; an update's post-image its bronze version.
     silver = spark.read.format("delta").load(str(tmp_path / "silver"))
@@ -116,7 +119,8 @@ def test_a_table_streamproof_did_not_write_is_read_by_the_columns_that_identify_
     pipeline.write_text(text)
     run = run_cli("run", str(pipeline), "--available-now")
     assert run.returncode == 0 and "committed: 1500 rows in" in run.stdout, run.stdout + run.stderr[-2000:]
-    assert_every_sink_clean(spark, pipeline, 1_500)
+    reports = assert_every_sink_clean(spark, pipeline, 1_500)
+    assert disagreements(reports, verify_independently(load_pipeline(pipeline))) == []
     row = spark.read.format("delta").load(str(tmp_path / "silver")).select("event_id", "_src_topic").first()
     assert row["_src_topic"] == f'{{"event_id":"{row["event_id"]}"}}'
 

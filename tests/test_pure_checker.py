@@ -19,6 +19,8 @@ from streamproof.reconcile.pure import (
     check_totals,
     check_windows,
 )
+from streamproof.reconcile.stored import StoredFolder
+from streamproof.storage import Location
 
 
 def _records(valid: int, invalid: int) -> list[SourceRecord]:
@@ -136,14 +138,18 @@ def test_only_the_files_the_sink_log_committed_are_read(tmp_path: Path) -> None:
     (log / "0").write_text(f"v1\n{entry('a.parquet')}")
     (log / "1.compact").write_text(f"v1\n{entry('a.parquet')}\n{entry('b.parquet')}")
     (log / "2").write_text(f"v1\n{entry('c.parquet')}\n{entry('a.parquet', 'delete')}")
-    assert [path.name for path in committed_parquet_files(tmp_path)] == ["b.parquet", "c.parquet"]
+    assert [Path(path).name for path in committed_parquet_files(StoredFolder.at(Location(tmp_path), "files"))] == [
+        "b.parquet",
+        "c.parquet",
+    ]
 
 
 def test_a_folder_without_the_sink_log_is_read_as_spark_lists_it(tmp_path: Path) -> None:
     for name in ("part-0.parquet", "sub/part-1.parquet", "_temporary/part-2.parquet", ".part-3.parquet"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
-    assert [p.relative_to(tmp_path).as_posix() for p in committed_parquet_files(tmp_path)] == [
+    listed = committed_parquet_files(StoredFolder.at(Location(tmp_path), "files"))
+    assert [Path(p).relative_to(tmp_path).as_posix() for p in listed] == [
         "part-0.parquet",
         "sub/part-1.parquet",
     ]

@@ -32,6 +32,8 @@ from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.reconcile import Report, verify_pipeline
 from streamproof.reconcile.independent import committed_parquet_files, disagreements, verify_independently
+from streamproof.reconcile.stored import StoredFolder
+from streamproof.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -280,7 +282,7 @@ def test_both_checkers_agree_after_the_kills_and_both_catch_a_planted_defect_in_
     assert producer.flush(30) == 0
     # Parquet (Spark's file sink): one row written again as a new file, entered in the sink's own log.
     files = workdir / "files"
-    first = committed_parquet_files(files)[0]
+    first = committed_parquet_files(StoredFolder.at(Location(files), "files"))[0]
     copy = files / "part-planted-duplicate.parquet"
     pq.write_table(pa.Table.from_batches([pq.read_table(first).to_batches()[0].slice(0, 1)]), copy)
     log = sorted((files / "_spark_metadata").glob("[0-9]*"), key=lambda p: int(p.name.split(".")[0]))[-1]

@@ -17,16 +17,13 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import psycopg
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 
 from streamproof.config import (
@@ -39,9 +36,10 @@ from streamproof.config import (
     duration_seconds,
 )
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.kafka_client import secured_client_config, source_client_config
+from streamproof.kafka_client import secured_client_config
 from streamproof.reconcile.counts import Counts, check_for
 from streamproof.reconcile.own_schema import RecordSchema
+from streamproof.reconcile.own_source import consume_topic, read_source
 from streamproof.reconcile.pure import (
     EPOCH,
     SourceRecord,
@@ -53,89 +51,21 @@ from streamproof.reconcile.pure import (
     window_of,
 )
 from streamproof.reconcile.report import RECOMPUTED, Report
+from streamproof.reconcile.stored import StoredFolder
 
 TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late")
 # Every figure both checkers produce: they must agree on each.
 COMPARED = ("source_records", *TERMS, "aggregated", "pending", "sink_records", "lost", "duplicated", "unexpected")
 
 
-def _local(location: Any, what: str) -> Path:
-    if location.is_remote:
-        raise ConfigError(
-            f"verify --independent reads local files only, and {what} is at {location}: use `streamproof verify`"
-        )
-    return Path(location.path)
-
-
-def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int, bytes | None]]:
-    """Every committed record of ``topic`` as (partition, offset, value), each partition read to its end.
-
-    >>> sum(1 for _ in consume_topic({"bootstrap.servers": "127.0.0.1:9092"}, "orders"))   # doctest: +SKIP
-    1000000
-    """
-    consumer = Consumer({**config, "group.id": "streamproof-independent", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
-    try:
-        try:
-            metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
-        except KafkaException:
-            raise PipelineError(
-                f"cannot reach Kafka at {config.get('bootstrap.servers')} within 30 s to read {topic}: start it with "
-                "`streamproof infra up` or fix the pipeline file's bootstrap_servers"
-            ) from None
-        if metadata is None or metadata.error is not None:
-            return
-        partitions = sorted(metadata.partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        open_partitions = set(partitions)
-        for partition in partitions:  # an empty partition sends no end-of-partition event
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
-            if high <= low:
-                open_partitions.discard(partition)
-        idle = 0
-        while open_partitions:
-            messages = consumer.consume(num_messages=50_000, timeout=1.0)
-            idle = 0 if messages else idle + 1
-            if idle > 60:
-                raise ConfigError(f"topic {topic}: partitions {sorted(open_partitions)} not read to their end in 60 s")
-            for message in messages:
-                error = message.error()
-                if error is not None and error.code() == KafkaError._PARTITION_EOF:
-                    open_partitions.discard(message.partition())
-                elif error is not None:
-                    raise ConfigError(f"topic {topic}: {error.str()}")
-                else:
-                    yield int(message.partition() or 0), int(message.offset() or 0), message.value()
-    finally:
-        consumer.close()
-
-
-def read_source(spec: PipelineSpec, schema: RecordSchema) -> list[SourceRecord]:
-    """One :class:`SourceRecord` per committed record of the source topic, parsed by the pipeline file's schema.
-
-    >>> read_source(spec, RecordSchema.parse(spec.transform.schema_))[0].at                 # doctest: +SKIP
-    ('orders', 0, 0)
-    """
-    if spec.source.kind != "kafka":
-        raise ConfigError(f"verify --independent reads Kafka sources, not {spec.source.kind}: use `streamproof verify`")
-    if spec.transform.format != "json":
-        raise ConfigError(f"verify --independent reads JSON records, not {spec.transform.format}")
-    topic = spec.source.topic
-    records = []
-    for partition, offset, value in consume_topic(source_client_config(spec.source), topic):
-        values, reason = schema.read(value)
-        records.append(SourceRecord((topic, partition, offset), reason is None, values=values))
-    return records
-
-
-def _offset_log(checkpoint: Path, batch_id: int) -> tuple[int, dict[str, dict[str, int]]]:
+def _offset_log(checkpoint: StoredFolder, batch_id: int) -> tuple[int, dict[str, dict[str, int]]]:
     """(batchWatermarkMs, end offsets of the first source) of one entry of Spark's offset log."""
-    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    lines = checkpoint.read_text(f"offsets/{batch_id}").splitlines()
     return int(json.loads(lines[1]).get("batchWatermarkMs", 0)), json.loads(lines[2])
 
 
-def _batch_ids(folder: Path) -> list[int]:
-    return sorted(int(p.name) for p in folder.glob("*") if p.name.isdigit()) if folder.is_dir() else []
+def _batch_ids(checkpoint: StoredFolder, log: str) -> list[int]:
+    return sorted(int(name) for name in checkpoint.names(log) if name.isdigit())
 
 
 def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[tuple[Any, ...]]) -> str:
@@ -148,8 +78,8 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     """
     transform = spec.transform
     assert transform.watermark is not None
-    checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
-    batches = _batch_ids(checkpoint / "offsets")
+    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
+    batches = _batch_ids(checkpoint, "offsets")
     drop = transform.late == "drop"
     if batches != list(range(len(batches))):
         late_at = {tuple(row[:3]) for row in quarantine if row[3] == "late"}
@@ -191,20 +121,20 @@ def closed_through_ms(spec: PipelineSpec) -> int:
     >>> closed_through_ms(spec)                                                           # doctest: +SKIP
     1767225720000
     """
-    checkpoint = _local(spec.checkpoint_dir, "the checkpoint")
-    committed = _batch_ids(checkpoint / "commits")
+    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
+    committed = _batch_ids(checkpoint, "commits")
     return _offset_log(checkpoint, committed[-1])[0] if committed else 0
 
 
-def read_delta(path: Path, columns: list[str]) -> list[tuple[Any, ...]] | None:
+def read_delta(table_folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]] | None:
     """The table's rows (these columns) with delta-rs; None when there is no table yet.
 
-    >>> read_delta(Path("/nonexistent"), ["order_id"]) is None
+    >>> read_delta(StoredFolder.at(Location("/nonexistent"), "a table"), ["order_id"]) is None
     True
     """
-    if not (path / "_delta_log").is_dir():
+    if not table_folder.is_dir("_delta_log"):
         return None
-    table = DeltaTable(str(path)).to_pyarrow_table(columns=columns)
+    table = DeltaTable(table_folder.uri).to_pyarrow_table(columns=columns)
     return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
 
@@ -234,36 +164,35 @@ def _read_kafka_sink(sink: KafkaSinkSpec, columns: list[str]) -> list[tuple[Any,
     return rows
 
 
-def committed_parquet_files(folder: Path) -> list[Path]:
+def committed_parquet_files(folder: StoredFolder) -> list[str]:
     """The data files Spark's file sink committed: its ``_spark_metadata`` log (the latest ``N.compact`` and every
     entry after it), never a file a killed write left behind. A folder without the log (unkeyed writes: plain
     Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``.
 
-    >>> committed_parquet_files(Path("/nonexistent"))
+    >>> committed_parquet_files(StoredFolder.at(Location("/nonexistent"), "a folder"))
     []
     """
-    log = folder / "_spark_metadata"
-    if not log.is_dir():
-        return sorted(p for p in folder.rglob("*.parquet") if not any(part[0] in "_." for part in
-                                                                       p.relative_to(folder).parts))  # fmt: skip
-    entries = sorted(((int(p.name.split(".")[0]), p) for p in log.glob("*") if p.name.split(".")[0].isdigit()),
-                     key=lambda entry: entry[0]) if log.is_dir() else []  # fmt: skip
-    compacts = [batch for batch, path in entries if path.name.endswith(".compact")]
+    if not folder.is_dir("_spark_metadata"):
+        return [folder.path(name) for name in folder.files(".parquet")
+                if not any(part[0] in "_." for part in name.split("/"))]  # fmt: skip
+    names = folder.names("_spark_metadata")
+    entries = sorted((int(name.split(".")[0]), name) for name in names if name.split(".")[0].isdigit())
+    compacts = [batch for batch, name in entries if name.endswith(".compact")]
     first = compacts[-1] if compacts else -1
     files: dict[str, bool] = {}
-    for batch, path in entries:
-        if batch < first or (batch == first and not path.name.endswith(".compact")):
+    for batch, name in entries:
+        if batch < first or (batch == first and not name.endswith(".compact")):
             continue
-        for line in path.read_text().splitlines()[1:]:
+        for line in folder.read_text(f"_spark_metadata/{name}").splitlines()[1:]:
             entry = json.loads(line)
             files[entry["path"]] = entry.get("action", "add") == "add"
-    return [Path(unquote(urlparse(name).path)) for name, added in files.items() if added]
+    return [unquote(urlparse(name).path) for name, added in files.items() if added]
 
 
-def _read_files(path: Path, columns: list[str]) -> list[tuple[Any, ...]]:
+def _read_files(folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
-    for file in committed_parquet_files(path):
-        table = pq.read_table(file, columns=columns)
+    for file in committed_parquet_files(folder):
+        table = pq.read_table(file, columns=columns, filesystem=folder.filesystem)
         rows += zip(*(table.column(c).to_pylist() for c in columns), strict=True)
     return rows
 
@@ -275,13 +204,13 @@ def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[A
     ('orders', 0, 0)
     """
     if isinstance(sink, DeltaSinkSpec):
-        rows = read_delta(_local(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+        rows = read_delta(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
     elif isinstance(sink, PostgresSinkSpec):
         rows = _read_postgres(sink, columns)
     elif isinstance(sink, KafkaSinkSpec):
         rows = _read_kafka_sink(sink, columns)
     elif isinstance(sink, FilesSinkSpec):
-        rows = _read_files(_local(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+        rows = _read_files(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
     else:
         raise ConfigError(f"verify --independent cannot read a {sink.kind} sink: use `streamproof verify`")
     return rows or []
@@ -329,7 +258,8 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     summed = transform.aggregate.sum if transform.aggregate is not None else []
     schema = RecordSchema.parse(transform.schema_, transform.required, summed)
     source = read_source(spec, schema)
-    quarantine_rows = read_delta(_local(spec.quarantine_path, "the quarantine table"), [*COORDINATES, "reason"]) or []
+    quarantine_table = StoredFolder.at(spec.quarantine_path, "the quarantine table")
+    quarantine_rows = read_delta(quarantine_table, [*COORDINATES, "reason"]) or []
     basis = dict.fromkeys(TERMS, RECOMPUTED)
     if transform.watermark is not None:
         basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), flag_late(spec, source, quarantine_rows))

@@ -85,6 +85,8 @@ def _typed(value: Any, kind: str) -> Any:
     if base in _TIMES:
         return _timestamp(value)
     if base == "DATE":
+        if isinstance(value, date) and not isinstance(value, datetime):
+            return value
         if isinstance(value, str):
             try:
                 return date.fromisoformat(value.strip())
@@ -95,7 +97,10 @@ def _typed(value: Any, kind: str) -> Any:
 
 
 def _timestamp(value: Any) -> datetime:
-    """ISO-8601 text (``T`` or a space, optional fraction and offset; none means UTC) or epoch seconds."""
+    """ISO-8601 text (``T`` or a space, optional fraction and offset; none means UTC), epoch seconds, or a time a
+    table holds (a naive one is UTC)."""
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     if isinstance(value, int):
         return datetime.fromtimestamp(value, tz=UTC)
     if not isinstance(value, str):
@@ -137,6 +142,14 @@ class RecordSchema:
             return {}, "invalid_json"
         if not isinstance(document, dict):
             return {}, "invalid_json"
+        return self.check(document)
+
+    def check(self, document: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The declared fields of a decoded record (JSON's values, or a table row's), and why it is invalid.
+
+        >>> RecordSchema.parse("order_id STRING", required=["order_id"]).check({"order_id": None})[1]
+        'missing_required:order_id'
+        """
         values: dict[str, Any] = {}
         reason = None
         for name, kind in self.fields:
