@@ -42,6 +42,7 @@ from streamproof.infra import (
 )
 from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
+from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.session import local_session
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -118,13 +119,15 @@ def proven(cluster: ClusterFaults, kafka_broker: KafkaBroker, streamproof_postgr
 
 
 def test_every_sink_is_exactly_once_through_the_cluster_faults(proven: Any) -> None:
-    _, harness, reports, _ = proven
+    spec, harness, reports, _ = proven
     assert [crash.point for crash in harness.crashes] == [EXECUTOR_MID_WRITE, SPECULATION, DATANODE_RESTART,
                                                           WORKER_LOSS]  # fmt: skip
     assert [report.sink for report in reports] == list(CI_SINKS)
     for report in reports:
         assert report.source_records == EVENTS
         assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+    # The independent checker reads the checkpoint and the Delta tables on HDFS with hdfs-native and delta-rs.
+    assert disagreements(reports, verify_independently(spec)) == []
 
 
 def test_each_fault_left_its_evidence(proven: Any) -> None:
