@@ -4,12 +4,14 @@ Fault 1: SIGKILL of the pipeline's process tree inside the PostgreSQL sink's wri
 holds batch 1, PostgreSQL holds part of it), then the checkpoint folder is deleted. Expected: the next run
 is refused (exit 2, one line naming the sink and the way out); `checkpoint recover` rebuilds the
 checkpoint; the run drains; both sinks reconcile 0 lost / 0 duplicated.
-Fault 2: the last offset log file truncated (a torn write). Expected: refused with the file named (exit 2,
-no JVM stack trace); recover keeps the damaged checkpoint aside; new events drain; both sinks 0/0.
+Fault 2: the last offset log file truncated (a torn write). Expected: refused with the file named (the check `run`
+makes before Spark starts, called in process); recover keeps the damaged checkpoint aside; new events drain; both
+sinks 0/0.
 Fault 3: storage goes backwards: PostgreSQL restored from a backup two batches old (table and ledger), the Delta
-table's trailing commit deleted. Expected: the run is refused (exit 2, one line naming the
-sink behind, the batches and offsets it misses, and `checkpoint rewind`); the rewind replays the missing batches
-with their original offsets; the run drains; both sinks 0/0 by both checkers.
+table's and the quarantine table's trailing commits deleted. Expected: the run is refused (exit 2, one line naming
+the sink behind, the batches and offsets it misses, and `checkpoint rewind`); the rewind replays the missing
+batches with their original offsets into each; every sink 0/0 by both checkers. Then the whole quarantine table
+lost: refused, by the mark the checkpoint keeps of the quarantine's last batch.
 Fault 4: the source goes backwards: retention deletes records before they are read, then the topic is deleted and
 created again. Expected: each start refused in one line with the partitions and offsets (exit 2), never a skip.
 """
@@ -29,8 +31,9 @@ from confluent_kafka.admin import AdminClient
 from conftest import assert_every_sink_clean, run_cli
 from streamproof import faults
 from streamproof.checkpoint.folder import RunLock, backup
-from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
-from streamproof.checkpoint.positions import refuse_if_source_behind
+from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches
+from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, sinks_behind
+from streamproof.checkpoint.recover import recover
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
@@ -38,6 +41,7 @@ from streamproof.harness.crashes import Harness
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.kafka_client import topic_end_offsets
 from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.sinks import open_sinks
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -115,16 +119,13 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     last = checkpoint / "offsets" / str(logged_batches(checkpoint)[-1])
     last.write_text(last.read_text()[:40])
     generate(kafka_broker.bootstrap_servers, "recovery", 3_000, partitions=4, malformed=0.0, seed=6)
-    refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
-    assert refused.returncode == 2
-    assert refused.stderr.strip().startswith(f"error: {last} is damaged (")
-    assert "checkpoint recover" in refused.stderr
-    assert "Traceback" not in refused.stderr and " at org." not in refused.stderr
+    spec = load_pipeline(pipeline_file)
+    with pytest.raises(PipelineError) as refusal:  # as `run` checks the log before Spark starts (a process saved)
+        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {pipeline_file}`")
+    assert str(refusal.value).startswith(f"{last} is damaged (") and "checkpoint recover" in str(refusal.value)
 
     started = time.monotonic()
-    recovered = run_cli("checkpoint", "recover", str(pipeline_file), timeout=300)
-    assert recovered.returncode == 0, recovered.stderr[-2000:]
-    assert "the damaged checkpoint is kept as" in recovered.stdout
+    assert "the damaged checkpoint is kept as" in recover(spark, spec)  # as the CLI calls it (a JVM start saved)
     assert len(list(tmp_path.glob("checkpoint.damaged-*"))) == 1
     drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert drained.returncode == 0, drained.stderr[-2000:]
@@ -133,15 +134,15 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
 
     # Storage goes backwards: PostgreSQL restored from a backup taken now (table and ledger), two batches later;
     # and the Delta table's trailing commit gone (an object store or a restore lost it).
-    spec = load_pipeline(pipeline_file)
     (pg,) = [sink for sink in spec.sink_specs if sink.name == "pg"]
     with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
         connection.execute("CREATE TABLE backup_orders AS SELECT * FROM recovery_orders")
         connection.execute("CREATE TABLE backup_ledger AS SELECT * FROM streamproof_ledger WHERE pipeline = 'recovery'")
     # No Delta checkpoint in the versions to come: one at the lost version would leave the table unreadable to
     # Delta itself (its log points at a version with no commit file), a different failure.
-    spark.sql(f"ALTER TABLE delta.`{tmp_path / 'orders'}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1000')")
-    generate(kafka_broker.bootstrap_servers, "recovery", 2_500, partitions=4, malformed=0.0, seed=7)
+    for table in ("orders", "quarantine"):
+        spark.sql(f"ALTER TABLE delta.`{tmp_path / table}` SET TBLPROPERTIES ('delta.checkpointInterval' = '1000')")
+    generate(kafka_broker.bootstrap_servers, "recovery", 2_500, partitions=4, malformed=0.02, seed=7)
     drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert drained.returncode == 0, drained.stderr[-2000:]
     with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
@@ -149,24 +150,36 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
         connection.execute("INSERT INTO recovery_orders SELECT * FROM backup_orders")
         connection.execute("DELETE FROM streamproof_ledger WHERE pipeline = 'recovery'")
         connection.execute("INSERT INTO streamproof_ledger SELECT * FROM backup_ledger")
-    log = tmp_path / "orders" / "_delta_log"
-    trailing = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
-    for suffix in ("json", "crc"):  # the commit and its checksum (a checkpoint of that version, if any, stays)
-        (log / f"{trailing:020d}.{suffix}").unlink(missing_ok=True)
+    trailing = {}
+    for table in ("orders", "quarantine"):  # the last batch had invalid records: its quarantine commit goes too
+        log = tmp_path / table / "_delta_log"
+        trailing[table] = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
+        for suffix in ("json", "crc"):  # the commit and its checksum (a checkpoint of that version, if any, stays)
+            (log / f"{trailing[table]:020d}.{suffix}").unlink(missing_ok=True)
     refused = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
     assert refused.returncode == 2, refused.stdout[-2000:]
     message = refused.stderr.strip()
     assert message.startswith(f"error: sink delta ({tmp_path / 'orders'}) is behind the checkpoint: it holds batches "
                               "up to"), message  # fmt: skip
     assert "streamproof checkpoint rewind" in message and "source offsets from" in message and "\n" not in message
+    behind = {lag.sink.name: lag.holds_through for lag in sinks_behind(None, spec, open_sinks(spec))}
+    assert set(behind) == {"delta", "pg", "quarantine"}, behind
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
     assert rewound.returncode == 0, rewound.stderr[-2000:]
     # The trailing commit was deleted by hand: Hadoop's hidden checksum of it stayed, and would fail its rewrite.
-    assert f".{trailing:020d}.json.crc" in rewound.stdout and "stray checksum file(s)" in rewound.stdout, rewound.stdout
+    stray = f".{trailing['orders']:020d}.json.crc"
+    assert stray in rewound.stdout and "stray checksum file(s)" in rewound.stdout, rewound.stdout
     assert "replayed batches" in rewound.stdout and "delta (from batch" in rewound.stdout
-    assert "pg (from batch" in rewound.stdout, rewound.stdout
+    assert "pg (from batch" in rewound.stdout and "quarantine (from batch" in rewound.stdout, rewound.stdout
     reports = assert_every_sink_clean(spark, pipeline_file, 15_500)
     assert disagreements(reports, verify_independently(spec)) == []
+    # The whole quarantine table lost: the checkpoint's mark says which batch it last received.
+    (tmp_path / "quarantine").rename(tmp_path / "quarantine-aside")
+    with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts
+        refuse_if_sink_behind(None, spec, open_sinks(spec))
+    assert str(refusal.value).startswith(f"the quarantine table ({tmp_path / 'quarantine'}) is behind the checkpoint: "
+                                         "it holds no batch"), str(refusal.value)  # fmt: skip
+    (tmp_path / "quarantine-aside").rename(tmp_path / "quarantine")
 
     # The source goes backwards. Retention deletes new records of partition 0 before the pipeline reads them.
     generate(kafka_broker.bootstrap_servers, "recovery", 1_000, partitions=4, malformed=0.0, seed=9)

@@ -144,6 +144,35 @@ class RunCounter:
         return runs
 
 
+class QuarantineMark:
+    """``<checkpoint>/_streamproof_quarantine``: the last batch whose quarantine rows were committed (exactly-once).
+
+    Written after that commit, so it never runs ahead of the quarantine table; a table found behind it lost
+    commits (or was deleted), which the quarantine's own log cannot tell (a batch without invalid records writes
+    no quarantine commit).
+
+    >>> import tempfile
+    >>> mark = QuarantineMark(Location(tempfile.mkdtemp()))
+    >>> mark.read(), mark.record(4), mark.read()
+    (None, None, 4)
+    """
+
+    NAME = "_streamproof_quarantine"
+
+    def __init__(self, checkpoint: Location) -> None:
+        self.checkpoint = checkpoint
+        self.path = checkpoint / self.NAME
+
+    def record(self, batch_id: int) -> None:
+        self.path.write_text(str(batch_id))
+
+    def read(self) -> int | None:
+        try:
+            return int(self.path.read_text())
+        except (OSError, ValueError, PipelineError):
+            return None
+
+
 def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
     holder = RunLock(Location(checkpoint)).holder()
     if holder is not None:

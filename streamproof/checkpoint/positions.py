@@ -26,14 +26,17 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import refuse_while_running
+from streamproof.checkpoint.folder import QuarantineMark, refuse_while_running
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
-from streamproof.config import KafkaSource, PipelineSpec
+from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink
+from streamproof.sinks.delta import DeltaSink
+
+QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,25 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
         holds = head.batch_id if head is not None else -1
         if holds < committed[-1]:
             behind.append(Behind(sink, holds, committed[-1]))
+    quarantine = quarantine_table(spec)
+    if spark is not None or not quarantine.needs_spark_for_commits():
+        # A batch without invalid records writes no quarantine commit: the table is behind only when it lacks a
+        # batch the checkpoint's mark says it received.
+        mark = QuarantineMark(spec.checkpoint_dir).read()
+        head = quarantine.last_commit(spark)
+        holds = head.batch_id if head is not None else -1
+        if mark is not None and holds < min(mark, committed[-1]):
+            behind.append(Behind(quarantine, holds, committed[-1]))
     return behind
+
+
+def quarantine_table(spec: PipelineSpec) -> Sink:
+    """The quarantine table, read as the keyed Delta append it is (its commits carry the batch like a sink's).
+
+    >>> quarantine_table(spec).location                          # doctest: +SKIP
+    '/data/orders_quarantine'
+    """
+    return DeltaSink(spec, DeltaSinkSpec(kind="delta", label=QUARANTINE, path=str(spec.quarantine_path)))
 
 
 def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
@@ -87,8 +108,10 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
     for lag in sinks_behind(spark, spec, sinks):
         start = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
+        quarantine = lag.sink.location == str(spec.quarantine_path)
+        what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
         raise PipelineError(
-            f"sink {lag.sink.name} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
+            f"{what} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
             f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {start} to "
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
             f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"

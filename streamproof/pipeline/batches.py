@@ -32,7 +32,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from streamproof import faults
-from streamproof.checkpoint.folder import ProgressFile
+from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, late_event_watermark_ms
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
@@ -119,6 +119,8 @@ class BatchWriter:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
                     records = records.withColumn(REJECT_REASON, reason)
                 append_batch(quarantined_records(records), str(self.spec.quarantine_path), batch)
+                if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
+                    QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
