@@ -93,8 +93,8 @@ def first_line(error: BaseException | str, limit: int = 300) -> str:
     """
     text = str(error)
     own = _OWN_ERROR.findall(text)
-    if own:
-        return own[-1].strip()[:limit]
+    if own:  # written by streamproof to be read whole (its path and the command to run are at its end)
+        return own[-1].strip()
     for line in text.splitlines():
         stripped = line.strip()
         if stripped and not stripped.startswith(_TRACE_NOISE):

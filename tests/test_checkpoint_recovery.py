@@ -18,7 +18,11 @@ created again. Expected: each start refused in one line with the partitions and 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from conftest import assert_every_sink_clean, run_cli
+from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
 from streamproof import faults
 from streamproof.checkpoint.folder import RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches
@@ -247,3 +251,56 @@ def test_a_damaged_log_gets_a_diagnosis_and_the_way_out(tmp_path: Path) -> None:
     (checkpoint / "commits" / "2").write_text('v1\n{"nextBatchWatermarkMs":0}')
     with pytest.raises(PipelineError, match=r"commits/2 has no offsets/2 \(the offset log ends at 1\)"):
         check_readable(checkpoint, "hint")
+
+
+def test_a_sink_that_goes_backwards_while_the_pipeline_runs_stops_it(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """The Delta sink's trailing commit vanishes between two batches of a running pipeline: the next batch is
+    not written; the run stops with one line naming the sink, the next start refuses it, and `checkpoint rewind`
+    replays the lost batch and then the one the stopped run had planned: 0/0 by both checkers."""
+    generate(kafka_broker.bootstrap_servers, "backwards", 2_000, partitions=2, malformed=0.0, seed=12)
+    pipeline_file = write_pipeline(tmp_path, name="backwards", topic="backwards",
+                                   bootstrap=kafka_broker.bootstrap_servers, max_offsets=1_000)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-m", "streamproof", "run", str(pipeline_file)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        deadline = time.monotonic() + 300
+        for line in child.stdout:  # the topic drained; then no batch starts until more arrives
+            assert time.monotonic() < deadline, "the topic was not drained within 5 minutes"
+            if "committed" in line and "kafka lag 0" in line:
+                break
+        log = tmp_path / "tables" / "orders" / "_delta_log"
+        trailing = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
+        for name in (f"{trailing:020d}.json", f".{trailing:020d}.json.crc", f"{trailing:020d}.crc"):
+            (log / name).unlink(missing_ok=True)
+        generate(kafka_broker.bootstrap_servers, "backwards", 500, partitions=2, malformed=0.0, seed=13)
+        _, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=60)
+    assert child.returncode == 2, stderr[-2000:]
+    # The CLI's own line; Spark's logger may print its ERROR lines about the stopped query before or after it.
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr[-3000:]
+    message = errors[0]
+    assert message.startswith("error: pipeline 'backwards' failed: sink delta ("), message
+    assert (
+        f"sink delta ({tmp_path / 'tables' / 'orders'}) went backwards while the pipeline ran: its latest Delta "
+        f"version is {trailing - 1}, it was {trailing} after its last write" in message
+    ), message
+    assert "stopped before batch" in message and "streamproof checkpoint rewind" in message
+    spec = load_pipeline(pipeline_file)
+    with pytest.raises(PipelineError, match=r"^sink delta \(.*\) is behind the checkpoint: it holds batches up to"):
+        refuse_if_sink_behind(None, spec, open_sinks(spec))
+    # The stopped run had logged its next batch (the 500 new records) without running it: the rewind replays the
+    # lost batch, then that one, each with its logged offsets.
+    assert logged_batches(spec.checkpoint_dir)[-1] == committed_batches(spec.checkpoint_dir)[-1] + 1
+    rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
+    assert rewound.returncode == 0, rewound.stdout[-2000:] + rewound.stderr[-2000:]
+    reports = assert_every_sink_clean(spark, pipeline_file, 2_500)
+    assert disagreements(reports, verify_independently(spec)) == []

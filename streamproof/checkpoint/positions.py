@@ -184,8 +184,11 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     lags = sinks_behind(spark, spec, open_sinks(spec))
     if not lags:
         return f"every sink holds every batch {checkpoint} committed: nothing to rewind"
-    low, last = min(lag.holds_through for lag in lags), lags[0].committed_through
+    low = min(lag.holds_through for lag in lags)
     logged = set(logged_batches(checkpoint))
+    # Through the last batch logged, not only the last committed: a run stopped mid-batch (a sink found going
+    # backwards) leaves the next batch planned; left in the log, Spark would run it and never replay the others.
+    last = max(lags[0].committed_through, *logged)
     gone = [batch for batch in range(max(low, 0), last + 1) if batch not in logged]
     if gone:
         raise PipelineError(

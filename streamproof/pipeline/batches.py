@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from streamproof import faults
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, late_event_watermark_ms
+from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
@@ -85,6 +86,29 @@ class BatchWriter:
         self.wiring = wiring_for(spec.guarantee)
         self.progress = ProgressFile(spec.checkpoint_dir) if self.wiring.progress_before_write else None
         self.results: dict[int, BatchResult] = {}
+        # Each keyed sink's head after its last write in this run (sinks.base.Sink.head), the quarantine's too.
+        self.quarantine = quarantine_table(spec)
+        self.heads: dict[str, int] = {}
+
+    def _refuse_if_went_backwards(self, batch_id: int) -> None:
+        """Stop before a batch when a sink (or the quarantine table) holds less than after its last write: its
+        storage lost commits while the pipeline ran. The checkpoint has committed them, so the next start refuses
+        it too, and ``checkpoint rewind`` replays what it lost."""
+        for sink in [*self.sinks, self.quarantine]:
+            seen = self.heads.get(sink.location)
+            now = sink.head() if seen is not None else None
+            if seen is not None and now is not None and now < seen:
+                what = "the quarantine table" if sink is self.quarantine else f"sink {sink.name}"
+                raise PipelineError(
+                    f"{what} ({sink.location}) went backwards while the pipeline ran: its {sink.head_meaning} is "
+                    f"{now}, it was {seen} after its last write (its storage lost commits); stopped before batch "
+                    f"{batch_id}: replay what it lost with `streamproof checkpoint rewind {self.spec._source_name}`"
+                )
+
+    def _note_head(self, sink: Sink) -> None:
+        head = sink.head()
+        if head is not None:
+            self.heads[sink.location] = head
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         faults.batch_starting(batch_id)
@@ -92,6 +116,8 @@ class BatchWriter:
         if self.progress is not None:
             self.progress.mark_done(end_offsets, batch_id)  # at-most-once: done before written
         faults.reached(faults.BEFORE_SINK_WRITE, batch_id)
+        if self.wiring.idempotent_sink:
+            self._refuse_if_went_backwards(batch_id)
         parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK_DESER)
         try:
             transform = self.spec.transform
@@ -121,6 +147,7 @@ class BatchWriter:
                 append_batch(quarantined_records(records), str(self.spec.quarantine_path), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
                     QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
+                    self._note_head(self.quarantine)
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
@@ -133,6 +160,8 @@ class BatchWriter:
                 with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0, in_tasks=in_tasks,
                                        files_in=sink.data_files_folder):  # fmt: skip
                     writes[sink.name] = self._write_retrying(sink, rows, armed)
+                if batch.keyed:
+                    self._note_head(sink)
                 seconds[sink.name] = time.monotonic() - started
         finally:
             parsed.unpersist()

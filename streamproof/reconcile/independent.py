@@ -129,6 +129,7 @@ def closed_through_ms(spec: PipelineSpec) -> int:
 def read_delta(table_folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]] | None:
     """The table's rows (these columns) with delta-rs; None when there is no table yet.
 
+    >>> from streamproof.storage import Location
     >>> read_delta(StoredFolder.at(Location("/nonexistent"), "a table"), ["order_id"]) is None
     True
     """
@@ -169,6 +170,7 @@ def committed_parquet_files(folder: StoredFolder) -> list[str]:
     entry after it), never a file a killed write left behind. A folder without the log (unkeyed writes: plain
     Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``.
 
+    >>> from streamproof.storage import Location
     >>> committed_parquet_files(StoredFolder.at(Location("/nonexistent"), "a folder"))
     []
     """

@@ -85,6 +85,8 @@ class Sink(ABC):
     partial_writes_visible: ClassVar[bool] = False
     # Whether the sink writes from PySpark's Python tasks (so its mid-write crash point is inside them).
     writes_in_python_tasks: ClassVar[bool] = False
+    # What :meth:`head` counts, for the line that stops a run whose sink went backwards.
+    head_meaning: ClassVar[str] = ""
 
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         self.pipeline = pipeline
@@ -99,6 +101,17 @@ class Sink(ABC):
             return False
         self._first_write_of_run = False
         return holds_batch(self, batch)
+
+    def head(self) -> int | None:
+        """A number that only grows while the sink takes batches (a Delta table's latest version, the last batch
+        of a ledger or of a file sink's log), read after each write and before the next: lower the second time,
+        the sink's storage went backwards while the pipeline ran. None where the sink keeps none that is cheap to
+        read (a Kafka sink's commit markers are records, read only by consuming the topic).
+
+        >>> open_sinks(spec)[0].head()                     # doctest: +SKIP
+        12
+        """
+        return None
 
     @property
     def name(self) -> str:

@@ -134,6 +134,13 @@ class DeltaSink(FolderSink):
     def needs_spark_for_commits(self) -> bool:
         return self.path.is_remote  # its log is read through Hadoop's FileSystem, in Spark's JVM
 
+    head_meaning = "latest Delta version"
+
+    def head(self) -> int:
+        """The table's latest version (-1: no table): one listing of its log, no commit read."""
+        versions = [int(name[:-5]) for name in (self.path / "_delta_log").names() if re.fullmatch(r"\d+\.json", name)]
+        return max(versions, default=-1)
+
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
             return None

@@ -64,6 +64,12 @@ class FilesSink(FolderSink):
         ids = [int(name.split(".")[0]) for name in (self.path / METADATA_DIR).names() if name.split(".")[0].isdigit()]
         return max(ids, default=None)
 
+    head_meaning = "latest batch of its _spark_metadata log"
+
+    def head(self) -> int:
+        latest = self.latest_logged_batch()
+        return -1 if latest is None else latest
+
     def commits(self) -> list[SinkCommit]:
         # The log does not record source offsets; it is contiguous from batch 0 to its latest entry.
         latest = self.latest_logged_batch()

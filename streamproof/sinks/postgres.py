@@ -305,6 +305,20 @@ class PostgresSink(Sink):
             return rows.select(str(self.spec.by), *self.spec.sum, *COORDINATES)
         return rows.select(*(c for c in rows.columns if c not in SOURCE_COLUMNS), *SOURCE_COLUMNS)
 
+    head_meaning = "latest batch in its ledger"
+
+    def head(self) -> int:
+        """The ledger's latest batch of this sink (-1: none, or no ledger: exactly-once keeps one)."""
+        try:
+            with self._connect() as connection:
+                row = connection.execute(
+                    f"SELECT coalesce(max(batch_id), -1) FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s",
+                    (self.pipeline.name, self.spec.table),
+                ).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return -1
+        return int(row[0])
+
     def commits(self) -> list[SinkCommit]:
         try:
             with self._connect() as connection:
