@@ -1,7 +1,7 @@
 """The proof matrix, CI-sized: Delta append; exactly-once where a crash finds the write begun (mid-sink-write), and
 at-least-once where it duplicates (after-sink-commit): 2 cells (the 25-minute CI budget). ``prove --matrix``
 runs all 12. Elsewhere in CI: exactly-once after the sink commit on a Delta append (test_dedup.py) and on every
-other sink, and at-most-once's loss on five sinks (test_sinks_exactly_once.py); before the write and after the
+other sink, and at-most-once's loss on two sinks (test_sinks_exactly_once.py); before the write and after the
 checkpoint commit nothing is in flight, and ``prove --matrix`` proves them. 20,000 events per cell (0.5% malformed),
 each cell on a fresh topic, table and checkpoint, one SIGKILL of the pipeline's process group in batch 1, restart
 until drained, record-by-record reconciliation.

@@ -10,7 +10,8 @@ identity ``source = expected + quarantined + superseded`` exact, and the Kafka o
 read_committed mode equal to the records verify found.
 Faults (weaker guarantees): at-least-once killed after the sink commit duplicates in every sink that does
 not absorb a replay (append, totals, Kafka, files) and in none that does (upsert); at-most-once killed
-before the write loses in every sink and duplicates in none.
+before the write loses and duplicates in none, shown on a PostgreSQL append and Kafka (its loss comes from the
+progress it records before any sink writes, the same for every sink: `prove --matrix` shows it on each).
 """
 
 from __future__ import annotations
@@ -240,7 +241,8 @@ def test_at_most_once_loses_and_never_duplicates(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
 ) -> None:
     reports, _ = _prove(tmp_path, kafka_broker, streamproof_postgres, spark, guarantee="at-most-once",
-                        points=["before-sink-write"], events=8_000, malformed=0.0, labels=WEAKER_LABELS)  # fmt: skip
+                        points=["before-sink-write"], events=4_000, malformed=0.0,
+                        labels=("pg-append", "kafka"))  # fmt: skip
     for report in reports.values():
         assert report.lost > 0 and (report.duplicated, report.unexpected) == (0, 0), report.to_json()
 
