@@ -21,19 +21,25 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
+from streamproof.checkpoint.positions import refuse_if_sink_behind
 from streamproof.config import load_pipeline
+from streamproof.errors import PipelineError
 from streamproof.faults import surviving_processes
 from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.kafka_client import ensure_topic
 from streamproof.reconcile import Report, verify_pipeline
 from streamproof.reconcile.independent import committed_parquet_files, disagreements, verify_independently
 from streamproof.reconcile.stored import StoredFolder
+from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -300,3 +306,27 @@ def test_both_checkers_agree_after_the_kills_and_both_catch_a_planted_defect_in_
                       "kafka": (0, 1, 0), "files": (0, 1, 0)}, damage  # fmt: skip
     assert without[0].samples["lost"] == [{"order_id": victim, "found": "no row with its latest record"}]
     assert [report.verdict for report in with_spark] == ["damaged", "ok", "ok", "damaged", "damaged", "damaged"]
+
+
+def test_a_kafka_sink_topic_recreated_under_its_markers_is_refused(
+    exactly_once: tuple[dict[str, Report], Any, Path], kafka_broker: KafkaBroker
+) -> None:
+    """The module's last test (after the planted defects): the output topic deleted and created again, empty,
+    while its marker topic still says every batch is written. A replay would skip them by those markers: the start
+    is refused, naming what is gone."""
+    _, _, workdir = exactly_once
+    spec = load_pipeline(workdir / "pipeline.toml")
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    for future in admin.delete_topics(["fan-exactly-once-out"]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 60
+    while "fan-exactly-once-out" in admin.list_topics(timeout=10).topics:  # the broker deletes after answering
+        assert time.monotonic() < deadline, "the topic was not deleted within 60 s"
+        time.sleep(0.5)
+    ensure_topic(kafka_broker.bootstrap_servers, "fan-exactly-once-out", 4)
+    with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts
+        refuse_if_sink_behind(None, spec, open_sinks(spec))
+    message = str(refusal.value)
+    assert message.startswith("sink kafka (kafka://") and "holds fewer records than its commit markers say (" in (
+        message), message  # fmt: skip
+    assert "partition 0 ends at offset 0, batch " in message and "fan-exactly-once-out.streamproof-markers" in message

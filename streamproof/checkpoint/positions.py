@@ -105,6 +105,11 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
 
     >>> refuse_if_sink_behind(None, spec, open_sinks(spec))    # doctest: +SKIP
     """
+    if committed_batches(spec.checkpoint_dir) and wiring_for(spec.guarantee).idempotent_sink:
+        for sink in sinks:
+            lost = None if spark is None and sink.needs_spark_for_commits() else sink.storage_lost()
+            if lost is not None:
+                raise PipelineError(f"sink {sink.name} ({sink.location}) {lost}")
     for lag in sinks_behind(spark, spec, sinks):
         start = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"

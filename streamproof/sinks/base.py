@@ -113,6 +113,15 @@ class Sink(ABC):
         """
         return None
 
+    def storage_lost(self) -> str | None:
+        """What the sink's storage lost that its own commit records cannot show (they survived, the data did
+        not), as the rest of a line after the sink's name; None when nothing is known lost.
+
+        >>> open_sinks(spec)[0].storage_lost() is None          # doctest: +SKIP
+        True
+        """
+        return None
+
     @property
     def name(self) -> str:
         """The sink's label in progress lines and reports."""

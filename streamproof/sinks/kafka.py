@@ -247,6 +247,7 @@ class KafkaSink(Sink):
     def __init__(self, pipeline: PipelineSpec, spec: KafkaSinkSpec) -> None:
         super().__init__(pipeline, spec)
         self._fenced = False
+        self._recorded_ends: tuple[int, dict[str, int]] | None = None  # the last complete batch's output ends
         # Transactional writes run in Python tasks; Spark's own (unkeyed) writer runs in the JVM.
         self.writes_in_python_tasks = wiring_for(pipeline.guarantee).idempotent_sink  # type: ignore[misc]
 
@@ -292,8 +293,10 @@ class KafkaSink(Sink):
         producer = Producer(client_config(self.spec.bootstrap_servers, **{
             "enable.idempotence": True, "acks": "all", **self.spec.producer_options(),
         }))  # fmt: skip
+        # With the output topic's ends: a later start sees a topic recreated or truncated under its markers.
         record = {"pipeline": batch.pipeline, "topic": self.spec.topic, "batch_id": batch.batch_id,
-                  "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets}  # fmt: skip
+                  "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets,
+                  "output_ends": self._output_ends()}  # fmt: skip
         producer.produce(self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE),
                          value=json.dumps(record))  # fmt: skip
         if producer.flush(60):
@@ -329,10 +332,44 @@ class KafkaSink(Sink):
                 batches[int(marker["batch_id"])] = marker["end_offsets"]
                 if marker.get("complete"):
                     complete.add(int(marker["batch_id"]))
+                    if "output_ends" in marker:
+                        self._recorded_ends = (int(marker["batch_id"]), marker["output_ends"])
         return [
             SinkCommit(batch_id, offsets, keyed=True, complete=batch_id in complete)
             for batch_id, offsets in sorted(batches.items())
         ]
+
+    def _output_ends(self) -> dict[str, int]:
+        """The output topic's end offset per partition (missing topic: none)."""
+        consumer = Consumer(client_config(self.spec.bootstrap_servers, **{**self.spec.producer_options(),
+                                                                          "group.id": "streamproof-ends"}))  # fmt: skip
+        try:
+            topic = consumer.list_topics(self.spec.topic, timeout=10).topics.get(self.spec.topic)
+            if topic is None or topic.error is not None:
+                return {}
+            return {str(p): consumer.get_watermark_offsets(TopicPartition(self.spec.topic, p), timeout=10)[1]
+                    for p in sorted(topic.partitions)}  # fmt: skip
+        finally:
+            consumer.close()
+
+    def storage_lost(self) -> str | None:
+        """The output topic ends below where the last complete batch left it: records its markers say are written
+        are gone (the topic deleted and recreated, or truncated), and a replay would skip them by those markers."""
+        self._recorded_ends = None
+        self.commits()
+        if self._recorded_ends is None:
+            return None
+        batch_id, recorded = self._recorded_ends
+        now = self._output_ends()
+        short = {p: (now.get(p, 0), end) for p, end in recorded.items() if now.get(p, 0) < end}
+        if not short:
+            return None
+        described = ", ".join(f"partition {p} ends at offset {have:,}, batch {batch_id}'s commit left it at {want:,}"
+                              for p, (have, want) in sorted(short.items(), key=lambda item: int(item[0])))  # fmt: skip
+        return (f"holds fewer records than its commit markers say ({described}): the topic was deleted and recreated, "
+                f"or truncated, and records of batches up to {batch_id} are gone from it while the marker topic "
+                f"{self.spec.markers} says they are written, so a replay would skip them; restore the topic, or write "
+                "to a new topic and marker topic from a new checkpoint")  # fmt: skip
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The output topic as a ``read_committed`` consumer sees it, parsed back into columns."""
