@@ -43,6 +43,8 @@ def report_table(report: Report) -> Table:
     if report.unit == "windows":
         table.add_row("records in closed windows", f"{report.aggregated:,}")
         table.add_row("records in open windows (written once the watermark passes)", f"{report.pending:,}")
+    if report.unavailable:
+        table.add_row("sink rows of records the source no longer holds (unavailable)", f"{report.unavailable:,}")
     table.add_row("sink rows", f"{report.sink_records:,}")
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))

@@ -39,6 +39,8 @@ class Counts:
     aggregated: int = 0
     pending: int = 0
     quarantine_lost: int = 0  # of ``lost``: invalid records missing from the quarantine table
+    # Sink rows of records the source no longer holds (retention deleted them after they were read): not compared.
+    unavailable: int = 0
     # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated" and "unexpected",
     # each naming the record (coordinates), key, group or window, where it was ("in") and what was found.
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -68,6 +70,32 @@ class Check:
     def columns(self) -> list[str]:
         """The source columns the check reads besides the coordinates."""
         return [c for c in (self.key, self.order_by, self.by, *self.sums) if c and c not in COORDINATES]
+
+
+def source_gone(lows: dict[tuple[str, int], int], topic: str, partition: int, offset: int) -> bool:
+    """Whether a coordinate is below its partition's first offset still held (``lows``: only partitions whose
+    first offset is above 0): the record is gone from the source.
+
+    >>> source_gone({("orders", 0): 100}, "orders", 0, 99), source_gone({("orders", 0): 100}, "orders", 1, 5)
+    (True, False)
+    """
+    low = lows.get((topic, partition))
+    return low is not None and offset < low
+
+
+def unverifiable_without(lows: dict[tuple[str, int], int], check: Check, dedup: bool, windows: bool) -> str:
+    """Why a sink cannot be checked while the source lacks its first records ("" when it can): only a sink of
+    records matched on their coordinates can set the gone ones aside; a key's latest record, a group's total, a
+    window or a dedup key's first record may have come from a record that is gone.
+
+    >>> unverifiable_without({}, Check("latest", key="k", order_by="t"), False, False)
+    ''
+    """
+    if not lows or (check.kind == "records" and not dedup and not windows):
+        return ""
+    gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
+    return (f"the source no longer holds its first records ({gone}: retention deleted them), so what this sink holds "
+            "cannot be recomputed")  # fmt: skip
 
 
 def check_for(sink: AnySinkSpec) -> Check:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamproof import sources
@@ -31,10 +31,11 @@ from streamproof.checkpoint.log import (
     late_event_watermark_ms,
     logged_batches,
 )
-from streamproof.config import PipelineSpec
+from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.generator import load_manifest
+from streamproof.kafka_client import require_topic
 from streamproof.reconcile.checker import compare, reconcile_windows
-from streamproof.reconcile.counts import DROPPED, LATE_FLAG, VALID, check_for
+from streamproof.reconcile.counts import DROPPED, LATE_FLAG, VALID, check_for, unverifiable_without
 from streamproof.reconcile.report import RECOMPUTED, Report
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -151,12 +152,21 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
         quarantine_table.select(*COORDINATES) if quarantine_table is not None
         else source.select(*COORDINATES).limit(0)
     )  # fmt: skip
+    lows = first_offsets_held(spec)
+    gone = _gone(lows)
+    if gone is not None:  # the quarantine's rows of records gone from the source are not compared either
+        quarantine = quarantine.where(~gone)
     reasons = quarantine_reasons(quarantine_table)
     generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
     reports = []
     try:
         for sink, check in zip(sinks, checks, strict=True):
             held = sink.read(spark)
+            unverifiable = unverifiable_without(lows, check, dedup is not None, aggregate is not None)
+            unavailable = 0
+            if gone is not None and held is not None and not unverifiable:
+                unavailable = held.where(gone).count()
+                held = held.where(~gone)
             if aggregate is not None:
                 rows = held if held is not None else spark.createDataFrame([], _window_schema(source, aggregate))
                 counts = reconcile_windows(source, rows, quarantine, transform, _closed_through_ms(spec))
@@ -164,13 +174,35 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
             else:
                 counts = compare(check, source, held, quarantine, dedup_keys)
                 unit = check.unit
+            counts.unavailable = unavailable
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=reasons, generated=generated, basis=dict(basis),
+                quarantine_reasons=reasons, generated=generated, basis=dict(basis), unverifiable=unverifiable,
             ))  # fmt: skip
     finally:
         source.unpersist()
     return reports
+
+
+def first_offsets_held(spec: PipelineSpec) -> dict[tuple[str, int], int]:
+    """The partitions of a Kafka source whose first offset still held is above 0 (retention deleted records
+    before it), with that offset: records below it are unavailable, not lost.
+
+    >>> first_offsets_held(load_pipeline("orders.toml"))                                  # doctest: +SKIP
+    {('orders', 0): 1200}
+    """
+    if not isinstance(spec.source, KafkaSource):
+        return {}
+    return {(spec.source.topic, p): low for p, (low, _) in require_topic(spec.source).items() if low > 0}
+
+
+def _gone(lows: dict[tuple[str, int], int]) -> Column | None:
+    """Rows whose coordinates are below their partition's first offset held (None: no partition lost any)."""
+    gone = None
+    for (topic, partition), low in lows.items():
+        here = (F.col("_src_topic") == topic) & (F.col("_src_partition") == partition) & (F.col("_src_offset") < low)
+        gone = here if gone is None else gone | here
+    return gone
 
 
 def _closed_through_ms(spec: PipelineSpec) -> int:

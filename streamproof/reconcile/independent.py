@@ -37,9 +37,9 @@ from streamproof.config import (
 )
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import secured_client_config
-from streamproof.reconcile.counts import Counts, check_for
+from streamproof.reconcile.counts import Counts, check_for, source_gone, unverifiable_without
 from streamproof.reconcile.own_schema import RecordSchema
-from streamproof.reconcile.own_source import consume_topic, read_source
+from streamproof.reconcile.own_source import consume_topic, first_offsets_held, read_source
 from streamproof.reconcile.pure import (
     EPOCH,
     SourceRecord,
@@ -55,7 +55,17 @@ from streamproof.reconcile.stored import StoredFolder
 
 TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late")
 # Every figure both checkers produce: they must agree on each.
-COMPARED = ("source_records", *TERMS, "aggregated", "pending", "sink_records", "lost", "duplicated", "unexpected")
+COMPARED = (
+    "source_records",
+    *TERMS,
+    "aggregated",
+    "pending",
+    "sink_records",
+    "lost",
+    "duplicated",
+    "unexpected",
+    "unavailable",
+)
 
 
 def _offset_log(checkpoint: StoredFolder, batch_id: int) -> tuple[int, dict[str, dict[str, int]]]:
@@ -218,7 +228,8 @@ def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[A
     return rows or []
 
 
-def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine: list[Any]) -> tuple[Counts, str]:
+def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine: list[Any],
+           lows: dict[tuple[str, int], int]) -> tuple[Counts, str]:  # fmt: skip
     transform = spec.transform
     dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
     coordinates = list(COORDINATES)
@@ -243,7 +254,14 @@ def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine
         totals = [(r[0], r[1], dict(zip(check.sums, r[2:], strict=True))) for r in held]
         return check_totals(source, totals, quarantine, check.by, list(check.sums)), check.unit
     identity = dedup_keys or coordinates
-    return check_records(source, read_sink(spec, sink, identity), quarantine, dedup_keys), check.unit
+    held = read_sink(spec, sink, identity)
+    unavailable = 0
+    if lows and not dedup_keys:  # rows of records gone from the source are set aside, not compared
+        kept = [row for row in held if not source_gone(lows, *row)]
+        unavailable, held = len(held) - len(kept), kept
+    counts = check_records(source, held, quarantine, dedup_keys)
+    counts.unavailable = unavailable
+    return counts, check.unit
 
 
 def _window_us(size: str) -> int:
@@ -265,16 +283,19 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     basis = dict.fromkeys(TERMS, RECOMPUTED)
     if transform.watermark is not None:
         basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), flag_late(spec, source, quarantine_rows))
-    quarantine = [tuple(row[:3]) for row in quarantine_rows]
+    lows = first_offsets_held(spec)
+    quarantine = [tuple(row[:3]) for row in quarantine_rows if not source_gone(lows, *row[:3])]
     reasons: dict[str, int] = {}
     for row in quarantine_rows:
         reasons[row[3]] = reasons.get(row[3], 0) + 1
     reports = []
     for sink in spec.sink_specs:
-        counts, unit = _judge(spec, sink, source, quarantine)
+        counts, unit = _judge(spec, sink, source, quarantine, lows)
+        unverifiable = unverifiable_without(lows, check_for(sink), transform.dedup is not None,
+                                            transform.aggregate is not None)  # fmt: skip
         reports.append(Report(pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, unit=unit,
                               quarantine_reasons=dict(sorted(reasons.items())), basis=dict(basis),
-                              **asdict(counts)))  # fmt: skip
+                              unverifiable=unverifiable, **asdict(counts)))  # fmt: skip
     return reports
 
 

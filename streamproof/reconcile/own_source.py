@@ -24,7 +24,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 
-from streamproof.config import COORDINATES, DeltaSource, PipelineSpec
+from streamproof.config import COORDINATES, DeltaSource, KafkaSource, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import source_client_config
 from streamproof.reconcile.own_schema import RecordSchema
@@ -76,6 +76,27 @@ def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int
                     yield int(message.partition() or 0), int(message.offset() or 0), message.value()
     finally:
         consumer.close()
+
+
+def first_offsets_held(spec: PipelineSpec) -> dict[tuple[str, int], int]:
+    """The partitions of a Kafka source whose first offset still held is above 0 (retention deleted the records
+    before it), with that offset, as the broker reports its watermarks.
+
+    >>> first_offsets_held(spec)                                                        # doctest: +SKIP
+    {('orders', 0): 1200}
+    """
+    if not isinstance(spec.source, KafkaSource):
+        return {}
+    topic = spec.source.topic
+    consumer = Consumer({**source_client_config(spec.source), "group.id": "streamproof-independent"})
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return {}
+        lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[0] for p in metadata.partitions}
+    finally:
+        consumer.close()
+    return {(topic, p): low for p, low in sorted(lows.items()) if low > 0}
 
 
 def read_source(spec: PipelineSpec, schema: RecordSchema) -> list[SourceRecord]:

@@ -43,6 +43,8 @@ class Report(Counts):
     generated: dict[str, Any] | None = None
     # Per term of the identity: "recomputed" (from the source and the checkpoint) or "trusted: <what>".
     basis: dict[str, str] = field(default_factory=dict)
+    # Why the counts cannot be trusted whatever they say (the source lost records a key or a total depends on).
+    unverifiable: str = ""
 
     @property
     def damaged(self) -> bool:
@@ -52,6 +54,8 @@ class Report(Counts):
     @property
     def verdict(self) -> str:
         """``ok``, ``damaged`` or ``unknown`` (no damage found but the identity fails: see :attr:`reasons`)."""
+        if self.unverifiable:
+            return UNKNOWN
         if self.damaged:
             return DAMAGED
         return OK if self.identity_holds else UNKNOWN
@@ -68,7 +72,10 @@ class Report(Counts):
     @property
     def reasons(self) -> list[str]:
         """Why the verdict is not a plain ``ok``: the identity's gap, and every term taken on trust."""
-        reasons = []
+        reasons = [self.unverifiable] if self.unverifiable else []
+        if self.unavailable:
+            reasons.append(f"{self.unavailable:,} sink rows come from records the source no longer holds "
+                           "(retention): unavailable, not compared")  # fmt: skip
         if not self.identity_holds:
             names = " + ".join(name for name, _ in self.identity_terms)
             reasons.append(
