@@ -62,8 +62,23 @@ def jit_option(settings: SparkSettings) -> str:
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
-def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = None) -> dict[str, str]:
-    """Spark configuration streamproof starts every session with (user ``[spark.conf]`` wins)."""
+UI_ENV = "STREAMPROOF_SPARK_UI"  # "off": no web UI whatever [spark] ui says
+
+
+def ui_wanted(settings: SparkSettings) -> bool:
+    """Whether a pipeline run serves Spark's web UI: ``[spark] ui``, unless ``$STREAMPROOF_SPARK_UI=off``.
+
+    >>> ui_wanted(SparkSettings(ui=False))
+    False
+    """
+    return settings.ui and os.environ.get(UI_ENV, "").lower() != "off"
+
+
+def session_conf(
+    settings: SparkSettings, *, archive_classes_to: Path | None = None, ui: bool = False
+) -> dict[str, str]:
+    """Spark configuration streamproof starts every session with (user ``[spark.conf]`` wins); ``ui``: serve
+    Spark's web UI on ``[spark] ui_port`` (only a pipeline run does: the other commands live seconds)."""
     conf = {
         "spark.master": settings.master,
         "spark.driver.memory": settings.driver_memory,
@@ -83,7 +98,8 @@ def session_conf(settings: SparkSettings, *, archive_classes_to: Path | None = N
         # with data anyway, and every batch then holds records (one batch line, one keyed sink commit each).
         # Window pipelines turn it back on (pipeline.start_query): closed windows must not wait for new data.
         NO_DATA_BATCHES: "false",
-        "spark.ui.enabled": "false",
+        "spark.ui.enabled": "true" if ui else "false",
+        **({"spark.ui.port": str(settings.ui_port)} if ui else {}),
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.extraJavaOptions": " ".join(
             option
@@ -123,9 +139,13 @@ def _class_data_option(archive_classes_to: Path | None) -> str:
 
 
 def build_session(
-    settings: SparkSettings | None = None, app_name: str = "streamproof", *, archive_classes_to: Path | None = None
+    settings: SparkSettings | None = None,
+    app_name: str = "streamproof",
+    *,
+    archive_classes_to: Path | None = None,
+    ui: bool = False,
 ) -> SparkSession:
-    """Start (or reuse) the process's SparkSession with streamproof's defaults."""
+    """Start (or reuse) the process's SparkSession with streamproof's defaults (``ui``: :func:`session_conf`)."""
     check_java()
     settings = settings or SparkSettings()
     if settings.on_this_machine:  # on a real cluster, executors must reach the driver at its own address
@@ -133,7 +153,7 @@ def build_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in session_conf(settings, archive_classes_to=archive_classes_to).items():
+    for key, value in session_conf(settings, archive_classes_to=archive_classes_to, ui=ui).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

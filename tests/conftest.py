@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Every JVM a test starts lives seconds: C1 only (see streamproof.session.jit_option), inherited by the
 # pipeline runs the tests start as child processes.
 os.environ.setdefault("STREAMPROOF_JIT", "quick-start")
+os.environ.setdefault("STREAMPROOF_SPARK_UI", "off")  # the tests that want Spark's UI turn it on for their run
 CLI_TIMEOUT_S = 600
 
 

@@ -1,9 +1,9 @@
-"""The Prometheus endpoint of a running pipeline, scraped over HTTP while batches are being written.
+"""The Prometheus endpoint and Spark's web UI of a running pipeline, read over HTTP while batches are being written.
 
 No fault: 24,000 events (0.5% malformed) in batches of 4,000, drained with available-now. Expected: a scrape
 taken mid-run agrees exactly with the batch lines the run printed up to the batch the scrape reports as
 last committed (rows in, rows out per sink, quarantined), lag is reported per Kafka partition, and the run
-counter says 1.
+counter says 1; the start line names Spark's UI ([spark] ui_port), which answers with the run's streaming query.
 """
 
 from __future__ import annotations
@@ -44,15 +44,17 @@ def test_metrics_scraped_during_a_run_agree_with_its_batches(kafka_broker: Kafka
     generated = generate(kafka_broker.bootstrap_servers, "metrics", 24_000, partitions=4, malformed=0.005, seed=9)
     pipeline_file = write_pipeline(tmp_path, name="metered", topic="metrics", bootstrap=kafka_broker.bootstrap_servers,
                                    max_offsets=4_000)  # fmt: skip
-    port = free_port()
-    pipeline_file.write_text(pipeline_file.read_text() + f"\n[metrics]\nport = {port}\n")
+    port, ui_port = free_port(), free_port()
+    pipeline_file.write_text(pipeline_file.read_text() + f"\n[metrics]\nport = {port}\n[spark]\nui_port = {ui_port}\n")
+    env = {name: value for name, value in os.environ.items() if name != "STREAMPROOF_SPARK_UI"}  # the UI on
 
     child = subprocess.Popen(
         [sys.executable, "-m", "streamproof", "run", str(pipeline_file), "--available-now"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO, env={**os.environ},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO, env=env,
     )  # fmt: skip
     batches: dict[int, tuple[int, int, int]] = {}
     scraped: dict[tuple[str, str], float] = {}
+    ui_line, ui_page = "", ""
     deadline = time.monotonic() + 600
     try:
         assert child.stdout is not None
@@ -63,10 +65,16 @@ def test_metrics_scraped_during_a_run_agree_with_its_batches(kafka_broker: Kafka
                 batches[batch] = (rows_in, rows_out, quarantined)
                 if len(batches) == 2:
                     scraped = _scrape(port)  # mid-run: later batches are still to come
+                    with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/StreamingQuery/", timeout=10) as page:
+                        ui_page = page.read().decode(errors="replace")
+            if "Spark UI at " in line:
+                ui_line = line
             assert time.monotonic() < deadline, "the run took more than 10 minutes"
     finally:
         child.wait(timeout=120)
     assert child.returncode == 0
+    assert ui_line.rstrip().endswith(f":{ui_port}"), ui_line
+    assert "Streaming Query" in ui_page and "metered" in ui_page, ui_page[:2000]
     assert len(batches) >= 5 and sum(rows for rows, _, _ in batches.values()) == 24_000
 
     pipeline = 'pipeline="metered"'

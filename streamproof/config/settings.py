@@ -76,6 +76,10 @@ class SparkSettings(Strict):
     # better than G1, the JVM's default. `streamproof bench tuning` drained 2M events 12% faster with it
     # (two rounds each; 8% in an earlier comparison) at a 28% lower peak memory (docs/performance.md).
     gc: Literal["parallel", "g1"] = "parallel"
+    # Spark's web UI of a `streamproof run` (the next free port above it when taken); the tests and the crash
+    # harness turn it off ($STREAMPROOF_SPARK_UI=off): their runs live seconds and would race for the port.
+    ui: bool = True
+    ui_port: int = Field(4040, ge=1, le=65535)
     conf: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("master")

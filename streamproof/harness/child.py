@@ -33,7 +33,7 @@ from pathlib import Path
 from streamproof.errors import PipelineError
 from streamproof.faults import CRASH_ENV, ArmedCrash, kill_process_tree
 from streamproof.pipeline.events import EVENTS_FD_ENV, BatchCommitted, Event, Notice, decode
-from streamproof.session import JIT_ENV
+from streamproof.session import JIT_ENV, UI_ENV
 from streamproof.task_faults import FAULT_DIR_ENV
 
 RUN_TIMEOUT_S = 900.0
@@ -53,6 +53,7 @@ class PipelineChild:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPARK_LOCAL_DIRS": str(self.scratch),
                EVENTS_FD_ENV: str(write_end)}  # fmt: skip
         env.setdefault(JIT_ENV, jit)  # the harness's runs live seconds: C1 only halves their CPU on 2 cores
+        env.setdefault(UI_ENV, "off")  # ... and would race each other and a user's run for Spark's UI port
         env.pop(CRASH_ENV, None)
         crashes = [crash] if isinstance(crash, ArmedCrash) else crash or []
         if crashes:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from streamproof.metrics import partition_lag
 
 EVENTS_FD_ENV = "STREAMPROOF_EVENTS_FD"
-READY, STARTED, METRICS, RESTARTING = "ready", "started", "metrics", "restarting"
+READY, STARTED, METRICS, RESTARTING, SPARK_UI = "ready", "started", "metrics", "restarting", "spark_ui"
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,18 @@ from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.metrics import PipelineMetrics
 from streamproof.pipeline.batches import BatchWriter
-from streamproof.pipeline.events import METRICS, READY, RESTARTING, Event, Notice, RunSummary, side_channel
+from streamproof.pipeline.events import (
+    METRICS,
+    READY,
+    RESTARTING,
+    SPARK_UI,
+    Event,
+    Notice,
+    RunSummary,
+    side_channel,
+)
 from streamproof.pipeline.progress import ProgressEvents
-from streamproof.session import NO_DATA_BATCHES, build_session
+from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.transform import check_derived_columns, parse_records, stateful_stream
@@ -95,7 +104,8 @@ def run(
 
     # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the session
     # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
-    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}") if spec.checkpoint_dir.is_remote else None
+    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}",
+                          ui=ui_wanted(spec.spark)) if spec.checkpoint_dir.is_remote else None  # fmt: skip
     with RunLock(spec.checkpoint_dir):
         return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name), spark, once)
 
@@ -119,7 +129,10 @@ def _run_locked(
     refuse_if_sink_behind(spark, spec, sinks)
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
     publish(Notice(spec.name, READY, "starting Spark (checkpoint and sinks checked)"))
-    spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}")
+    spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+    address = spark.sparkContext.uiWebUrl
+    if address:
+        publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
     check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
     if any(sink.needs_spark_for_commits() for sink in sinks):
         refuse_if_checkpoint_lost(spark, spec, sinks)
