@@ -105,8 +105,7 @@ class Sink(ABC):
     def head(self) -> int | None:
         """A number that only grows while the sink takes batches (a Delta table's latest version, the last batch
         of a ledger or of a file sink's log), read after each write and before the next: lower the second time,
-        the sink's storage went backwards while the pipeline ran. None where the sink keeps none that is cheap to
-        read (a Kafka sink's commit markers are records, read only by consuming the topic).
+        the sink's storage went backwards while the pipeline ran. None where the sink keeps none (unkeyed writes).
 
         >>> open_sinks(spec)[0].head()                     # doctest: +SKIP
         12

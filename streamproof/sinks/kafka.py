@@ -248,6 +248,7 @@ class KafkaSink(Sink):
         super().__init__(pipeline, spec)
         self._fenced = False
         self._recorded_ends: tuple[int, dict[str, int]] | None = None  # the last complete batch's output ends
+        self._ends_after_write: dict[str, int] | None = None
         # Transactional writes run in Python tasks; Spark's own (unkeyed) writer runs in the JVM.
         self.writes_in_python_tasks = wiring_for(pipeline.guarantee).idempotent_sink  # type: ignore[misc]
 
@@ -293,10 +294,12 @@ class KafkaSink(Sink):
         producer = Producer(client_config(self.spec.bootstrap_servers, **{
             "enable.idempotence": True, "acks": "all", **self.spec.producer_options(),
         }))  # fmt: skip
-        # With the output topic's ends: a later start sees a topic recreated or truncated under its markers.
+        # With the output topic's ends: a later start sees a topic recreated or truncated under its markers (and
+        # the run's own check before the next batch starts from them: head).
+        self._ends_after_write = self._output_ends()
         record = {"pipeline": batch.pipeline, "topic": self.spec.topic, "batch_id": batch.batch_id,
                   "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets,
-                  "output_ends": self._output_ends()}  # fmt: skip
+                  "output_ends": self._ends_after_write}  # fmt: skip
         producer.produce(self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE),
                          value=json.dumps(record))  # fmt: skip
         if producer.flush(60):
@@ -351,6 +354,15 @@ class KafkaSink(Sink):
                     for p in sorted(topic.partitions)}  # fmt: skip
         finally:
             consumer.close()
+
+    head_meaning = "output topic's end offsets, summed over its partitions,"
+
+    def head(self) -> int | None:
+        """The output topic's end offsets, summed: they only grow while the topic takes batches (keyed writes)."""
+        if not wiring_for(self.pipeline.guarantee).idempotent_sink:
+            return None
+        ends, self._ends_after_write = self._ends_after_write, None  # read by the write just done
+        return sum((ends if ends is not None else self._output_ends()).values())
 
     def storage_lost(self) -> str | None:
         """The output topic ends below where the last complete batch left it: records its markers say are written
