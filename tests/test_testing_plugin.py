@@ -1,6 +1,6 @@
 """The pytest plugin users put in their own suites (streamproof.testing), used here as a user would.
 
-Fault: a seeded random SIGKILL of the pipeline's process tree (exactly-once, 30,000 events).
+Fault: a seeded random SIGKILL of the pipeline's process tree (exactly-once, 12,000 events).
 Expected: lost 0, duplicated 0, unexpected 0; and a broken guarantee fails with the exact counts.
 """
 
@@ -22,12 +22,12 @@ def test_a_random_kill_exactly_once_through_the_plugin(streamproof_prover: Prove
     # One kill (the 25-minute CI budget: two took 82 s); random kills of the pipeline itself are tested in
     # test_crash_recovery.py, this test is about the plugin's API.
     report = streamproof_prover.prove(
-        REPO / "examples" / "orders_to_delta.toml", events=30_000, random_kills=1, seed=5, batch_size=3_000
+        REPO / "examples" / "orders_to_delta.toml", events=12_000, random_kills=1, seed=5, batch_size=2_000
     )
     harness = streamproof_prover.proofs[-1].harness
     assert len(harness.crashes) == 1 and harness.runs == 2
     assert surviving_processes(harness.process_groups) == []
-    assert report.source_records == 30_000
+    assert report.source_records == 12_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
 
 
