@@ -120,29 +120,24 @@ def run_cli(
     )
 
 
-# Longest first (seconds in a clean-clone CI run, 2026-11-24), so that the two workers (pyproject: -n 2 --dist
-# loadfile --no-loadscope-reorder; xdist would otherwise order the files by their number of tests, and a file of
-# three tests and five minutes came last) finish together. A doctest module is named by its path
-# ("streamproof/__init__.py": the face's example runs a pipeline and a proof).
+# Longest first, so that the two workers (pyproject: -n 2 --dist loadfile) finish together. A doctest module is
+# named by its path ("streamproof/__init__.py": the face's example runs a pipeline and a proof).
 LONGEST_FIRST = (
-    "test_sinks_exactly_once.py",  # 480
-    "test_cluster.py",  # 310
-    "test_checkpoint_recovery.py",  # 280
-    "test_outages.py",  # 235
-    "test_testing_plugin.py",  # 170
-    "test_dedup.py",  # 150
+    "test_proof_matrix.py",
+    "test_sinks_exactly_once.py",
+    "test_testing_plugin.py",
+    "test_outages.py",
+    "test_delta_source.py",
+    "test_files_source.py",
+    "test_checkpoint_recovery.py",
     "test_examples.py",
-    "test_delta_source.py",  # 110
-    "test_files_source.py",  # 105
-    "test_proof_matrix.py",  # 100
-    "test_crash_recovery.py",  # 96
-    "test_pipeline_end_to_end.py",  # 90
-    "test_bench.py",  # 80
+    "test_dedup.py",
+    "test_crash_recovery.py",
+    "test_bench.py",
     "test_windows.py",
-    "test_stop_signals.py",
     "test_schema_change.py",
-    "test_metrics.py",
     "test_hostile_input.py",
+    "test_stop_signals.py",
     "streamproof/__init__.py",
 )
 

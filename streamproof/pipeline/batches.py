@@ -96,7 +96,7 @@ class BatchWriter:
         it too, and ``checkpoint rewind`` replays what it lost."""
         for sink in [*self.sinks, self.quarantine]:
             seen = self.heads.get(sink.location)
-            now = sink.head() if seen is not None else None
+            now = self._head(sink) if seen is not None else None
             if seen is not None and now is not None and now < seen:
                 what = "the quarantine table" if sink is self.quarantine else f"sink {sink.name}"
                 raise PipelineError(
@@ -105,9 +105,22 @@ class BatchWriter:
                     f"{batch_id}: replay what it lost with `streamproof checkpoint rewind {self.spec._source_name}`"
                 )
 
+    @staticmethod
+    def _head(sink: Sink) -> int | None:
+        """The sink's head, or None while its server does not answer: the write that follows retries through an
+        outage (``[retry] max_outage``), and a check must not stop a run the retries would carry through."""
+        try:
+            return sink.head()
+        except Exception as error:  # noqa: BLE001 - any failure to read it is "unknown", never "went backwards"
+            print(f"[{sink.pipeline.name}] {sink.name}: head not readable ({first_line(error)}); checked next batch",
+                  file=sys.stderr)  # fmt: skip
+            return None
+
     def _note_head(self, sink: Sink) -> None:
-        head = sink.head()
-        if head is not None:
+        head = self._head(sink)
+        if head is None:
+            self.heads.pop(sink.location, None)
+        else:
             self.heads[sink.location] = head
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
