@@ -7,6 +7,7 @@ Real Delta, PostgreSQL, Kafka and Parquet; the batches are written directly with
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +142,48 @@ def test_delta_table_options_of_the_pipeline_file_are_set_on_the_table(
     assert properties["delta.autoOptimize.optimizeWrite"] == "true"
     assert properties["delta.autoOptimize.autoCompact"] == "true"
     assert sink.write(_rows(spark, range(0, 10)), _batch(0, 10, 10)).rows_out == 10
+
+
+def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_stranded_files_are_set_aside(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Fault: the trailing commit file of a version Delta had also written a checkpoint of is deleted (the
+    checkpoint, its pointer and the version's checksum stay). Expected: Delta itself then fails every read; the
+    stranded files are found and set aside, and Delta reads the table at the last commit and appends after it.
+    Planted too: the commit files the last commit needs lost with it (a restore is the only way): named."""
+    from streamproof.sinks.delta import log_past_its_commits, set_aside_stranded
+    from streamproof.storage import Location
+
+    table = tmp_path / "orders"
+    for version in range(3):  # versions 0-2, a checkpoint of 2
+        frame = spark.range(version * 10, version * 10 + 10)
+        writer = frame.write.format("delta").mode("append")
+        if version == 0:
+            writer = writer.option("delta.checkpointInterval", "2")
+        writer.save(str(table))
+    log = table / "_delta_log"
+    assert (log / f"{2:020d}.checkpoint.parquet").exists()
+    assert log_past_its_commits(Location(table)) is None  # a sound log
+    for name in (f"{2:020d}.json", f".{2:020d}.json.crc"):
+        (log / name).unlink()
+    with pytest.raises(Exception, match="version"):  # Delta's own failure, which the repair removes
+        spark.read.format("delta").load(str(table)).count()
+
+    past = log_past_its_commits(Location(table))
+    assert past is not None and past.last_commit == 1 and past.needs == ()
+    assert f"{2:020d}.checkpoint.parquet" in past.stranded and "_last_checkpoint" in past.stranded
+    assert f"{2:020d}.crc" in past.stranded
+
+    planted = tmp_path / "planted"  # the same log, missing a commit file a read of version 1 needs
+    shutil.copytree(table, planted)
+    for name in (f"{0:020d}.json",):
+        (planted / "_delta_log" / name).unlink()
+    damaged = log_past_its_commits(Location(planted))
+    assert damaged is not None and damaged.needs == (f"{0:020d}.json",)
+
+    moved = set_aside_stranded(past, Location(table / "_streamproof_set_aside" / "rewind-1"))
+    assert len(moved) == len(past.stranded) and all(Path(path).exists() for path in moved)
+    assert spark.read.format("delta").load(str(table)).count() == 20  # versions 0-1
+    spark.range(100, 105).write.format("delta").mode("append").save(str(table))
+    assert spark.read.format("delta").load(str(table)).count() == 25
+    assert log_past_its_commits(Location(table)) is None

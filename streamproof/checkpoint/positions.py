@@ -34,7 +34,7 @@ from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink
-from streamproof.sinks.delta import DeltaSink
+from streamproof.sinks.delta import DeltaSink, log_past_its_commits, set_aside_stranded
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
@@ -202,9 +202,19 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         )
     entries = {batch: (checkpoint / "offsets" / str(batch)).read_text() for batch in range(low + 1, last + 1)}
     _refuse_if_source_lost(spec, low)
+    _refuse_if_a_table_cannot_be_read_back(spec, lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
-    aside = checkpoint.with_name(f"{checkpoint.name}.before-rewind-{time.strftime('%Y%m%dT%H%M%S')}")
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    aside = checkpoint.with_name(f"{checkpoint.name}.before-rewind-{stamp}")
     checkpoint.copy_tree(aside)
+    # A lost version Delta had written a checkpoint of: that checkpoint (and the pointer to it) stays in the log and
+    # makes every read and write of the table fail; set aside, the table reads again at its last commit.
+    stranded = [
+        path
+        for lag in lags
+        if isinstance(lag.sink, DeltaSink) and (past := log_past_its_commits(lag.sink.path)) is not None
+        for path in set_aside_stranded(past, lag.sink.path / "_streamproof_set_aside" / f"rewind-{stamp}")
+    ]
     for batch in range(low + 1, last + 1):
         for log in ("commits", "offsets"):
             for name in (str(batch), f".{batch}.crc"):
@@ -219,8 +229,27 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     behind = ", ".join(f"{lag.sink.name} (from batch {lag.holds_through + 1})" for lag in lags)
     removed = f"; removed {len(strays)} stray checksum file(s) of lost log entries ({', '.join(strays)})" if (
         strays) else ""  # fmt: skip
+    moved = f"; set aside {len(stranded)} file(s) of lost Delta versions ({', '.join(stranded)})" if stranded else ""
     return (f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
-            f"them by their keys; the checkpoint before the rewind is kept as {aside}{removed}")  # fmt: skip
+            f"them by their keys; the checkpoint before the rewind is kept as {aside}{removed}{moved}")  # fmt: skip
+
+
+def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind]) -> None:
+    """A Delta table whose lost versions took with them commit files its last commit still needs (a checkpoint
+    of a lost version stood for them, after log clean-up): no replay can fix it, only a restore."""
+    for lag in lags:
+        if not isinstance(lag.sink, DeltaSink):
+            continue
+        past = log_past_its_commits(lag.sink.path)
+        if past is not None and past.needs:
+            quarantine = lag.sink.location == str(spec.quarantine_path)
+            what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
+            shown = ", ".join(past.needs[:3]) + (f" and {len(past.needs) - 3} more" if len(past.needs) > 3 else "")
+            raise PipelineError(
+                f"{what} ({lag.sink.location}) cannot be read back to its last commit (version {past.last_commit}): "
+                f"its log also lost {shown} in {past.table / '_delta_log'}, which only the checkpoint of a lost "
+                "version stood for; restore those files (or the table) from a backup, then rewind"
+            )
 
 
 def remove_stray_checksums(sink: Sink) -> list[str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from delta.tables import DeltaTable
@@ -176,3 +177,79 @@ def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
                 }
             )
     return commits
+
+
+_COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9a-fA-F-]{36})?\.(?:parquet|json)")
+_BY_VERSION = re.compile(r"(?:\d{20}\.)?(\d{20})\.(?:json|crc|compacted\.json|checkpoint\..*)")
+
+
+@dataclass(frozen=True)
+class LogPastItsCommits:
+    """A Delta log whose trailing commit files are gone while files of those versions stayed: a checkpoint (Delta
+    then fails every read and write: "Could not find any delta files for version N"), a checksum, the
+    ``_last_checkpoint`` pointer.
+
+    ``stranded``: those files (names in ``_delta_log``); ``needs``: commit files a read back to ``last_commit``
+    still needs that are gone too (empty: setting the stranded files aside makes the table readable again, at
+    ``last_commit``).
+    """
+
+    table: Location
+    last_commit: int
+    stranded: tuple[str, ...]
+    needs: tuple[str, ...]
+
+
+def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
+    """What a Delta table's log holds past its last commit file, or None when nothing (one listing, a small read).
+
+    >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
+    LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
+    """
+    log = table / "_delta_log"
+    names = set(log.names())
+    commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
+    last = max(commits, default=-1)
+    stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
+    if "_last_checkpoint" in names:
+        pointer = json.loads((log / "_last_checkpoint").read_text() or "{}")
+        if int(pointer.get("version", -1)) > last:
+            stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
+    if not stranded:
+        return None
+    parts: dict[int, set[int]] = {}
+    complete = set()
+    for name in names:
+        if (match := _CHECKPOINT.fullmatch(name)) and int(match[1]) <= last:
+            if match[2] is None:
+                complete.add(int(match[1]))
+            else:
+                parts.setdefault(int(match[1]), set()).add(int(match[2]))
+                if len(parts[int(match[1])]) == int(match[3]):
+                    complete.add(int(match[1]))
+    base = max(complete, default=-1)
+    lost_through = max((version for name in stranded if (version := _version_of(name)) is not None), default=last)
+    needs = [f"{version:020d}.json" for version in range(base + 1, last + 1) if version not in commits]
+    if last < 0:  # no commit file at all: only the lost ones could bring the table back
+        needs = [f"{version:020d}.json" for version in range(0, lost_through + 1)]
+    return LogPastItsCommits(table, last, tuple(sorted(stranded)), tuple(needs))
+
+
+def _version_of(name: str) -> int | None:
+    """The version a log file belongs to (a compacted file: its last), Hadoop's hidden checksum of it alike."""
+    if name.startswith(".") and name.endswith(".crc"):
+        name = name[1:-4]
+    match = _BY_VERSION.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def set_aside_stranded(past: LogPastItsCommits, into: Location) -> list[str]:
+    """Move the files of lost versions out of the log into ``into`` (created), so Delta reads the table at its last
+    commit; returns their new paths. Nothing is deleted."""
+    into.mkdir()
+    moved = []
+    for name in past.stranded:
+        (past.table / "_delta_log" / name).rename(into / name)
+        moved.append(str(into / name))
+    return moved
