@@ -11,6 +11,7 @@ if ! have java || [ "$(java_major)" -lt 17 ]; then missing+=(openjdk-17-jdk-head
 have mvn || missing+=(maven)
 [ -x /usr/lib/postgresql/15/bin/postgres ] || missing+=(postgresql-15)
 have kcat || missing+=(kcat)  # the tests' independent read_committed check of a Kafka sink
+have promtool || missing+=(prometheus)  # ops/prometheus: promtool tests the alerts, a real server fires one
 if ! have python3.11 && ! python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
   missing+=(python3.11 python3.11-venv)
 fi
@@ -25,4 +26,7 @@ fi
 echo "installing Debian packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
+# No service is started by the install (Prometheus's, PostgreSQL's): streamproof starts its own, on its own ports.
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && trap 'rm -f "$policy"' EXIT; fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

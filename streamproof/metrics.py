@@ -8,7 +8,11 @@ Exposed (all labelled ``pipeline``; rows out also by ``sink``; lag by ``topic`` 
 * ``streamproof_batch_duration_seconds`` (last batch), ``streamproof_last_committed_batch``;
 * ``streamproof_kafka_lag_records`` per partition (latest offset seen minus the batch's end offset);
 * ``streamproof_state_rows`` (rows held by stateful operators) and ``streamproof_dropped_duplicates_total``;
-* ``streamproof_runs_total``: starts of the pipeline on this checkpoint, so ``runs - 1`` restarts.
+* ``streamproof_runs_total``: starts of the pipeline on this checkpoint, so ``runs - 1`` restarts;
+* ``streamproof_last_progress_timestamp_seconds``: Unix time of the query's last sign of life (a committed batch,
+  an idle trigger, or the start), ``streamproof_last_batch_timestamp_seconds``: of its last committed batch.
+
+The alerts built on them, and their tests, are in ``ops/prometheus`` (docs/operations.md).
 
 Example::
 
@@ -19,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -50,14 +55,22 @@ class PipelineMetrics:
         self.lag = gauge("streamproof_kafka_lag_records", "Records behind the latest offset", lag_labels)
         self.state_rows = gauge("streamproof_state_rows", "Rows held by stateful operators (dedup, windows)")
         self.runs = gauge("streamproof_runs_total", "Starts of this pipeline on its checkpoint (restarts + 1)")
+        self.alive_at = gauge("streamproof_last_progress_timestamp_seconds",
+                              "Unix time of the query's last committed batch, idle trigger or start")  # fmt: skip
+        self.batch_at = gauge("streamproof_last_batch_timestamp_seconds", "Unix time of the last committed batch")
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         """Start the HTTP endpoint ``http://host:port/metrics`` (a daemon thread)."""
         start_http_server(port, addr=host, registry=self.registry)
 
     def observe_runs(self, runs: int) -> None:
-        """Publish how many times the pipeline started on its checkpoint (restarts + 1)."""
+        """Publish how many times the pipeline started on its checkpoint (restarts + 1); the query is alive."""
         self.runs.labels(self.pipeline).set(runs)
+        self.observe_alive()
+
+    def observe_alive(self) -> None:
+        """The query showed a sign of life (an idle trigger: it polled its source and found nothing new)."""
+        self.alive_at.labels(self.pipeline).set(time.time())
 
     def observe_batch(self, progress: dict[str, Any], rows_out: dict[str, int], quarantined: int) -> None:
         """Update from one committed batch: Spark's progress JSON and what the sinks wrote."""
@@ -70,6 +83,8 @@ class PipelineMetrics:
         self.processed_rate.labels(self.pipeline).set(float(progress.get("processedRowsPerSecond") or 0.0))
         self.batch_seconds.labels(self.pipeline).set((progress.get("batchDuration") or 0) / 1000.0)
         self.last_batch.labels(self.pipeline).set(int(progress["batchId"]))
+        self.batch_at.labels(self.pipeline).set(time.time())
+        self.observe_alive()
         operators = progress.get("stateOperators") or []
         self.state_rows.labels(self.pipeline).set(sum(int(op.get("numRowsTotal") or 0) for op in operators))
         dropped = sum(int((op.get("customMetrics") or {}).get("numDroppedDuplicateRows") or 0) for op in operators)

@@ -39,6 +39,8 @@ class ProgressEvents(StreamingQueryListener):
         result = self.writer.results.pop(progress.batchId, None)
         rows_in = int(progress.numInputRows) if result is None or result.rows_in is None else result.rows_in
         if result is None and rows_in == 0:
+            if self.metrics is not None:
+                self.metrics.observe_alive()
             return  # an idle trigger: no batch ran
         document = json.loads(progress.json)
         if self.metrics is not None:  # before the event: whoever sees it finds the metrics up to date
@@ -76,7 +78,8 @@ class ProgressEvents(StreamingQueryListener):
         )  # fmt: skip
 
     def onQueryIdle(self, event: Any) -> None:
-        pass
+        if self.metrics is not None:  # no data: alive all the same, the stall alert must not fire on a quiet topic
+            self.metrics.observe_alive()
 
     def onQueryTerminated(self, event: Any) -> None:
         pass
