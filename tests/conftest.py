@@ -120,37 +120,6 @@ def run_cli(
     )
 
 
-# Longest first, so that the two workers (pyproject: -n 2 --dist loadfile) finish together. A doctest module is
-# named by its path ("streamproof/__init__.py": the face's example runs a pipeline and a proof).
-LONGEST_FIRST = (
-    "test_proof_matrix.py",
-    "test_sinks_exactly_once.py",
-    "test_testing_plugin.py",
-    "test_outages.py",
-    "test_delta_source.py",
-    "test_files_source.py",
-    "test_checkpoint_recovery.py",
-    "test_examples.py",
-    "test_dedup.py",
-    "test_crash_recovery.py",
-    "test_bench.py",
-    "test_windows.py",
-    "test_schema_change.py",
-    "test_hostile_input.py",
-    "test_stop_signals.py",
-    "streamproof/__init__.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.path.relative_to(REPO).as_posix()
-        name = item.path.name if item.path.parent.name == "tests" else path
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: the order within a file is kept
-
-
 # The broker and Spark fixtures are the ones streamproof ships to its users (streamproof/testing.py),
 # so the project's own tests exercise the plugin too.
 @pytest.fixture(scope="session")

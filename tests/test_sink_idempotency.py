@@ -187,3 +187,31 @@ def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_str
     spark.range(100, 105).write.format("delta").mode("append").save(str(table))
     assert spark.read.format("delta").load(str(table)).count() == 25
     assert log_past_its_commits(Location(table)) is None
+
+
+def test_a_delta_append_after_the_first_of_a_run_commits_its_batch_key_without_delta_s_lookup(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first keyed append of a run goes through Delta's own check (it may be a replay); the later ones commit
+    the same SetTransaction without it, and Delta itself then skips their replay in a new run."""
+    import streamproof.sinks.delta as delta_sink
+
+    known_new: list[int] = []
+    real = delta_sink.append_batch_known_new
+
+    def counted(frame: Any, path: str, batch: Batch) -> int:
+        known_new.append(batch.batch_id)
+        return real(frame, path, batch)
+
+    monkeypatch.setattr(delta_sink, "append_batch_known_new", counted)
+    spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    sink = open_sink(spec, spec.sink_specs[0])
+    for batch_id, offsets in enumerate((range(0, 40), range(40, 60), range(60, 90))):
+        assert sink.write(_rows(spark, offsets), _batch(batch_id, len(offsets), offsets.stop)).rows_out == len(offsets)
+    assert known_new == [1, 2]
+    assert [(commit.batch_id, commit.keyed) for commit in sink.commits()] == [(0, True), (1, True), (2, True)]
+
+    again = open_sink(spec, spec.sink_specs[0])  # a new run replays batch 2: Delta skips it by the key committed
+    replay = again.write(_rows(spark, range(60, 90)), _batch(2, 30, 90))
+    assert replay.replay_skipped and known_new == [1, 2]
+    assert again.read(spark).count() == 90  # type: ignore[union-attr]

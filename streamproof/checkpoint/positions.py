@@ -83,7 +83,7 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
     return behind
 
 
-def quarantine_table(spec: PipelineSpec) -> Sink:
+def quarantine_table(spec: PipelineSpec) -> DeltaSink:
     """The quarantine table, read as the keyed Delta append it is (its commits carry the batch like a sink's).
 
     >>> quarantine_table(spec).location                          # doctest: +SKIP

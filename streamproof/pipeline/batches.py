@@ -40,7 +40,6 @@ from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.pipeline.events import Event, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
-from streamproof.sinks.delta import append_batch
 from streamproof.task_faults import held_back
 from streamproof.transform import (
     ALL_RECORDS,
@@ -157,7 +156,7 @@ class BatchWriter:
                 if quarantine_late:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
                     records = records.withColumn(REJECT_REASON, reason)
-                append_batch(quarantined_records(records), str(self.spec.quarantine_path), batch)
+                self.quarantine.append(quarantined_records(records), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
                     QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
                     self._note_head(self.quarantine)

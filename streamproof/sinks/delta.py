@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,40 @@ def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: boo
     writer.save(path)
 
 
+def append_batch_known_new(frame: DataFrame, path: str, batch: Batch) -> int:
+    """Append ``frame`` keyed on the batch, for a batch this process knows the table does not hold: the same commit
+    as :func:`append_batch` (data and SetTransaction ``(appId, batch id)`` in one atomic commit, so a later replay
+    is skipped by Delta itself), without Delta's lookup of the appId's version. That lookup rebuilds the whole table
+    state before every keyed write (measured: 3.0 s a commit against 0.57 s without it, 1,000 rows, 16 appends);
+    only the first batch of a run can be a replay, and that one goes through :func:`append_batch`. A concurrent
+    commit of the same appId is still a conflict: the transaction records that it read the appId. Returns the
+    version committed.
+
+    >>> append_batch_known_new(valid_rows, "/data/orders", Batch("orders", 8, offsets, keyed=True))  # doctest: +SKIP
+    12
+    """
+    assert batch.keyed, "an unkeyed write has no SetTransaction to commit"
+    spark = frame.sparkSession
+    jvm = spark._jvm
+    assert jvm is not None, "a classic Spark session has a JVM"
+    delta = jvm.org.apache.spark.sql.delta
+    txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
+    txn.readTxn().addOne(app_id(batch.pipeline))  # what txnVersion() records, minus the state rebuild
+    files = txn.writeFiles(frame._jdf)
+    actions = jvm.java.util.ArrayList()
+    written = files.iterator()
+    while written.hasNext():
+        actions.add(written.next())
+    now = jvm.java.lang.Long.valueOf(str(int(time.time() * 1000)))
+    actions.add(delta.actions.SetTransaction(app_id(batch.pipeline), batch.batch_id, jvm.scala.Some(now)))
+    none = jvm.scala.Option.empty()
+    write = getattr(delta, "DeltaOperations$Write")(
+        jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(batch.commit_metadata()), none, none,
+        none, none, none,
+    )  # fmt: skip
+    return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), write))
+
+
 def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
     """One row per ``key``: the latest (:func:`streamproof.transform.recency`).
 
@@ -80,6 +115,7 @@ class DeltaSink(FolderSink):
 
     kind = "delta"
     spec: DeltaSinkSpec
+    _keyed_through: int | None = None  # the last batch this run appended keyed (sinks are opened per run)
 
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new)."""
@@ -101,9 +137,23 @@ class DeltaSink(FolderSink):
         if self.spec.mode == "merge":
             self._merge(rows, batch)
         else:
-            append_batch(rows, str(self.path), batch,
-                         merge_schema=self.pipeline.transform.schema_evolution == "add-columns")  # fmt: skip
+            self.append(rows, batch, merge_schema=self.pipeline.transform.schema_evolution == "add-columns")
         return SinkWrite(0 if replay else batch.rows, replay)
+
+    def append(self, rows: DataFrame, batch: Batch, *, merge_schema: bool = False) -> None:
+        """Append a batch: keyed batches after the first of the run without Delta's state rebuild
+        (:func:`append_batch_known_new`), since this run wrote the batch before them and Spark plans a batch only
+        after the one before it committed. A write that failed (perhaps after its commit was durable) leaves the
+        next attempt to Delta's own check."""
+        known_new = (batch.keyed and not merge_schema and self._keyed_through is not None
+                     and batch.batch_id > self._keyed_through)  # fmt: skip
+        self._keyed_through = None
+        if known_new:
+            append_batch_known_new(rows, str(self.path), batch)
+        else:
+            append_batch(rows, str(self.path), batch, merge_schema=merge_schema)
+        if batch.keyed:
+            self._keyed_through = batch.batch_id
 
     def _merge(self, rows: DataFrame, batch: Batch) -> None:
         spark = rows.sparkSession
