@@ -280,11 +280,18 @@ def sink_write(
             spark_context.setLocalProperty(key, None)
 
 
-def _data_files(folder: Path) -> set[str]:
+def _data_files(folder: Path | str) -> set[str]:
+    """The data files under ``folder``, those of a partitioned table's ``column=value`` folders included."""
+    found: set[str] = set()
     try:
-        return {entry.name for entry in os.scandir(folder) if entry.name.endswith(".parquet")}
+        for entry in os.scandir(folder):
+            if entry.name.endswith(".parquet"):
+                found.add(entry.path)
+            elif "=" in entry.name and entry.is_dir():
+                found |= _data_files(entry.path)
     except FileNotFoundError:
-        return set()
+        pass
+    return found
 
 
 def _kill_when_new_file_appears(folder: Path, before: set[str], batch_id: int, done: threading.Event) -> None:

@@ -17,8 +17,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import RunLock
 from streamproof.config import DeltaSinkSpec, PipelineSpec
-from streamproof.errors import ConfigError, PipelineError
+from streamproof.errors import ConfigError, PipelineError, first_line
 from streamproof.storage import Location
 
 DEFAULT_RETENTION_HOURS = 168.0
@@ -46,27 +46,53 @@ class OptimizeResult:
     path: str
     files_removed: int
     files_added: int
+    partitions: int = 0  # partitions compacted (0: an unpartitioned table, or nothing to compact)
+    zorder_by: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """What ``streamproof maintain`` prints for it.
+
+        >>> OptimizeResult("t", 12, 2, partitions=2, zorder_by=("customer_id",)).line()
+        't: OPTIMIZE ZORDER BY (customer_id) removed 12 files, added 2, in 2 partitions'
+        """
+        zorder = f" ZORDER BY ({', '.join(self.zorder_by)})" if self.zorder_by else ""
+        within = f", in {self.partitions} partition{'s' * (self.partitions != 1)}" if self.partitions else ""
+        return f"{self.path}: OPTIMIZE{zorder} removed {self.files_removed} files, added {self.files_added}{within}"
 
 
 def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_hours: float | None,
-             allow_short_retention: bool = False) -> Iterator[str]:  # fmt: skip
-    """OPTIMIZE (``compact``) and/or VACUUM each Delta table of the pipeline; one line per table and step done
-    (``streamproof maintain``). A table not written yet is skipped, and said so."""
-    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention)
-    for table in delta_tables(spec):
+             allow_short_retention: bool = False, where: str | None = None) -> Iterator[str]:  # fmt: skip
+    """OPTIMIZE (``compact``; only the partitions ``where`` selects, Z-ordered by the sink's ``zorder_by``) and/or
+    VACUUM each Delta table of the pipeline; one line per table and step done (``streamproof maintain``). A table
+    not written yet is skipped, and said so."""
+    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention,
+                  where=where)  # fmt: skip
+    refusals: list[str] = []  # --where: the tables whose partition columns it does not name
+    for table, layout in delta_tables_laid_out(spec):
         if not DeltaTable.isDeltaTable(spark, str(table)):
             yield f"{table}: not written yet, skipped"
             continue
-        if compact:
-            done = optimize(spark, table)
-            yield f"{table}: OPTIMIZE removed {done.files_removed} files, added {done.files_added}"
+        if compact and where is not None and not layout.partition_by:
+            yield f"{table}: not partitioned, --where does not apply: OPTIMIZE skipped"
+        elif compact:
+            try:
+                done = optimize(spark, table, where=where, zorder_by=layout.zorder_by)
+            except ConfigError as refused:
+                refusals.append(str(refused))
+                yield f"{table}: OPTIMIZE skipped: {refused}"
+            else:
+                yield (done if layout.partition_by else replace(done, partitions=0)).line()
         if vacuum_hours is not None:
             result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
                             allow_short_retention=allow_short_retention)  # fmt: skip
             yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
+    partitioned = [table for table, layout in delta_tables_laid_out(spec) if layout.partition_by]
+    if where is not None and len(refusals) == len(partitioned):  # no table took it: a mistake, not a choice
+        raise ConfigError(refusals[0] if refusals else "--where: the pipeline has no partitioned Delta table")
 
 
-def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_retention: bool) -> None:
+def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_retention: bool,
+                  where: str | None = None) -> None:  # fmt: skip
     """Refuse a maintenance request that does nothing, or a retention too short, before Spark starts.
 
     >>> check_request(compact=False, vacuum_hours=None, allow_short_retention=False)
@@ -76,14 +102,32 @@ def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_rete
     """
     if not compact and vacuum_hours is None:
         raise ConfigError("nothing to do: give --optimize, --vacuum HOURS or both")
+    if where is not None and not compact:
+        raise ConfigError(
+            "--where selects the partitions --optimize compacts: add --optimize (VACUUM takes no --where)"
+        )
     if vacuum_hours is not None:
         check_retention(vacuum_hours, allow_short_retention=allow_short_retention)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How the pipeline file lays a table out: its partition columns, and the columns OPTIMIZE Z-orders by."""
+
+    partition_by: tuple[str, ...] = ()
+    zorder_by: tuple[str, ...] = ()
+
+
 def delta_tables(spec: PipelineSpec) -> list[Location]:
     """The Delta tables a pipeline writes: its Delta sinks and its quarantine table."""
-    tables = [spec.resolve_path(sink.path) for sink in spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
-    return [*tables, spec.quarantine_path]
+    return [table for table, _ in delta_tables_laid_out(spec)]
+
+
+def delta_tables_laid_out(spec: PipelineSpec) -> list[tuple[Location, Layout]]:
+    """:func:`delta_tables`, each with its :class:`Layout` (the quarantine table is not partitioned)."""
+    tables = [(spec.resolve_path(sink.path), Layout(tuple(sink.partition_by), tuple(sink.zorder_by)))
+              for sink in spec.sink_specs if isinstance(sink, DeltaSinkSpec)]  # fmt: skip
+    return [*tables, (spec.quarantine_path, Layout())]
 
 
 def check_retention(retention_hours: float, *, allow_short_retention: bool) -> None:
@@ -119,12 +163,31 @@ def vacuum(
     return VacuumResult(str(table), deleted, retention_hours)
 
 
-def optimize(spark: SparkSession, table: Location) -> OptimizeResult:
-    """OPTIMIZE (bin-packing compaction) one table."""
-    row = DeltaTable.forPath(spark, str(table)).optimize().executeCompaction().first()
+def optimize(spark: SparkSession, table: Location, *, where: str | None = None,
+             zorder_by: Sequence[str] = ()) -> OptimizeResult:  # fmt: skip
+    """OPTIMIZE one table: files are compacted within each partition (Delta never mixes partitions in a file), only
+    in the partitions ``where`` selects (a predicate on partition columns), Z-ordered by ``zorder_by`` if given.
+
+    >>> optimize(spark, Location("tables/orders"), where="event_date >= '2026-11-01'").files_added  # doctest: +SKIP
+    30
+    """
+    builder = DeltaTable.forPath(spark, str(table)).optimize()
+    if where is not None:
+        try:
+            builder = builder.where(where)
+        except Exception as error:  # Delta: a predicate on a data column, or one it cannot parse
+            raise ConfigError(f"--where {where!r}: {first_line(error)}") from None
+    try:
+        result = builder.executeZOrderBy(*zorder_by) if zorder_by else builder.executeCompaction()
+    except Exception as error:
+        if where is None:
+            raise
+        raise ConfigError(f"--where {where!r}: {first_line(error)}") from None
+    row = result.first()
     assert row is not None, "OPTIMIZE returns one row of metrics"
     metrics = row["metrics"]
-    return OptimizeResult(str(table), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"]))
+    return OptimizeResult(str(table), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"]),
+                          int(metrics["partitionsOptimized"] or 0), tuple(zorder_by))  # fmt: skip
 
 
 def unreferenced_files(spark: SparkSession, table: Path) -> list[Path]:

@@ -209,6 +209,16 @@ def test_postgres_password_is_kept_as_a_variable_name_never_its_value(monkeypatc
         ),  # fmt: skip
         ('[sink]\nkind = "console"', "sink.kind: 'console' cannot skip a replayed batch"),
         (
+            '[sink]\nkind = "delta"\npath = "/t"\npartition_by = ["event_date"]',
+            "sink.partition_by: 'event_date' is not a field of the schema nor a transform.columns entry",
+        ),  # fmt: skip
+        ('[sink]\nkind = "delta"\npath = "/t"\npartition_by = ["status", "status"]', "sink.partition_by: ['status', "),
+        ('[sink]\nkind = "delta"\npath = "/t"\npartition_by = ["x;y"]', "sink.partition_by: 'x;y' is not a plain"),
+        (
+            '[sink]\nkind = "delta"\npath = "/t"\npartition_by = ["status"]\nzorder_by = ["status"]',
+            "sink.zorder_by: ['status'] already partition the table",
+        ),  # fmt: skip
+        (
             '[[sinks]]\nkind = "files"\npath = "/a"\n[[sinks]]\nkind = "files"\npath = "/b"',
             "sinks: two sinks are named ['files', 'files']",
         ),  # fmt: skip

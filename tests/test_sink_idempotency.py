@@ -25,7 +25,7 @@ SCHEMA = "event_id STRING, order_id STRING, amount DOUBLE, event_time TIMESTAMP"
 ROW_SCHEMA = f"{SCHEMA}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
 
 
-def _spec(sink: str, workdir: Path, bootstrap: str) -> Any:
+def _spec(sink: str, workdir: Path, bootstrap: str, transform: str = "") -> Any:
     return parse_pipeline(f"""
 name = "idem"
 checkpoint = "{workdir}/checkpoint"
@@ -36,6 +36,7 @@ topic = "idem-in"
 [transform]
 schema = "{SCHEMA}"
 required = ["event_id", "order_id"]
+{transform}
 [sink]
 {sink}
 """)
@@ -215,3 +216,69 @@ def test_a_delta_append_after_the_first_of_a_run_commits_its_batch_key_without_d
     replay = again.write(_rows(spark, range(60, 90)), _batch(2, 30, 90))
     assert replay.replay_skipped and known_new == [1, 2]
     assert again.read(spark).count() == 90  # type: ignore[union-attr]
+
+
+def _dated_rows(spark: Any, batch: list[tuple[int, str, int]]) -> Any:
+    """Rows ``(offset, order_id, day of January)``: the record's event date is its partition."""
+    from datetime import datetime
+
+    rows = [(f"e{offset}", order, float(offset), datetime(2026, 1, day, 12), "idem-in", offset % 2, offset,
+             datetime(2026, 1, 1)) for offset, order, day in batch]  # fmt: skip
+    return spark.createDataFrame(rows, ROW_SCHEMA)
+
+
+def test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_the_batch_s(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Partitioned by a derived column (the event's date). Append: the first write creates the partitions, the
+    later ones (Delta's transaction API) write into them. MERGE: a batch touching one day looks for its keys in
+    that day's files only (Delta's own skipping metrics show it), updates in place, and a replay is skipped.
+    A table partitioned otherwise than the file says is refused in one line."""
+    from delta.tables import DeltaTable
+
+    from streamproof.transform import with_derived_columns
+
+    def opened(sink_text: str) -> Any:
+        derived = 'columns = {event_date = "to_date(event_time)"}'
+        spec = _spec(sink_text, tmp_path, kafka_broker.bootstrap_servers, derived)
+        sink = open_sink(spec, spec.sink_specs[0])
+        sink.prepare(spark)
+        return sink, spec
+
+    def write(sink: Any, spec: Any, batch_id: int, rows: list[tuple[int, str, int]]) -> Any:
+        frame = with_derived_columns(_dated_rows(spark, rows), spec.transform)
+        return sink.write(frame, _batch(batch_id, len(rows), rows[-1][0] + 1))
+
+    day1, day2 = [(i, f"a{i}", 1) for i in range(0, 6)], [(i, f"b{i}", 2) for i in range(6, 12)]
+    append, spec = opened(f'kind = "delta"\npath = "{tmp_path}/append"\npartition_by = ["event_date"]')
+    write(append, spec, 0, day1)
+    write(append, spec, 1, day2)  # through the transaction API: the table's partitioning applies
+    files = spark.read.format("delta").load(f"{tmp_path}/append").inputFiles()
+    assert {("event_date=2026-01-01" in f, "event_date=2026-01-02" in f) for f in files} == {(True, False),
+                                                                                              (False, True)}
+
+    merge_text = f'kind = "delta"\npath = "{tmp_path}/merge"\nmode = "merge"\nkey = "order_id"\n'
+    merge, spec = opened(merge_text + 'partition_by = ["event_date"]')
+    write(merge, spec, 0, day1 + day2)
+    # Day 1's files are taken away while a batch of day-2 orders is merged: a MERGE that looked in them would fail.
+    day1_files = list((tmp_path / "merge" / "event_date=2026-01-01").glob("*.parquet"))
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for file in day1_files:
+        file.rename(aside / file.name)
+    write(merge, spec, 1, [(20 + i, f"b{i}", 2) for i in range(6, 9)])  # newer records of three day-2 orders
+    for file in day1_files:
+        (aside / file.name).rename(file)
+    table = DeltaTable.forPath(spark, f"{tmp_path}/merge")
+    last = table.history(1).first()
+    assert last is not None and last["operation"] == "MERGE" and day1_files
+    assert "2026-01-02" in last["operationParameters"]["predicate"], last["operationParameters"]
+    assert int(last["operationMetrics"]["numTargetRowsUpdated"]) == 3, last["operationMetrics"]
+    held = {row["order_id"]: row["_src_offset"] for row in table.toDF().collect()}
+    assert len(held) == 12 and [held[f"b{i}"] for i in range(6, 12)] == [26, 27, 28, 9, 10, 11]
+
+    again, spec = opened(merge_text + 'partition_by = ["event_date"]')  # a new run replays batch 1
+    assert write(again, spec, 1, [(20 + i, f"b{i}", 2) for i in range(6, 9)]).replay_skipped
+    refusal = r"partitioned by \['event_date'\] but \[sink\] partition_by is \['amount'\]: set partition_by"
+    with pytest.raises(PipelineError, match=refusal):
+        opened(merge_text + 'partition_by = ["amount"]')

@@ -149,14 +149,19 @@ def maintain(
     allow_short_retention: Annotated[
         bool, typer.Option("--allow-short-retention", help="Allow --vacuum below 168 hours (no reader needs them).")
     ] = False,
+    where: Annotated[
+        str | None,
+        typer.Option("--where", help="--optimize only the partitions this predicate on partition columns selects."),
+    ] = None,
 ) -> None:
-    """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table)."""
+    """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table); OPTIMIZE
+    compacts within each partition and Z-orders by the sink's ``zorder_by``."""
     maintenance.check_request(compact=do_optimize, vacuum_hours=vacuum_hours,
-                              allow_short_retention=allow_short_retention)  # fmt: skip
+                              allow_short_retention=allow_short_retention, where=where)  # fmt: skip
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-maintain:{spec.name}")
     for line in maintenance.maintain(spark, spec, compact=do_optimize, vacuum_hours=vacuum_hours,
-                                     allow_short_retention=allow_short_retention):  # fmt: skip
+                                     allow_short_retention=allow_short_retention, where=where):  # fmt: skip
         console.print(line, markup=False)
 
 

@@ -157,16 +157,23 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _sink_columns_are_schema_fields(self) -> PipelineSpec:
+        laid_out = ("partition_by", "zorder_by")  # may also name derived columns, or a window row's columns
         if self.transform.aggregate is not None:  # window rows: the sinks name no record field
+            for sink in self.sink_specs:
+                for key, column in sink.schema_columns():
+                    if key in laid_out and column not in self.transform.aggregate.output_columns:
+                        raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a column of the window rows "
+                                         f"({', '.join(self.transform.aggregate.output_columns)})")  # fmt: skip
             return self
         fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
         for sink in self.sink_specs:
             named = sink.schema_columns()
             for key, column in named:
-                if column not in fields:
-                    raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a field of the schema")
+                if column not in fields and not (key in laid_out and column in self.transform.columns):
+                    raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a field of the schema"
+                                     + (" nor a transform.columns entry" if key in laid_out else ""))  # fmt: skip
             # A record without its key or group cannot be upserted or totalled: it must be quarantined instead.
-            stateful = named and not isinstance(sink, KafkaSinkSpec)
+            stateful = any(key in ("key", "by") for key, _ in named) and not isinstance(sink, KafkaSinkSpec)
             for key in ("key", "by"):
                 needed = getattr(sink, key, None)
                 if stateful and needed and needed not in self.transform.required:

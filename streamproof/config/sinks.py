@@ -47,15 +47,35 @@ class DeltaSinkSpec(SinkSpecBase):
     order_by: str = "event_time"  # merge: the latest record of a key by this column wins
     optimize_write: bool = False  # table property delta.autoOptimize.optimizeWrite: fewer, larger files
     auto_compact: bool = False  # table property delta.autoOptimize.autoCompact: compaction after commits
+    # The table's partition columns (record fields or [transform] columns), set when the table is created. Under
+    # merge, a key's partition values must never change (derive them from the key, or from a field fixed per key):
+    # the MERGE looks for a key only in the partitions of the batch.
+    partition_by: list[str] = Field(default_factory=list)
+    zorder_by: list[str] = Field(default_factory=list)  # maintain --optimize: Z-order the files of each partition
+
+    @field_validator("partition_by", "zorder_by")
+    @classmethod
+    def _distinct_identifiers(cls, value: list[str]) -> list[str]:
+        for column in value:
+            sql_identifier(column)
+        if len({column.lower() for column in value}) != len(value):
+            raise ValueError(f"{value}: a column is listed twice")
+        return value
 
     @model_validator(mode="after")
     def _merge_needs_key(self) -> DeltaSinkSpec:
         if self.mode == "merge" and not self.key:
             raise ValueError("key: required when mode = 'merge' (the business key to upsert on)")
+        if overlap := {c.lower() for c in self.zorder_by} & {c.lower() for c in self.partition_by}:
+            raise ValueError(
+                f"zorder_by: {sorted(overlap)} already partition the table; Z-order by columns within a partition"
+            )
         return self
 
     def schema_columns(self) -> list[tuple[str, str]]:
-        return [("key", str(self.key)), ("order_by", self.order_by)] if self.mode == "merge" else []
+        keyed = [("key", str(self.key)), ("order_by", self.order_by)] if self.mode == "merge" else []
+        laid_out = [*(("partition_by", c) for c in self.partition_by), *(("zorder_by", c) for c in self.zorder_by)]
+        return keyed + laid_out
 
     @property
     def folder(self) -> str:

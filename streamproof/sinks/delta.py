@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +38,10 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from streamproof.config import DeltaSinkSpec
+from streamproof.errors import PipelineError
 from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
 from streamproof.storage import Location
-from streamproof.transform import recency, record_schema, struct_type
+from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -51,10 +53,14 @@ def app_id(pipeline: str) -> str:
     return f"streamproof/{pipeline}"
 
 
-def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False) -> None:
+def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False,
+                 partition_by: Sequence[str] = ()) -> None:  # fmt: skip
     """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``; with
-    ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``)."""
+    ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``);
+    ``partition_by``: the table's partition columns (a new table is created with them)."""
     writer = frame.write.format("delta").mode("append").option("userMetadata", batch.commit_metadata())
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
     if merge_schema:
         writer = writer.option("mergeSchema", "true")
     if batch.keyed:
@@ -105,6 +111,23 @@ def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
     return rows.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1").drop("_rank")
 
 
+def partitions_of(rows: DataFrame, partition_by: Sequence[str], target: str = "t") -> Column:
+    """A condition on the ``target`` table of a MERGE that keeps only the partitions ``rows`` fall in: Delta
+    prunes the table's files with it before looking for matches (a null partition value is kept too).
+
+    >>> partitions_of(latest, ["event_date"])                                          # doctest: +SKIP
+    Column<'((t.event_date IN (2026-11-23, 2026-11-24)) OR false)'>
+    """
+    condition = F.lit(True)
+    for column in partition_by:
+        values = [row[0] for row in rows.select(column).distinct().collect()]
+        held = F.col(f"{target}.`{column}`")
+        present = [value for value in values if value is not None]
+        kept = held.isin(present) if present else F.lit(False)
+        condition = condition & (kept | held.isNull() if None in values else kept)
+    return condition
+
+
 def newer_than(source: str, target: str, order_by: str) -> Column:
     """``source`` row is newer than ``target`` row (:func:`streamproof.transform.recency`)."""
     return recency(order_by, source) > recency(order_by, target)
@@ -118,19 +141,39 @@ class DeltaSink(FolderSink):
     _keyed_through: int | None = None  # the last batch this run appended keyed (sinks are opened per run)
 
     def prepare(self, spark: SparkSession) -> None:
-        """Set the table options of the pipeline file (creating the table with the pipeline's schema if new)."""
+        """Set the table options of the pipeline file (creating the table with the pipeline's schema if new), and
+        refuse a table partitioned otherwise than ``partition_by`` says."""
+        if self.spec.partition_by:
+            self._refuse_other_partitioning(spark)
         properties = {"delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
                       "delta.autoOptimize.autoCompact": self.spec.auto_compact}  # fmt: skip
         wanted = {name: "true" for name, on in properties.items() if on}
         if not wanted:
             return
-        schema = struct_type(record_schema(self.pipeline.transform))
+        transform = self.pipeline.transform
+        schema = struct_type(record_schema(transform))
+        if transform.columns and transform.aggregate is None:
+            schema = with_derived_columns(spark.createDataFrame([], schema), transform).schema
         builder = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(schema)
+        if self.spec.partition_by:
+            builder = builder.partitionedBy(*self.spec.partition_by)
         for name, value in wanted.items():
             builder = builder.property(name, value)
         builder.execute()
         assignments = ", ".join(f"'{name}' = '{value}'" for name, value in wanted.items())
         spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
+
+    def _refuse_other_partitioning(self, spark: SparkSession) -> None:
+        if not DeltaTable.isDeltaTable(spark, str(self.path)):
+            return  # the first write creates it, partitioned
+        detail = DeltaTable.forPath(spark, str(self.path)).detail().select("partitionColumns").first()
+        held = list(detail[0]) if detail is not None else []
+        if [c.lower() for c in held] != [c.lower() for c in self.spec.partition_by]:
+            raise PipelineError(
+                f"{self.path} is partitioned by {held or 'nothing'} but [sink] partition_by is "
+                f"{self.spec.partition_by}: set partition_by to the table's, or write to a new path (Delta cannot "
+                "change a table's partitioning in place)"
+            )
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         replay = self.is_replay(batch)
@@ -151,14 +194,18 @@ class DeltaSink(FolderSink):
         if known_new:
             append_batch_known_new(rows, str(self.path), batch)
         else:
-            append_batch(rows, str(self.path), batch, merge_schema=merge_schema)
+            append_batch(rows, str(self.path), batch, merge_schema=merge_schema, partition_by=self.spec.partition_by)
         if batch.keyed:
             self._keyed_through = batch.batch_id
 
     def _merge(self, rows: DataFrame, batch: Batch) -> None:
         spark = rows.sparkSession
         latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
-        DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema).execute()
+        created = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema)
+        (created.partitionedBy(*self.spec.partition_by) if self.spec.partition_by else created).execute()
+        matches = F.expr(f"t.`{self.spec.key}` = s.`{self.spec.key}`")
+        if self.spec.partition_by:  # a key keeps its partition (config/sinks.py): look for it in the batch's only
+            matches = matches & partitions_of(rows, self.spec.partition_by)
         confs = {USER_METADATA_CONF: batch.commit_metadata()}
         if batch.keyed:
             confs.update({TXN_APP_ID_CONF: app_id(batch.pipeline), TXN_VERSION_CONF: str(batch.batch_id)})
@@ -167,7 +214,7 @@ class DeltaSink(FolderSink):
         try:
             (
                 DeltaTable.forPath(spark, str(self.path)).alias("t")
-                .merge(latest.alias("s"), f"t.`{self.spec.key}` = s.`{self.spec.key}`")
+                .merge(latest.alias("s"), matches)
                 .whenMatchedUpdateAll(condition=newer_than("s", "t", self.spec.order_by))
                 .whenNotMatchedInsertAll()
                 .execute()
