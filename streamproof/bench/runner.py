@@ -32,6 +32,7 @@ import pyspark
 from streamproof.bench.cluster import bench_cluster
 from streamproof.bench.common import DEFAULT_EVENTS, RESULTS, Bench, Emit
 from streamproof.bench.latency import bench_latency
+from streamproof.bench.partitioned import bench_partitioned
 from streamproof.bench.recovery import bench_recovery
 from streamproof.bench.scaling import bench_scaling
 from streamproof.bench.sinks import bench_sinks
@@ -43,12 +44,12 @@ from streamproof.jars import cached_jars, check_java
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": bench_throughput, "latency": bench_latency, "recovery": bench_recovery, "sinks": bench_sinks,
-    "scaling": bench_scaling, "tuning": bench_tuning, "cluster": bench_cluster,
+    "scaling": bench_scaling, "tuning": bench_tuning, "partitioned": bench_partitioned, "cluster": bench_cluster,
 }  # fmt: skip
 BENCHMARKS = tuple(RUNNERS)
-DEFAULT_BENCHMARKS = tuple(
-    name for name in BENCHMARKS if name != "cluster"
-)  # that one needs `infra up --spark-workers`
+# Not by default: cluster needs `infra up --spark-workers`; partitioned measures a table layout a user chooses,
+# not the product's own speed.
+DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name not in ("cluster", "partitioned"))
 # What the command prints of each benchmark's results (the whole document goes to the results file).
 SUMMARY_KEYS = ("ratios", "targets_met", "latency", "latency_after_warmup", "ratios_vs_delta_append", "median_s")
 

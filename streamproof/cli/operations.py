@@ -171,8 +171,9 @@ def bench(
     names: Annotated[
         list[str] | None,
         typer.Argument(
-            help="throughput, latency, recovery, sinks, scaling, tuning (default: these six); cluster (on the "
-            "cluster of `infra up --spark-workers 2`).",
+            help="throughput, latency, recovery, sinks, scaling, tuning (default: these six); partitioned (a "
+            "partitioned Delta table against the same unpartitioned); cluster (on the cluster of `infra up "
+            "--spark-workers 2`).",
             show_default=False,
         ),
     ] = None,
