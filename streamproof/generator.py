@@ -37,6 +37,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import io
 import json
 import random
 import time
@@ -50,6 +51,7 @@ from typing import Any, TypedDict, Unpack
 
 from confluent_kafka import KafkaException, Producer
 
+from streamproof.avro import AvroContract
 from streamproof.errors import ConfigError, InfraError
 from streamproof.kafka_client import client_config, ensure_topic, topic_end_offsets
 
@@ -116,10 +118,11 @@ class EventMix(TypedDict, total=False):
 
 
 def order_events(
-    count: int, *, partitions: int = 4, start_index: int = 0, **mix: Unpack[EventMix]
+    count: int, *, partitions: int = 4, start_index: int = 0, avro: AvroContract | None = None, **mix: Unpack[EventMix]
 ) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
     """Yield ``(partition, key, value, kind)`` for records ``start_index .. start_index+count-1``; ``kind`` is
-    None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``.
+    None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``. With ``avro``, the same events
+    as Avro records of that writer schema (:func:`avro_record`).
 
     >>> first = next(order_events(1, seed=1))
     >>> json.loads(first[2])["event_id"]
@@ -130,6 +133,9 @@ def order_events(
     for option, fraction in (("--malformed", malformed), ("--duplicates", duplicates), ("--late", late)):
         if not 0.0 <= fraction <= 1.0:
             raise ConfigError(f"{option} {fraction}: must be a fraction between 0 and 1")
+    if avro is not None and schema_change_at is not None:
+        raise ConfigError("--schema-change-at: JSON records only (an Avro record's fields are those of its schema)")
+    encode = AvroEncoder(avro, seed) if avro is not None else None
     rng = random.Random(seed)
     # Duplicates and lateness draw from streams of their own: the events themselves stay those of the seed.
     upstream = random.Random(f"{seed}:upstream")
@@ -165,7 +171,10 @@ def order_events(
         elif schema_change_at is not None and index >= schema_change_at:  # a record is invalid for one reason
             record, changed = _changed_schema(event, upstream)
             kind = TYPE_CHANGE if changed else kind
-        value = record.encode() if isinstance(record, str) else record
+        if encode is not None:
+            value = encode(event, record, kind, index)
+        else:
+            value = record.encode() if isinstance(record, str) else record
         if duplicates and kind not in (*MALFORMED_KINDS, TYPE_CHANGE):  # only valid events are resent
             if len(recent) == recent.maxlen:  # the oldest recent event joins the sample of older ones
                 older_seen += 1
@@ -176,6 +185,61 @@ def order_events(
                     older[slot] = evicted
             recent.append((partition, key, value))
         yield partition, key, value, kind
+
+
+# The Avro writer schema of the generated events (examples/schemas/order.avsc holds the same; a test keeps them equal).
+ORDER_AVRO_SCHEMA = json.dumps({
+    "type": "record", "name": "OrderEvent", "namespace": "streamproof.examples",
+    "doc": "One event of an order, as `streamproof generate --format avro` writes it.",
+    "fields": [
+        *({"name": name, "type": ["null", "string"], "default": None}
+          for name in ("event_id", "order_id", "customer_id")),
+        {"name": "amount", "type": ["null", "double"], "default": None},
+        {"name": "status", "type": ["null", "string"], "default": None},
+        {"name": "event_time", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None},
+    ],
+})  # fmt: skip
+
+
+class AvroEncoder:
+    """The generated events as Avro records of a writer schema (with Confluent's header when from a registry).
+
+    The malformed kinds become what an Avro reader must refuse or quarantine: ``broken_json`` and ``wrong_type``
+    a datum cut short (no Avro reader can finish it), ``missing_required`` and ``empty_value`` a record whose field
+    is null or blank, ``binary_garbage`` bytes of no schema (and no header).
+
+    >>> contract = AvroContract(ORDER_AVRO_SCHEMA, schema_id=3)
+    >>> _, _, value, _ = next(order_events(1, seed=1, avro=contract))
+    >>> value.startswith(contract.header()), len(value)
+    (True, 75)
+    """
+
+    def __init__(self, contract: AvroContract, seed: int) -> None:
+        import fastavro  # only for Avro data
+
+        self.contract, self.seed = contract, seed
+        self.schema = fastavro.parse_schema(json.loads(contract.schema_json))
+        self.write = fastavro.schemaless_writer
+
+    def datum(self, record: dict[str, Any]) -> bytes:
+        names = self.contract.field_names()
+        fields = {name: record.get(name) for name in names}
+        if isinstance(when := fields.get("event_time"), str):
+            fields["event_time"] = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        out = io.BytesIO()
+        self.write(out, self.schema, fields)
+        return out.getvalue()
+
+    def __call__(self, event: str, record: str | bytes, kind: str | None, index: int) -> bytes:
+        if isinstance(record, bytes):  # binary_garbage: no header, no datum
+            return record
+        if kind in ("broken_json", "wrong_type"):
+            whole = self.datum(json.loads(event))
+            cut = random.Random(f"{self.seed}:avro:{index}").randrange(1, len(whole))
+            return self.contract.frame(whole[:cut])
+        if record == "":
+            return b""
+        return self.contract.frame(self.datum(json.loads(record)))
 
 
 def _changed_schema(event: str, rng: random.Random) -> tuple[str, bool]:
@@ -220,9 +284,11 @@ def generate(
     partitions: int = 4,
     manifest_dir: Path | None = None,
     on_progress: Callable[[int], None] | None = None,
+    avro: AvroContract | None = None,
     **mix: Unpack[EventMix],
 ) -> GenerationResult:
-    """Produce ``count`` events into ``topic`` (created if missing) and wait until all are acknowledged.
+    """Produce ``count`` events into ``topic`` (created if missing) and wait until all are acknowledged; with
+    ``avro``, as Avro records of that writer schema.
 
     With ``manifest_dir``, the run is appended to ``<manifest_dir>/<topic>.json`` so verification can
     compare its counts with what the generator knowingly produced.
@@ -260,7 +326,7 @@ def generate(
     kinds: Counter[str] = Counter()
     started = time.monotonic()
     previous = _manifest_records(manifest_dir, topic)
-    events = order_events(count, partitions=partitions, start_index=previous, **mix)
+    events = order_events(count, partitions=partitions, start_index=previous, avro=avro, **mix)
     for sent, (partition, key, value, kind) in enumerate(events):
         if kind:
             kinds[kind] += 1

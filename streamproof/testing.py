@@ -101,6 +101,7 @@ class Prover:
         ``batch_size`` (default: a fifth of the data) sets ``max_offsets_per_trigger`` so that the run has
         several batches for the crashes to land in.
         """
+        from streamproof.avro import avro_contract, with_subject_pinned
         from streamproof.generator import generate
         from streamproof.harness.matrix import cell_spec
         from streamproof.harness.proof import prove_pipeline
@@ -109,7 +110,8 @@ class Prover:
         run_dir = self.workdir / f"proof-{len(self.proofs) + 1}"
         topic = f"streamproof-test-{time.strftime('%H%M%S')}-{len(self.proofs) + 1}-{spec.name}"
         if records is None:
-            generate(self.broker.bootstrap_servers, topic, events, partitions=4, malformed=malformed, seed=seed)
+            generate(self.broker.bootstrap_servers, topic, events, partitions=4, malformed=malformed, seed=seed,
+                     avro=avro_contract(with_subject_pinned(spec)))  # fmt: skip
             total = events
         else:
             total = self._produce(topic, records)

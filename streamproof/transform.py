@@ -1,4 +1,4 @@
-"""Parse JSON records with the declared schema and classify each one: valid, or invalid with a reason.
+"""Parse JSON (or Avro) records with the declared schema and classify each one: valid, or invalid with a reason.
 
 Nothing is dropped silently: every source record comes out of :func:`parse_records` exactly once,
 either with ``_reject_reason`` null (it belongs in the sink) or with a reason (it belongs in
@@ -16,6 +16,9 @@ Reasons, checked in this order:
   a time outside years 1-9999, a summed value of ``1e18`` or more (its window's exact sum could overflow);
 * ``missing_required:<field>``: a required field is absent, null or blank.
 
+Avro records (``format = "avro"``) have ``avro`` instead of ``not_utf8``, ``invalid_json`` and ``schema``: a
+record that is not one datum of the writer schema, or lacks its Confluent header (:mod:`streamproof.avro`).
+
 The classification depends only on the record's bytes, so a replayed batch classifies identically.
 
 Example::
@@ -27,6 +30,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -97,11 +102,17 @@ def recency(order_by: str, table: str | None = None) -> Column:
     return F.struct(value.isNotNull(), value, *(F.col(f"{prefix}{column}") for column in COORDINATES))
 
 
-def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
+def parse_records(kafka_records: DataFrame, transform: Transform, *, avro_schema: str | None = None,
+                  avro_header: bytes = b"") -> DataFrame:  # fmt: skip
     """Kafka rows -> one row per record: schema fields, coordinates, raw value and reject reason.
 
-    Works on streaming and batch DataFrames alike.
+    Works on streaming and batch DataFrames alike. Avro records (``format = "avro"``) need their writer schema,
+    ``avro_schema`` (JSON), and the header each record starts with (Confluent's wire format; see
+    :mod:`streamproof.avro`).
     """
+    if transform.format == "avro":
+        assert avro_schema is not None, "Avro records are read with their writer schema (streamproof.avro)"
+        return _parse_avro(kafka_records, transform, avro_schema, avro_header)
     fields = schema_field_names(transform.schema_)
     schema_with_corrupt = f"{transform.schema_}, {_CORRUPT} STRING"
     decoded = kafka_records.select(
@@ -137,6 +148,102 @@ def parse_records(kafka_records: DataFrame, transform: Transform) -> DataFrame:
         RAW_VALUE,
         _reject_reason(transform, from_source=SOURCE_REASON in kafka_records.columns).alias(REJECT_REASON),
     )
+
+
+AVRO = "avro"  # the quarantine reason of a record that is not a datum of the writer schema (or has another header)
+
+
+def _parse_avro(kafka_records: DataFrame, transform: Transform, schema_json: str, header: bytes) -> DataFrame:
+    """:func:`parse_records` of Avro records: decoded by Spark's ``from_avro`` (PERMISSIVE: null for a record that
+    does not decode), the declared fields taken by name from the datum (a field the datum lacks is null)."""
+    from pyspark.sql.avro.functions import from_avro, to_avro  # spark-avro's: loaded for Avro pipelines only
+
+    fields = schema_field_names(transform.schema_)
+    from_source = SOURCE_REASON in kafka_records.columns
+    value = F.col("value")
+    framed = F.substring(value, 1, len(header)) == F.lit(header) if header else F.lit(True)
+    datum = F.expr(f"substr(value, {len(header) + 1})") if header else value
+    decoded = kafka_records.select(
+        F.col("topic").alias("_src_topic"),
+        F.col("partition").alias("_src_partition"),
+        F.col("offset").alias("_src_offset"),
+        F.col("timestamp").alias("_src_timestamp"),
+        value.alias(RAW_VALUE),
+        *([F.col(SOURCE_REASON)] if from_source else []),
+        # explode of a one-element array: decoded once per record whatever filter follows (see parse_records)
+        F.explode(F.array(F.when(framed, from_avro(datum, schema_json, {"mode": "PERMISSIVE"})))).alias(_PARSED),
+    )
+    held = set(avro_field_types(schema_json))
+    parsed = F.col(_PARSED)
+    # PERMISSIVE gives a record that does not decode as a datum whose fields are all null: a real all-null datum
+    # encodes back to the same bytes, a failed one does not (checked for all-null rows only: cheap).
+    all_null = functools.reduce(lambda a, b: a & b, (parsed.getField(name).isNull() for name in held), F.lit(True))
+    undecoded = parsed.isNull() | (all_null & (to_avro(parsed, schema_json) != F.col(RAW_VALUE).substr(
+        len(header) + 1, 2**31 - 1)))  # fmt: skip
+    typed = [
+        (parsed.getField(name) if name in held else F.lit(None)).cast(schema_field_type(transform.schema_, name) or
+                                                                      "string").alias(name)
+        for name in fields
+    ]  # fmt: skip
+    first = F.when(F.col(SOURCE_REASON).isNotNull(), F.col(SOURCE_REASON)) if from_source else F
+    reason = first.when(F.col(RAW_VALUE).isNull() | (F.length(F.col(RAW_VALUE)) == 0), F.lit("empty")).when(
+        undecoded, F.lit(AVRO)
+    )
+    record = F.struct(*typed)
+    for name, out_of_range in _range_checks(transform):
+        reason = reason.when(out_of_range(record.getField(name)), F.lit(f"out_of_range:{name}"))
+    for name in transform.required:
+        field = record.getField(name)
+        reason = reason.when(field.isNull() | (F.trim(field.cast("string")) == ""), F.lit(f"missing_required:{name}"))
+    return decoded.select(*SOURCE_COLUMNS, *typed, RAW_VALUE, reason.otherwise(F.lit(None).cast("string"))
+                          .alias(REJECT_REASON))  # fmt: skip
+
+
+def avro_field_types(schema_json: str) -> dict[str, str]:
+    """The Spark type (DDL, upper case) of each top-level field of an Avro record schema, as ``from_avro`` reads it.
+
+    >>> avro_field_types('{"type": "record", "name": "o", "fields": [{"name": "id", "type": "string"}, '
+    ...                  '{"name": "at", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}]}]}')
+    {'id': 'STRING', 'at': 'TIMESTAMP'}
+    """
+    schema = json.loads(schema_json)
+    return {field["name"]: _avro_type(field["type"]) for field in schema.get("fields", [])}
+
+
+_AVRO_PRIMITIVES = {"string": "STRING", "boolean": "BOOLEAN", "int": "INT", "long": "BIGINT", "float": "FLOAT",
+                    "double": "DOUBLE", "bytes": "BINARY", "enum": "STRING"}  # fmt: skip
+_AVRO_LOGICAL = {"timestamp-millis": "TIMESTAMP", "timestamp-micros": "TIMESTAMP", "date": "DATE",
+                 "local-timestamp-millis": "TIMESTAMP_NTZ", "local-timestamp-micros": "TIMESTAMP_NTZ"}  # fmt: skip
+
+
+def _avro_type(kind: object) -> str:
+    if isinstance(kind, list):  # a union: ["null", T] is a nullable T; other unions are Spark structs
+        branches = [branch for branch in kind if branch != "null"]
+        return _avro_type(branches[0]) if len(branches) == 1 else "STRUCT"
+    if isinstance(kind, dict):
+        if kind.get("logicalType") in _AVRO_LOGICAL:
+            return _AVRO_LOGICAL[kind["logicalType"]]
+        if kind.get("logicalType") == "decimal":
+            return f"DECIMAL({kind.get('precision')},{kind.get('scale', 0)})"
+        return _avro_type(kind.get("type"))
+    return _AVRO_PRIMITIVES.get(str(kind), str(kind).upper())
+
+
+def check_avro_fields(transform: Transform, schema_json: str) -> None:
+    """Refuse a declared field whose type differs from the Avro field's (a cast would turn values into nulls).
+
+    >>> check_avro_fields(Transform.model_validate({"schema": "id BIGINT"}),
+    ...                   '{"type": "record", "name": "o", "fields": [{"name": "id", "type": "string"}]}')
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: transform.schema: id is BIGINT but the Avro schema's id is STRING: declare STRING
+    """
+    held = avro_field_types(schema_json)
+    for name in schema_field_names(transform.schema_):
+        declared = re.sub(r"\s+", "", (schema_field_type(transform.schema_, name) or "").upper())
+        if name in held and declared != held[name] and {declared, held[name]} != {"TIMESTAMP", "TIMESTAMP_LTZ"}:
+            raise ConfigError(f"transform.schema: {name} is {declared} but the Avro schema's {name} is {held[name]}: "
+                              f"declare {held[name]}")  # fmt: skip
 
 
 def _reject_reason(transform: Transform, *, from_source: bool = False) -> Column:

@@ -28,7 +28,7 @@ FLOORS = {
     "streamproof.checkpoint": 3, "streamproof.warmup": 3,
     "streamproof.sources": 2, "streamproof.sinks": 2, "streamproof.session": 2, "streamproof.generator": 2,
     "streamproof.infra": 2,
-    "streamproof.transform": 1, "streamproof.kafka_client": 1, "streamproof.jars": 1,
+    "streamproof.transform": 1, "streamproof.kafka_client": 1, "streamproof.jars": 1, "streamproof.avro": 1,
     "streamproof.config": 0, "streamproof.task_faults": 0,
     "streamproof.guarantees": -1, "streamproof.faults": -1, "streamproof.metrics": -1, "streamproof.storage": -1,
     "streamproof.errors": -2,

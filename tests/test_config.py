@@ -349,3 +349,35 @@ def test_files_source_feeds_delta_and_files_sinks_only(tmp_path: Path) -> None:
     )  # fmt: skip
     with pytest.raises(ConfigError, match="source.kind: a files source feeds delta and files sinks; the kafka sink"):
         parse_pipeline(kafka_sink)
+
+
+@pytest.mark.parametrize(
+    ("transform", "message"),
+    [
+        ('format = "avro"', 'transform.format: "avro" needs exactly one of avro_schema = "<file>.avsc"'),
+        ('format = "avro"\navro_schema = "o.avsc"\nschema_registry = "http://r:8081"', 'transform.format: "avro"'),
+        ('format = "avro"\nschema_registry = "r:8081"', "transform.schema_registry: 'r:8081' is not an http(s) URL"),
+        ('format = "avro"\navro_schema = "o.avsc"\nschema_subject = "s"', "transform.schema_subject: only with"),
+        ('format = "json"\navro_schema = "o.avsc"', 'transform.avro_schema: only for format = "avro"'),
+        ('format = "avro"\navro_schema = "o.avsc"\nschema_evolution = "add-columns"', "transform.schema_evolution:"),
+    ],
+)  # fmt: skip
+def test_avro_settings_fail_in_one_line(transform: str, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_pipeline(EXAMPLE.replace('format = "json"', transform, 1), source_name="p.toml")
+    assert str(raised.value).startswith(f"p.toml: {message}"), str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_avro_schema_file_is_read_where_the_pipeline_says_and_checked(tmp_path: Path) -> None:
+    from streamproof.avro import avro_contract
+
+    (tmp_path / "o.avsc").write_text('{"type": "string"}')
+    spec = parse_pipeline(EXAMPLE.replace('format = "json"', 'format = "avro"\navro_schema = "o.avsc"'),
+                          base_dir=tmp_path)  # fmt: skip
+    assert spec.transform.avro_schema == str(tmp_path / "o.avsc")  # absolute: a dumped copy reads the same file
+    with pytest.raises(ConfigError, match=r"^transform.avro_schema: .*o.avsc: not an Avro record schema"):
+        avro_contract(spec)
+    (tmp_path / "o.avsc").unlink()
+    with pytest.raises(ConfigError, match=r"^transform.avro_schema: cannot read .*o.avsc: No such file"):
+        avro_contract(spec)

@@ -45,6 +45,7 @@ from streamproof.config.pipeline import PipelineSpec
 from streamproof.config.sinks import SINK_KINDS
 from streamproof.config.sources import SOURCE_KINDS
 from streamproof.errors import ConfigError
+from streamproof.storage import Location
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -226,6 +227,10 @@ def pipeline_from_tables(raw: dict[str, Any], *, source_name: str = "<pipeline>"
         spec = PipelineSpec.model_validate(raw)
     except ValidationError as error:
         raise ConfigError(f"{source_name}: {_first_error_line(error)}") from None
+    if spec.transform.avro_schema is not None:  # a file the pipeline reads, like the paths it writes
+        resolved = Location.resolved(spec.transform.avro_schema, base_dir or Path.cwd())
+        spec = spec.model_copy(update={"transform": spec.transform.model_copy(
+            update={"avro_schema": str(resolved)})})  # fmt: skip
     spec._base_dir = base_dir or Path.cwd()
     spec._source_name = source_name
     spec._env_references = references

@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from streamproof.config.fields import Strict, schema_field_names
 from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
 from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PostgresSinkSpec, SinkSpec
-from streamproof.config.sources import DeltaSource, FilesSource, SourceSpec
+from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
 from streamproof.errors import ConfigError
 from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, storage_refusal, wiring_for
@@ -153,6 +153,13 @@ class PipelineSpec(Strict):
                 f"{self._sinks_key}.kind: transform.aggregate writes window rows to a Delta table in append mode "
                 f'(kind = "delta", mode = "append"), not to {other_text}'
             )
+        return self
+
+    @model_validator(mode="after")
+    def _avro_comes_from_kafka(self) -> PipelineSpec:
+        if self.transform.format == "avro" and not isinstance(self.source, KafkaSource):
+            raise ValueError(f'transform.format: "avro" reads Kafka record values; a {self.source.kind} source '
+                             "gives rows or lines")  # fmt: skip
         return self
 
     @model_validator(mode="after")

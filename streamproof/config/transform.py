@@ -80,7 +80,12 @@ class Aggregate(Strict):
 class Transform(Strict):
     """``[transform]``: JSON parsing with a declared schema; invalid records go to quarantine."""
 
-    format: Literal["json"] = "json"
+    format: Literal["json", "avro"] = "json"
+    # format = "avro": the writer schema, from a file (records are bare Avro datums) or from a Confluent-compatible
+    # registry (records in Confluent's wire format; subject default "<topic>-value"). See streamproof/avro.py.
+    avro_schema: str | None = None
+    schema_registry: str | None = None
+    schema_subject: str | None = None
     schema_: str = Field(validation_alias=AliasChoices("schema"), min_length=1)
     required: list[str] = Field(default_factory=list)
     quarantine: str | None = None
@@ -120,6 +125,26 @@ class Transform(Strict):
         if self.dedup is not None:
             return self.dedup.late
         return self.aggregate.late if self.aggregate is not None else "quarantine"
+
+    @model_validator(mode="after")
+    def _avro_needs_its_schema(self) -> Transform:
+        given = [key for key in ("avro_schema", "schema_registry", "schema_subject") if getattr(self, key)]
+        if self.format != "avro":
+            if given:
+                raise ValueError(f'{given[0]}: only for format = "avro" (format is {self.format!r})')
+            return self
+        if (self.avro_schema is None) == (self.schema_registry is None):
+            raise ValueError(
+                'format: "avro" needs exactly one of avro_schema = "<file>.avsc" (bare Avro records) and '
+                'schema_registry = "http://..." (Confluent\'s wire format)'
+            )
+        if self.schema_subject and not self.schema_registry:
+            raise ValueError("schema_subject: only with schema_registry")
+        if self.schema_registry and not re.match(r"^https?://[^\s/]+", self.schema_registry):
+            raise ValueError(f"schema_registry: {self.schema_registry!r} is not an http(s) URL")
+        if self.schema_evolution != "none":
+            raise ValueError('schema_evolution: "add-columns" reads undeclared JSON fields; Avro records have none')
+        return self
 
     @model_validator(mode="after")
     def _derived_columns_are_new(self) -> Transform:

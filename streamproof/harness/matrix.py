@@ -20,6 +20,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from streamproof import faults
+from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.config import (
     AnySinkSpec,
     DeltaSinkSpec,
@@ -168,6 +169,7 @@ def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path | Lo
     """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint under
     ``workdir`` (on the pipeline's distributed storage, for a pipeline that keeps its files there)."""
     workdir = Location(workdir)
+    spec = with_subject_pinned(spec)
     sinks = {"sink": isolated_sink(spec.sink, workdir)} if spec.sink is not None else {
         "sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]
     }  # fmt: skip
@@ -215,7 +217,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         cell_dir = workdir / name
         topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
         generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
-                 duplicates=duplicates, late=late)  # fmt: skip
+                 duplicates=duplicates, late=late, avro=avro_contract(with_subject_pinned(spec)))  # fmt: skip
         cell_file = cell_dir / "pipeline.toml"
         cell_dir.mkdir(parents=True, exist_ok=True)
         cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / name, max_offsets)))

@@ -47,7 +47,7 @@ from streamproof.pipeline.progress import ProgressEvents
 from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
-from streamproof.transform import check_derived_columns, parse_records, stateful_stream
+from streamproof.transform import check_derived_columns, stateful_stream
 
 
 def start_query(
@@ -59,7 +59,7 @@ def start_query(
         batches.progress.wipe_spark_logs()
         starting_offsets = batches.progress.starting_offsets()
     stream = sources.read_stream(spark, spec, starting_offsets=starting_offsets)
-    parsed = stateful_stream(parse_records(stream, spec.transform), spec.transform)
+    parsed = stateful_stream(sources.parsed_records(stream, spec), spec.transform)
     # A window is written by the first batch after the watermark passes its end: with no new data, only a batch
     # without data (Spark's no-data batch) writes it, and at the end of an available-now run only that one.
     spark.conf.set(NO_DATA_BATCHES, str(spec.transform.aggregate is not None).lower())

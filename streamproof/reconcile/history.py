@@ -39,13 +39,13 @@ from streamproof.reconcile.counts import DROPPED, LATE_FLAG, VALID, check_for, u
 from streamproof.reconcile.report import RECOMPUTED, Report
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
-from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark, parse_records
+from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark
 
 
 def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> DataFrame:
     """The topic through the same transform as the pipeline (read_committed, earliest to latest): one row
     per source record with its coordinates, ``_valid`` and ``columns``."""
-    parsed = parse_records(sources.read_batch(spark, spec), spec.transform)
+    parsed = sources.parsed_records(sources.read_batch(spark, spec), spec)
     return parsed.select(*COORDINATES, *columns, F.col(REJECT_REASON).isNull().alias(VALID))
 
 

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from streamproof.avro import AvroContract
 
 # A window's summed column must stay below this magnitude, so that its exact sum cannot overflow
 # DECIMAL(38, 10) (docs/transforms.md).
@@ -170,3 +173,35 @@ class RecordSchema:
             if values.get(name) is None or str(values[name]).strip() == "":
                 return values, f"missing_required:{name}"
         return values, None
+
+
+class AvroReader:
+    """Avro records read a second time, by fastavro instead of Spark's ``from_avro``: the header Confluent's wire
+    format puts first (when the records come from a registry) must be the contract's, the rest one datum of its
+    writer schema; then the declared fields are judged as a JSON record's are (:meth:`RecordSchema.check`).
+
+    >>> contract = AvroContract('{"type": "record", "name": "o", "fields": [{"name": "id", "type": "string"}]}', 5)
+    >>> reader = AvroReader(RecordSchema.parse("id STRING", ["id"]), contract)
+    >>> reader(contract.frame(b"\\x04ab")), reader(b"\\x04ab")[1], reader(contract.frame(b"\\x04a"))[1]
+    (({'id': 'ab'}, None), 'avro', 'avro')
+    """
+
+    def __init__(self, schema: RecordSchema, contract: AvroContract) -> None:
+        import fastavro  # only for Avro records
+
+        self.schema, self.header = schema, contract.header()
+        self.writer = fastavro.parse_schema(json.loads(contract.schema_json))
+        self.decode = fastavro.schemaless_reader
+
+    def __call__(self, value: bytes | None) -> tuple[dict[str, Any], str | None]:
+        if not value:
+            return {}, "empty"
+        if not value.startswith(self.header):
+            return {}, "avro"
+        try:
+            datum = self.decode(io.BytesIO(value[len(self.header) :]), self.writer, None)
+        except Exception:  # noqa: BLE001 - whatever stops fastavro, the record is not a datum of the schema
+            return {}, "avro"
+        if not isinstance(datum, dict):
+            return {}, "avro"
+        return self.schema.check(datum)

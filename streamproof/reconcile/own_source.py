@@ -24,10 +24,11 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 
+from streamproof.avro import avro_contract
 from streamproof.config import COORDINATES, DeltaSource, KafkaSource, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import source_client_config
-from streamproof.reconcile.own_schema import RecordSchema
+from streamproof.reconcile.own_schema import AvroReader, RecordSchema
 from streamproof.reconcile.pure import SourceRecord
 from streamproof.reconcile.stored import StoredFolder
 
@@ -112,12 +113,12 @@ def read_source(spec: PipelineSpec, schema: RecordSchema) -> list[SourceRecord]:
         raise ConfigError(
             f"verify --independent reads Kafka and Delta sources, not {spec.source.kind}: use `streamproof verify`"
         )
-    if spec.transform.format != "json":
-        raise ConfigError(f"verify --independent reads JSON records, not {spec.transform.format}")
+    contract = avro_contract(spec)
+    read = schema.read if contract is None else AvroReader(schema, contract)
     topic = spec.source.topic
     records = []
     for partition, offset, value in consume_topic(source_client_config(spec.source), topic):
-        values, reason = schema.read(value)
+        values, reason = read(value)
         records.append(SourceRecord((topic, partition, offset), reason is None, values=values))
     return records
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
+from streamproof.avro import avro_contract, check_fields
 from streamproof.config import DeltaSource, FilesSource, PipelineSpec
 from streamproof.kafka_client import require_topic
 from streamproof.sources import delta, files, kafka
+from streamproof.transform import check_avro_fields, parse_records
 
 
 def require_available(spec: PipelineSpec) -> None:
@@ -44,3 +46,19 @@ def read_batch(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
     if isinstance(spec.source, DeltaSource):
         return delta.read_batch(spark, spec)
     return kafka.read_batch(spark, spec.source)
+
+
+def parsed_records(records: DataFrame, spec: PipelineSpec) -> DataFrame:
+    """:func:`streamproof.transform.parse_records` of the pipeline's records: Avro ones with the writer schema of
+    their file or registry (asked now: each start reads the subject's latest version), checked against the declared
+    fields first. The pipeline and ``streamproof verify`` both parse through this.
+
+    >>> parsed_records(read_stream(spark, spec), spec).columns[-1]                             # doctest: +SKIP
+    '_reject_reason'
+    """
+    contract = avro_contract(spec)
+    if contract is None:
+        return parse_records(records, spec.transform)
+    check_fields(spec.transform, contract)
+    check_avro_fields(spec.transform, contract.schema_json)
+    return parse_records(records, spec.transform, avro_schema=contract.schema_json, avro_header=contract.header())
