@@ -73,6 +73,7 @@ def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
     assert throughput["consumer_read"]["records"] == events
     assert throughput["spark_count"]["records"] == events
     assert throughput["ceiling"]["records"] == events
+    assert throughput["native_delta_sink"]["rows_in"] == events  # Spark's own Delta sink read every record
     ratios = throughput["ratios"]
     # 20,000 events make one batch: there is no batch after the first to give a steady rate.
     assert ratios.pop("steady_delta_exactly_once_vs_parquet_at_least_once") is None

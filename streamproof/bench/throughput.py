@@ -3,8 +3,9 @@ already in Kafka, drained by the exactly-once Kafka -> Delta pipeline (``benchma
 in a child process, as ``streamproof run --available-now`` runs it), against baselines of the same run: (a) the same
 query writing plain Parquet at-least-once, (b) a ``confluent-kafka`` consumer reading the topic and only
 deserialising the JSON, (c) Spark reading the topic and counting, (d) the same Delta pipeline at-least-once (the
-cost of exactly-once on the same sink); and the ceiling: Spark parsing a cached copy of the events with
-``from_json`` and writing Parquet.
+cost of exactly-once on the same sink), (e) Spark's own Delta streaming sink as the Spark/Delta docs teach it
+(``benchmarks/native_delta_sink.py``: what a user writes instead of streamproof, with no quarantine and no offsets
+recorded); and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet.
 
 Example::
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,11 @@ from streamproof.bench.common import PIPELINES, Bench, ratio, timed
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.kafka_client import client_config, topic_end_offsets
+from streamproof.session import JIT_ENV
 from streamproof.transform import parse_records, valid_records
+
+# Baseline (e): the code a user would write instead of streamproof (benchmarks/, not the package: it is not ours).
+NATIVE_DELTA_SINK = PIPELINES.parent / "native_delta_sink.py"
 
 
 def consumer_read_rate(bootstrap: str, topic: str, expected: int, timeout_s: float = 600) -> dict[str, Any]:
@@ -99,15 +106,36 @@ def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: Pipeline
             "runs_s": [round(t, 2) for t in times]}  # fmt: skip
 
 
+def native_delta_sink_rate(bench: Bench, pipeline_file: Path, name: str, timeout_s: float = 3600) -> dict[str, Any]:
+    """Baseline (e): ``benchmarks/native_delta_sink.py``, Spark's own Delta streaming sink as its docs teach it, on the
+    pipeline file's topic, batch size, schema and Spark settings, in a child process like the pipeline's."""
+    out = bench.workdir / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**os.environ, JIT_ENV: "tiered"}  # what `streamproof run` uses, as for the pipeline's child
+    done = subprocess.run([sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out)], env=env,
+                          capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise PipelineError(f"{NATIVE_DELTA_SINK.name} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result["rows_per_second"] = round(result["rows_in"] / result["seconds"]) if result["seconds"] else 0
+    bench.emit(f"  native Delta sink: {result['rows_in']:,} rows in {result['seconds']:.1f} s = "
+               f"{result['rows_per_second']:,} rows/s ({result['batches']} batches)")  # fmt: skip
+    return result
+
+
 def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
     """Delta exactly-once against Parquet at-least-once, the raw consumer, Spark's count and the ceiling."""
     topic = bench.topic(bench.events)
     # Two rounds, interleaved, the faster run of each kept: on a shared 2-core machine one run in a few is
     # slowed by a neighbour, and interleaving spreads a slow spell over both sides of the ratio.
-    delta_runs, files_runs, delta_alo_runs = [], [], []
+    delta_runs, files_runs, delta_alo_runs, native_runs = [], [], [], []
     for round_number in range(1, rounds + 1):
         bench.emit(f"pipeline: Kafka -> Delta, exactly-once (round {round_number} of {rounds})")
-        delta_runs.append(bench.drain(bench.pipeline("throughput_delta", topic, f"throughput-delta-{round_number}")))
+        delta_file = bench.pipeline("throughput_delta", topic, f"throughput-delta-{round_number}")
+        delta_runs.append(bench.drain(delta_file))
+        bench.emit(f"baseline (e): Spark's own Delta streaming sink, the docs' code (round {round_number} of {rounds})")
+        native_runs.append(native_delta_sink_rate(bench, delta_file, f"throughput-native-delta-{round_number}"))
         bench.emit(f"baseline (a): the same query to plain Parquet, at-least-once (round {round_number} of {rounds})")
         files_runs.append(
             bench.drain(bench.pipeline("throughput_files", topic, f"throughput-files-alo-{round_number}"))
@@ -119,6 +147,7 @@ def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
     delta = max(delta_runs, key=lambda run: run.rows_per_second)
     files = max(files_runs, key=lambda run: run.rows_per_second)
     delta_alo = max(delta_alo_runs, key=lambda run: run.rows_per_second)
+    native = max(native_runs, key=lambda run: run["rows_per_second"])
     bench.emit("baseline (b): confluent-kafka consumer, json.loads only")
     consumer = consumer_read_rate(bench.bootstrap, topic, bench.events)
     bench.emit(f"  {consumer['rows_per_second']:,} records/s")
@@ -137,11 +166,15 @@ def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
         "delta_exactly_once_vs_spark_count": ratio(rate, count["rows_per_second"]),
         "delta_exactly_once_vs_ceiling": ratio(rate, ceiling["rows_per_second"]),
         "delta_exactly_once_vs_delta_at_least_once": ratio(rate, delta_alo.rows_per_second),
+        "exactly_once_over_native_delta_sink": ratio(rate, native["rows_per_second"]),
     }
     targets = {
         "delta_exactly_once_vs_ceiling >= 0.5": (ratios["delta_exactly_once_vs_ceiling"] or 0) >= 0.5,
         "delta_exactly_once_vs_parquet_at_least_once >= 0.9":
             (ratios["delta_exactly_once_vs_parquet_at_least_once"] or 0) >= 0.9,
+        "exactly_once_over_native_delta_sink >= 1.0": (ratios["exactly_once_over_native_delta_sink"] or 0) >= 1.0,
+        "delta_exactly_once_vs_delta_at_least_once >= 0.9":
+            (ratios["delta_exactly_once_vs_delta_at_least_once"] or 0) >= 0.9,
     }  # fmt: skip
     ratios["steady_delta_exactly_once_vs_parquet_at_least_once"] = ratio(
         delta.steady_rows_per_second, files.steady_rows_per_second
@@ -151,5 +184,7 @@ def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
             "all_runs_rows_per_second": {"delta_exactly_once": [round(r.rows_per_second) for r in delta_runs],
                                          "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs],
                                          "delta_at_least_once": [round(r.rows_per_second) for r in delta_alo_runs]},
+            "native_delta_sink": native, "native_delta_sink_runs_rows_per_second":
+                [run["rows_per_second"] for run in native_runs],
             "consumer_read": consumer, "spark_count": count, "ceiling": ceiling, "ratios": ratios,
             "targets_met": targets}  # fmt: skip
