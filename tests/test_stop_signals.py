@@ -1,5 +1,6 @@
 """Stopping a running pipeline: SIGTERM and --max-batches stop it at a batch boundary, cleanly (exit 0),
-with every batch it started committed, and a restart carries on without loss or duplicates."""
+with every batch it started committed, and a restart carries on without loss or duplicates. A second process
+started on the running pipeline by mistake is refused in one line and the first carries on: 0 lost, 0 duplicated."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from streamproof.reconcile import verify_pipeline
 pytestmark = pytest.mark.integration
 
 
-def test_sigterm_stops_after_the_current_batch_and_restart_completes(
+def test_sigterm_stops_after_the_current_batch_and_restart_completes_and_a_second_process_is_refused(
     kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
     generate(kafka_broker.bootstrap_servers, "sigterm-orders", 60_000, partitions=2, malformed=0.01, seed=8)
@@ -44,6 +45,12 @@ def test_sigterm_stops_after_the_current_batch_and_restart_completes(
             if " committed: " in line:
                 break
             assert time.monotonic() < deadline, "no batch committed within 300 s"
+        # The same pipeline started again by mistake while it runs: refused in one line, before it reads anything.
+        second = run_cli("run", str(pipeline_file), "--available-now", timeout=120)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert second.stderr.strip() == (f"error: {tmp_path / 'checkpoint'} is in use by a running pipeline (pid "
+                                         f"{child.pid}); stop it first"), second.stderr  # fmt: skip
+        assert child.poll() is None, "the running pipeline must carry on"
         child.send_signal(signal.SIGTERM)
         rest = child.communicate(timeout=180)[0]
     finally:
