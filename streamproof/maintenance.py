@@ -99,6 +99,10 @@ def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_rete
     Traceback (most recent call last):
     ...
     streamproof.errors.ConfigError: nothing to do: give --optimize, --vacuum HOURS or both
+    >>> check_request(compact=False, vacuum_hours=200, allow_short_retention=False, where="day = '2026-11-01'")
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: --where selects the partitions --optimize compacts: add --optimize ...
     """
     if not compact and vacuum_hours is None:
         raise ConfigError("nothing to do: give --optimize, --vacuum HOURS or both")

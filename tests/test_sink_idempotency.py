@@ -142,6 +142,7 @@ def test_delta_table_options_of_the_pipeline_file_are_set_on_the_table(
     properties = DeltaTable.forPath(spark, str(tmp_path / "tuned")).detail().first()["properties"]
     assert properties["delta.autoOptimize.optimizeWrite"] == "true"
     assert properties["delta.autoOptimize.autoCompact"] == "true"
+    assert properties["delta.checkpointInterval"] == "100"  # streamproof's default for new tables (session.py)
     assert sink.write(_rows(spark, range(0, 10)), _batch(0, 10, 10)).rows_out == 10
 
 
