@@ -68,7 +68,8 @@ def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_h
     check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention,
                   where=where)  # fmt: skip
     refusals: list[str] = []  # --where: the tables whose partition columns it does not name
-    for table, layout in delta_tables_laid_out(spec):
+    tables = delta_tables_laid_out(spec)
+    for table, layout in tables:
         if not DeltaTable.isDeltaTable(spark, str(table)):
             yield f"{table}: not written yet, skipped"
             continue
@@ -86,7 +87,7 @@ def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_h
             result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
                             allow_short_retention=allow_short_retention)  # fmt: skip
             yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
-    partitioned = [table for table, layout in delta_tables_laid_out(spec) if layout.partition_by]
+    partitioned = [table for table, layout in tables if layout.partition_by]
     if where is not None and len(refusals) == len(partitioned):  # no table took it: a mistake, not a choice
         raise ConfigError(refusals[0] if refusals else "--where: the pipeline has no partitioned Delta table")
 

@@ -118,9 +118,10 @@ def partitions_of(rows: DataFrame, partition_by: Sequence[str], target: str = "t
     >>> partitions_of(latest, ["event_date"])                                          # doctest: +SKIP
     Column<'((t.event_date IN (2026-11-23, 2026-11-24)) OR false)'>
     """
+    combinations = rows.select(*partition_by).distinct().collect()  # one job for every partition column
     condition = F.lit(True)
-    for column in partition_by:
-        values = [row[0] for row in rows.select(column).distinct().collect()]
+    for index, column in enumerate(partition_by):
+        values = list(dict.fromkeys(combination[index] for combination in combinations))
         held = F.col(f"{target}.`{column}`")
         present = [value for value in values if value is not None]
         kept = held.isin(present) if present else F.lit(False)
