@@ -26,11 +26,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from streamproof.config import KafkaSource, PipelineSpec, Transform
+from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import ConfigError
 
 MAGIC_BYTE = 0
-HEADER_BYTES = 5  # Confluent's wire format: magic byte, then the schema id (4 bytes, big-endian)
 REGISTRY_TIMEOUT_S = 10.0
 
 
@@ -165,18 +164,3 @@ def checked_schema(text: str, where: str) -> str:
     if kind != "record" or not isinstance(schema.get("fields"), list):
         raise ConfigError(f"{where}: not an Avro record schema (its type is {kind!r})")
     return text
-
-
-def check_fields(transform: Transform, contract: AvroContract) -> None:
-    """Refuse a ``required`` field the Avro schema lacks: every record would be quarantined.
-
-    >>> check_fields(Transform.model_validate({"format": "avro", "avro_schema": "o.avsc", "schema": "id STRING",
-    ...     "required": ["id"]}), AvroContract('{"type": "record", "name": "o", "fields": []}'))
-    Traceback (most recent call last):
-    ...
-    streamproof.errors.ConfigError: transform.required: 'id' is not a field of the Avro schema ()
-    """
-    names = contract.field_names()
-    for name in transform.required:
-        if name not in names:
-            raise ConfigError(f"transform.required: {name!r} is not a field of the Avro schema ({', '.join(names)})")

@@ -122,7 +122,7 @@ def order_events(
 ) -> Iterator[tuple[int, bytes | None, bytes, str | None]]:
     """Yield ``(partition, key, value, kind)`` for records ``start_index .. start_index+count-1``; ``kind`` is
     None for a plain valid event, a malformed kind, ``"duplicate"`` or ``"late"``. With ``avro``, the same events
-    as Avro records of that writer schema (:func:`avro_record`).
+    as Avro records of that writer schema (:class:`AvroEncoder`).
 
     >>> first = next(order_events(1, seed=1))
     >>> json.loads(first[2])["event_id"]
@@ -218,12 +218,12 @@ class AvroEncoder:
         import fastavro  # only for Avro data
 
         self.contract, self.seed = contract, seed
+        self.names = contract.field_names()  # parsed once: datum() runs for every generated record
         self.schema = fastavro.parse_schema(json.loads(contract.schema_json))
         self.write = fastavro.schemaless_writer
 
     def datum(self, record: dict[str, Any]) -> bytes:
-        names = self.contract.field_names()
-        fields = {name: record.get(name) for name in names}
+        fields = {name: record.get(name) for name in self.names}
         if isinstance(when := fields.get("event_time"), str):
             fields["event_time"] = datetime.fromisoformat(when.replace("Z", "+00:00"))
         out = io.BytesIO()

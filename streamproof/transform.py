@@ -230,8 +230,14 @@ def _avro_type(kind: object) -> str:
 
 
 def check_avro_fields(transform: Transform, schema_json: str) -> None:
-    """Refuse a declared field whose type differs from the Avro field's (a cast would turn values into nulls).
+    """Refuse a ``required`` field the Avro schema lacks (every record would be quarantined), and a declared field
+    whose type differs from the Avro field's (a cast would turn values into nulls).
 
+    >>> check_avro_fields(Transform.model_validate({"schema": "id STRING", "required": ["id"]}),
+    ...                   '{"type": "record", "name": "o", "fields": []}')
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: transform.required: 'id' is not a field of the Avro schema ()
     >>> check_avro_fields(Transform.model_validate({"schema": "id BIGINT"}),
     ...                   '{"type": "record", "name": "o", "fields": [{"name": "id", "type": "string"}]}')
     Traceback (most recent call last):
@@ -239,6 +245,9 @@ def check_avro_fields(transform: Transform, schema_json: str) -> None:
     streamproof.errors.ConfigError: transform.schema: id is BIGINT but the Avro schema's id is STRING: declare STRING
     """
     held = avro_field_types(schema_json)
+    for name in transform.required:
+        if name not in held:
+            raise ConfigError(f"transform.required: {name!r} is not a field of the Avro schema ({', '.join(held)})")
     for name in schema_field_names(transform.schema_):
         declared = re.sub(r"\s+", "", (schema_field_type(transform.schema_, name) or "").upper())
         if name in held and declared != held[name] and {declared, held[name]} != {"TIMESTAMP", "TIMESTAMP_LTZ"}:

@@ -207,6 +207,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     stamp = time.strftime("%Y%m%dT%H%M%S")
     # A pipeline that keeps its files on distributed storage gets its cells there too (the cells' logs stay local).
     storage = spec.checkpoint_dir.parent / f"matrix-{stamp}" if spec.on_distributed_storage else Location(workdir)
+    avro = avro_contract(with_subject_pinned(spec))  # the registry asked once for every cell's data
     cells = []
     for guarantee, point, armed in _cells(spec, guarantees, points, cluster):
         # A batch before the first fault, one per fault (a fault of the machines hits each sink in turn), one after.
@@ -217,7 +218,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         cell_dir = workdir / name
         topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
         generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
-                 duplicates=duplicates, late=late, avro=avro_contract(with_subject_pinned(spec)))  # fmt: skip
+                 duplicates=duplicates, late=late, avro=avro)  # fmt: skip
         cell_file = cell_dir / "pipeline.toml"
         cell_dir.mkdir(parents=True, exist_ok=True)
         cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / name, max_offsets)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from streamproof.avro import avro_contract, check_fields
+from streamproof.avro import avro_contract
 from streamproof.config import DeltaSource, FilesSource, PipelineSpec
 from streamproof.kafka_client import require_topic
 from streamproof.sources import delta, files, kafka
@@ -59,6 +59,5 @@ def parsed_records(records: DataFrame, spec: PipelineSpec) -> DataFrame:
     contract = avro_contract(spec)
     if contract is None:
         return parse_records(records, spec.transform)
-    check_fields(spec.transform, contract)
     check_avro_fields(spec.transform, contract.schema_json)
     return parse_records(records, spec.transform, avro_schema=contract.schema_json, avro_header=contract.header())
