@@ -194,29 +194,83 @@ def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_str
 def test_a_delta_append_after_the_first_of_a_run_commits_its_batch_key_without_delta_s_lookup(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first keyed append of a run goes through Delta's own check (it may be a replay); the later ones commit
-    the same SetTransaction without it, and Delta itself then skips their replay in a new run."""
+    """The first keyed append of a run reads the appId's version from the log (it may be a replay); the later ones
+    commit the same SetTransaction without any lookup, and a new run's first append skips their replay."""
     import streamproof.sinks.delta as delta_sink
 
-    known_new: list[int] = []
-    real = delta_sink.append_batch_known_new
+    calls: list[tuple[str, int]] = []
+    for name in ("append_batch", "append_batch_checked", "append_batch_known_new"):
+        real = getattr(delta_sink, name)
 
-    def counted(frame: Any, path: str, batch: Batch) -> int:
-        known_new.append(batch.batch_id)
-        return real(frame, path, batch)
+        def counted(frame: Any, path: str, batch: Batch, *args: Any, _real: Any = real, _name: str = name,
+                    **kwargs: Any) -> Any:  # fmt: skip
+            calls.append((_name, batch.batch_id))
+            return _real(frame, path, batch, *args, **kwargs)
 
-    monkeypatch.setattr(delta_sink, "append_batch_known_new", counted)
+        monkeypatch.setattr(delta_sink, name, counted)
     spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
     sink = open_sink(spec, spec.sink_specs[0])
     for batch_id, offsets in enumerate((range(0, 40), range(40, 60), range(60, 90))):
         assert sink.write(_rows(spark, offsets), _batch(batch_id, len(offsets), offsets.stop)).rows_out == len(offsets)
-    assert known_new == [1, 2]
+    # A new table is created by Delta's writer; then no lookup at all.
+    assert calls == [("append_batch_checked", 0), ("append_batch", 0), ("append_batch_known_new", 1),
+                     ("append_batch_known_new", 2)]  # fmt: skip
     assert [(commit.batch_id, commit.keyed) for commit in sink.commits()] == [(0, True), (1, True), (2, True)]
 
-    again = open_sink(spec, spec.sink_specs[0])  # a new run replays batch 2: Delta skips it by the key committed
+    calls.clear()
+    again = open_sink(spec, spec.sink_specs[0])  # a new run replays batch 2: the log says the table holds it
     replay = again.write(_rows(spark, range(60, 90)), _batch(2, 30, 90))
-    assert replay.replay_skipped and known_new == [1, 2]
+    assert replay.replay_skipped and calls == [("append_batch_checked", 2)]
     assert again.read(spark).count() == 90  # type: ignore[union-attr]
+    assert again.write(_rows(spark, range(90, 95)), _batch(3, 5, 95)).rows_out == 5
+    assert calls[1:] == [("append_batch_known_new", 3)]
+    assert again.read(spark).count() == 95  # type: ignore[union-attr]
+
+
+def test_the_first_append_of_a_run_reads_the_app_id_s_version_from_the_log_and_leaves_doubt_to_delta(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`txn_version_in_log` answers as Delta would for the snapshot, or says it cannot tell; the checked append
+    writes a new batch, skips a held one (a replay), and leaves it to Delta's own check when the log cannot tell
+    (its commit files cleaned up behind a checkpoint)."""
+    import streamproof.sinks.delta as delta_sink
+    from streamproof.storage import Location
+
+    table = tmp_path / "t"
+    path = str(table)
+    key = "streamproof/idem"
+    checked, count = delta_sink.append_batch_checked, lambda: spark.read.format("delta").load(path).count()
+    assert checked(_rows(spark, range(0, 10)), path, _batch(0, 10, 10))  # version 0, a new table: Delta's writer
+    assert checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))  # version 1
+    assert checked(_rows(spark, range(20, 25)), path, Batch("other", 5, {}, keyed=True))  # 2: another appId's
+    assert delta_sink.txn_version_in_log(Location(table), key, 2) == 1  # found behind the other appId's commit
+    assert delta_sink.txn_version_in_log(Location(table), key, 0) == 0  # as of an older snapshot
+    assert delta_sink.txn_version_in_log(Location(table), "streamproof/never", 2) == -1  # all read: never written
+    assert delta_sink.txn_version_in_log(Location(table), key, 2, limit=1) is None  # not within the limit
+
+    # Replays: the batch the log holds, and an older one, write nothing.
+    assert not checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))
+    assert not checked(_rows(spark, range(0, 10)), path, _batch(0, 10, 10))
+    assert count() == 25
+
+    # A checkpoint at version 4, then the commit files it stands for cleaned up: the files cannot tell.
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # version 3
+    assert checked(_rows(spark, range(25, 26)), path, Batch("other", 6, {}, keyed=True))  # version 4
+    assert (table / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
+    for version in range(3):
+        (table / "_delta_log" / f"{version:020d}.json").unlink()
+    assert delta_sink.txn_version_in_log(Location(table), key, 4) is None
+    writer: list[int] = []
+    real_writer = delta_sink.append_batch
+
+    def spied(frame: Any, where: str, batch: Batch, **kwargs: Any) -> bool:
+        writer.append(batch.batch_id)
+        return real_writer(frame, where, batch, **kwargs)
+
+    monkeypatch.setattr(delta_sink, "append_batch", spied)
+    checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))
+    assert writer == [1] and count() == 26  # Delta's writer, which skipped the replay by its own lookup
+    assert checked(_rows(spark, range(30, 35)), path, _batch(2, 5, 35)) and count() == 31
 
 
 def _dated_rows(spark: Any, batch: list[tuple[int, str, int]]) -> Any:
