@@ -8,7 +8,8 @@ Usage::
 ``readStream`` from Kafka -> ``from_json`` with the declared schema -> keep records whose required fields are set ->
 ``writeStream.format("delta")`` with a checkpoint (exactly-once by Delta's own streaming sink, keyed on the query
 id), ``availableNow``. No quarantine, no offsets recorded with the data, no crash check. Prints one JSON line:
-``{"rows_in", "seconds", "batches", "batch_rows_per_second"}``, where ``seconds`` runs from the query's start to its
+``{"rows_in", "seconds", "batches", "batch_rows_per_second", "batch_duration_ms"}`` (Spark's steps of each batch),
+where ``seconds`` runs from the query's start to its
 end (the last batch committed), as the pipeline's figure does.
 """
 
@@ -54,8 +55,10 @@ def main(pipeline_file: str, out: str) -> None:
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in progress)
     per_batch = [round(p["numInputRows"] / (p["batchDuration"] / 1000)) for p in progress if p["batchDuration"]]
+    steps = ("latestOffset", "getBatch", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+    durations = [{step: p["durationMs"].get(step, 0) for step in steps} for p in progress]
     print(json.dumps({"rows_in": rows, "seconds": round(seconds, 2), "batches": len(progress),
-                      "batch_rows_per_second": per_batch}))  # fmt: skip
+                      "batch_rows_per_second": per_batch, "batch_duration_ms": durations}))  # fmt: skip
     spark.stop()
 
 

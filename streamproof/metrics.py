@@ -6,6 +6,8 @@ Exposed (all labelled ``pipeline``; rows out also by ``sink``; lag by ``topic`` 
 * ``streamproof_rows_in_total``, ``streamproof_rows_out_total``, ``streamproof_rows_quarantined_total``;
 * ``streamproof_input_rows_per_second``, ``streamproof_processed_rows_per_second``;
 * ``streamproof_batch_duration_seconds`` (last batch), ``streamproof_last_committed_batch``;
+* ``streamproof_batch_phase_seconds`` by ``phase``: where the last batch's time went (plan, offset_log, read_parse,
+  quarantine, sink:<label>, commit_log, other; :mod:`streamproof.pipeline.phases`);
 * ``streamproof_kafka_lag_records`` per partition (latest offset seen minus the batch's end offset);
 * ``streamproof_state_rows`` (rows held by stateful operators) and ``streamproof_dropped_duplicates_total``;
 * ``streamproof_runs_total``: starts of the pipeline on this checkpoint, so ``runs - 1`` restarts;
@@ -51,6 +53,8 @@ class PipelineMetrics:
         self.processed_rate = gauge("streamproof_processed_rows_per_second", "Processing rate of the last batch")
         self.batch_seconds = gauge("streamproof_batch_duration_seconds", "Duration of the last batch")
         self.last_batch = gauge("streamproof_last_committed_batch", "Id of the last committed batch")
+        self.phase_seconds = gauge("streamproof_batch_phase_seconds", "Seconds of each phase of the last batch",
+                                   ["pipeline", "phase"])  # fmt: skip
         lag_labels = ["pipeline", "topic", "partition"]
         self.lag = gauge("streamproof_kafka_lag_records", "Records behind the latest offset", lag_labels)
         self.state_rows = gauge("streamproof_state_rows", "Rows held by stateful operators (dedup, windows)")
@@ -72,8 +76,9 @@ class PipelineMetrics:
         """The query showed a sign of life (an idle trigger: it polled its source and found nothing new)."""
         self.alive_at.labels(self.pipeline).set(time.time())
 
-    def observe_batch(self, progress: dict[str, Any], rows_out: dict[str, int], quarantined: int) -> None:
-        """Update from one committed batch: Spark's progress JSON and what the sinks wrote."""
+    def observe_batch(self, progress: dict[str, Any], rows_out: dict[str, int], quarantined: int,
+                      phases: dict[str, float] | None = None) -> None:  # fmt: skip
+        """Update from one committed batch: Spark's progress JSON, what the sinks wrote, where its time went."""
         labels = self.rows_in.labels(self.pipeline)
         labels.inc(int(progress.get("numInputRows") or 0))
         for sink, rows in rows_out.items():
@@ -83,6 +88,8 @@ class PipelineMetrics:
         self.processed_rate.labels(self.pipeline).set(float(progress.get("processedRowsPerSecond") or 0.0))
         self.batch_seconds.labels(self.pipeline).set((progress.get("batchDuration") or 0) / 1000.0)
         self.last_batch.labels(self.pipeline).set(int(progress["batchId"]))
+        for phase, seconds in (phases or {}).items():
+            self.phase_seconds.labels(self.pipeline, phase).set(seconds)
         self.batch_at.labels(self.pipeline).set(time.time())
         self.observe_alive()
         operators = progress.get("stateOperators") or []

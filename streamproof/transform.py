@@ -52,7 +52,8 @@ from streamproof.config import (
 from streamproof.errors import ConfigError, first_line
 
 # Where a record came from, carried by every sink row: what reconciliation matches on.
-SOURCE_COLUMNS = (*COORDINATES, "_src_timestamp")
+SOURCE_TIMESTAMP = "_src_timestamp"  # the record's time in its source (Kafka: its produce time, CreateTime)
+SOURCE_COLUMNS = (*COORDINATES, SOURCE_TIMESTAMP)
 SOURCE_COLUMNS_DDL = "_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP"
 REJECT_REASON = "_reject_reason"
 # A source may say itself that a row is not a deliverable record (a Delta change feed's delete): this column, when

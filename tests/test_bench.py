@@ -74,6 +74,16 @@ def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
     assert throughput["spark_count"]["records"] == events
     assert throughput["ceiling"]["records"] == events
     assert throughput["native_delta_sink"]["rows_in"] == events  # Spark's own Delta sink read every record
+    assert len(throughput["native_delta_sink"]["batch_duration_ms"]) == throughput["native_delta_sink"]["batches"]
+    # Where each batch's time went: the phases add up to the batch's duration, in the order they ran.
+    for batch in throughput["delta_exactly_once"]["batch_phases_s"]:
+        duration, queued = batch.pop("duration_s"), batch.pop("queued_s")
+        batch.pop("batch")
+        assert list(batch)[:3] == ["plan", "offset_log", "read_parse"] and list(batch)[-2:] == ["commit_log", "other"]
+        assert any(name.startswith("sink:") for name in batch) and batch["read_parse"] > 0
+        assert abs(sum(batch.values()) - duration) <= 0.1 + 0.05 * duration, (batch, duration)
+        assert queued is not None and queued > 0  # generated before the run: its records waited in Kafka
+    assert "where the time went" in result.stdout
     ratios = throughput["ratios"]
     # 20,000 events make one batch: there is no batch after the first to give a steady rate.
     assert ratios.pop("steady_delta_exactly_once_vs_parquet_at_least_once") is None

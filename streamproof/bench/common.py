@@ -51,7 +51,8 @@ class PipelineRun:
     rows_in: int = 0
     ready_at: float | None = None  # the ready event: Python up, checkpoint and sinks checked
     query_started_at: float | None = None
-    batches: list[dict[str, float]] = field(default_factory=list)  # {"t", "batch", "rows", "duration_s"}
+    # {"t", "batch", "rows", "duration_s", "phases", "queued_s"} (phases: streamproof.pipeline.phases)
+    batches: list[dict[str, Any]] = field(default_factory=list)
     exit_code: int | None = None
     peak_memory_mb: float = 0.0
     wall_s: float = 0.0
@@ -82,6 +83,8 @@ class PipelineRun:
             "peak_memory_mb": round(self.peak_memory_mb), "batches": len(self.batches),
             "batch_rows_per_second": [round(b["rows"] / b["duration_s"]) if b["duration_s"] else 0
                                       for b in self.batches],
+            "batch_phases_s": [{"batch": b["batch"], "duration_s": b["duration_s"], "queued_s": b["queued_s"],
+                                **b["phases"]} for b in self.batches],
         }  # fmt: skip
 
 
@@ -115,8 +118,11 @@ class BenchChild:
     def run(self) -> PipelineRun:
         """The run's figures so far."""
         started = self.child.started_at
-        batches = [{"t": at - started, "batch": batch.batch_id, "rows": batch.rows_in, "duration_s": batch.duration_s}
-                   for at, batch in self.child.batches()]  # fmt: skip
+        batches: list[dict[str, Any]] = [
+            {"t": at - started, "batch": batch.batch_id, "rows": batch.rows_in, "duration_s": batch.duration_s,
+             "phases": batch.phases, "queued_s": batch.queued_s}
+            for at, batch in self.child.batches()
+        ]  # fmt: skip
         ready, query = self.child.notice_at(READY), self.child.notice_at(STARTED)
         return PipelineRun(
             self.name, rows_in=sum(int(b["rows"]) for b in batches),
@@ -246,6 +252,17 @@ class Bench:
         self.emit(f"  {run.pipeline}: {run.rows_in:,} rows in {run.seconds:.1f} s = {run.rows_per_second:,.0f} rows/s "
                   f"({len(run.batches)} batches, peak {run.peak_memory_mb:,.0f} MB)")  # fmt: skip
         return run
+
+
+def phases_line(batch: dict[str, Any]) -> str:
+    """One batch's breakdown for the bench's output (streamproof.pipeline.phases), seconds.
+
+    >>> phases_line({"batch": 3, "duration_s": 2.5, "queued_s": None, "phases": {"plan": 0.1, "read_parse": 1.4}})
+    'batch 3, 2.50 s: plan 0.10, read_parse 1.40'
+    """
+    queued = "" if batch.get("queued_s") is None else f" (its oldest record queued {batch['queued_s']:.2f} s before)"
+    parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in batch["phases"].items())
+    return f"batch {batch['batch']}, {batch['duration_s']:.2f} s{queued}: {parts}"
 
 
 def ratio(numerator: float, denominator: float) -> float | None:

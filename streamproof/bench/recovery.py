@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import Any
 
-from streamproof.bench.common import Bench, rounded
+from streamproof.bench.common import Bench, phases_line, rounded
 
 
 def bench_recovery(bench: Bench, kills: int = 3) -> dict[str, Any]:
@@ -35,15 +35,18 @@ def bench_recovery(bench: Bench, kills: int = 3) -> dict[str, Any]:
             restarted.wait_for_batches(1, 600)
             run = restarted.run
             assert run.ready_at is not None and run.query_started_at is not None
-            split = {
+            split: dict[str, Any] = {
                 "kill_to_first_batch_s": rounded(started - killed + run.batches[0]["t"]),
                 "process_start_s": rounded(started - killed + run.ready_at),
                 "spark_session_start_s": rounded(run.query_started_at - run.ready_at),
                 "catch_up_s": rounded(run.batches[0]["t"] - run.query_started_at),
             }
+            split["catch_up_batch"] = {"batch": run.batches[0]["batch"], "queued_s": run.batches[0]["queued_s"],
+                                       **run.batches[0]["phases"]}  # fmt: skip
             bench.emit(f"  kill {number + 1}: {split['kill_to_first_batch_s']} s to the next committed batch "
                        f"(process {split['process_start_s']} s, Spark {split['spark_session_start_s']} s, "
                        f"catch-up {split['catch_up_s']} s)")  # fmt: skip
+            bench.emit(f"    the replayed {phases_line(run.batches[0])}")
             restarts.append(split)
     finally:
         if child.running:

@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
-from streamproof.bench.common import PIPELINES, Bench, ratio, timed
+from streamproof.bench.common import PIPELINES, Bench, phases_line, ratio, timed
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.kafka_client import client_config, topic_end_offsets
@@ -148,6 +148,12 @@ def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
     files = max(files_runs, key=lambda run: run.rows_per_second)
     delta_alo = max(delta_alo_runs, key=lambda run: run.rows_per_second)
     native = max(native_runs, key=lambda run: run["rows_per_second"])
+    bench.emit(f"where the time went, {delta.pipeline} (seconds; streamproof.pipeline.phases):")
+    for batch in delta.batches:
+        bench.emit(f"  {phases_line(batch)}")
+    bench.emit("the native sink's batches (Spark's steps; addBatch is its whole Delta write and commit):")
+    for index, steps in enumerate(native.get("batch_duration_ms", [])):
+        bench.emit(f"  batch {index}: " + ", ".join(f"{step} {ms / 1000:.2f}" for step, ms in steps.items()))
     bench.emit("baseline (b): confluent-kafka consumer, json.loads only")
     consumer = consumer_read_rate(bench.bootstrap, topic, bench.events)
     bench.emit(f"  {consumer['rows_per_second']:,} records/s")

@@ -26,6 +26,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
@@ -47,6 +48,7 @@ from streamproof.transform import (
     LATE,
     OPERATOR_OUTPUT,
     REJECT_REASON,
+    SOURCE_TIMESTAMP,
     late_condition,
     quarantined_records,
     valid_records,
@@ -68,6 +70,10 @@ class BatchResult:
     rows_in: int | None = None  # source records in the batch (Spark's count doubles with dedup's two branches)
     duplicates_dropped: int = 0  # valid records the dedup operator dropped as seen before
     late: int = 0  # valid records older than the watermark (quarantined or dropped, by dedup.late)
+    # Seconds of the writer's phases, in order: read_parse, quarantine (when written), sink:<label> per sink
+    # (streamproof.pipeline.phases).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    oldest_produced_ms: int | None = None  # the batch's oldest record's source timestamp (Kafka: produce time)
 
 
 class BatchWriter:
@@ -147,7 +153,9 @@ class BatchWriter:
             kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
             if transform.columns:
                 kept = with_derived_columns(kept, transform)
+            started = time.monotonic()
             counts = self._count(parsed, late)
+            phases = {"read_parse": time.monotonic() - started}
             late_count = counts["late"]
             quarantine_late = transform.watermark is not None and transform.late == "quarantine"
             quarantined = counts["invalid"] + (late_count if quarantine_late else 0)
@@ -156,10 +164,12 @@ class BatchWriter:
                 if quarantine_late:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
                     records = records.withColumn(REJECT_REASON, reason)
+                started = time.monotonic()
                 self.quarantine.append(quarantined_records(records), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
                     QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
                     self._note_head(self.quarantine)
+                phases["quarantine"] = time.monotonic() - started
             writes, seconds = {}, {}
             context = parsed.sparkSession.sparkContext
             for index, sink in enumerate(self.sinks):
@@ -189,21 +199,28 @@ class BatchWriter:
             rows_in=counts["records"],
             duplicates_dropped=counts["valid"] - late_count - counts["kept"] if transform.aggregate is None else 0,
             late=late_count,
+            phase_seconds={**phases, **{f"sink:{name}": spent for name, spent in seconds.items()}},
+            oldest_produced_ms=counts["oldest_produced_ms"],
         )
 
     @staticmethod
-    def _count(parsed: DataFrame, late: Column) -> dict[str, int]:
-        """Records, invalid, valid, late and kept (for the sinks) in one job over the cached batch."""
+    def _count(parsed: DataFrame, late: Column) -> dict[str, Any]:
+        """Records, invalid, valid, late and kept (for the sinks), and the oldest record's source timestamp (epoch
+        ms, for the time the batch waited in the source), in one job over the cached batch."""
         branch = F.col(BRANCH) if BRANCH in parsed.columns else F.lit(ALL_RECORDS)
         invalid = F.col(REJECT_REASON).isNotNull()
+        has_time = SOURCE_TIMESTAMP in parsed.columns
+        oldest_time = F.min(F.unix_millis(SOURCE_TIMESTAMP)) if has_time else F.lit(None).cast("bigint")
         rows = (
             parsed.groupBy(
                 branch.alias("branch"),
                 F.when(invalid, "invalid").when(late, "late").otherwise("valid").alias("outcome"),
-            ).count().collect()
+            ).agg(F.count(F.lit(1)).alias("count"), oldest_time.alias("oldest"))
+            .collect()
         )  # fmt: skip
         by_outcome = {"invalid": 0, "late": 0, "valid": 0}
         kept = 0
+        oldest = [row["oldest"] for row in rows if row["oldest"] is not None]
         for row in rows:
             if row["branch"] == ALL_RECORDS:
                 by_outcome[row["outcome"]] += row["count"]
@@ -216,6 +233,7 @@ class BatchWriter:
             "valid": valid,
             "late": by_outcome["late"],
             "kept": kept if BRANCH in parsed.columns else valid,
+            "oldest_produced_ms": min(oldest, default=None),
         }
 
     def _write_retrying(self, sink: Sink, rows: DataFrame, batch: Batch) -> SinkWrite:

@@ -69,6 +69,9 @@ class BatchCommitted:
     late: int | None = None
     late_handling: str | None = None  # "quarantined" or "dropped"
     remark: str | None = None
+    # Where the batch's time went, in order (streamproof.pipeline.phases); for programs, not in the line.
+    phases: dict[str, float] = field(default_factory=dict)
+    queued_s: float | None = None  # the batch's oldest record's wait in the source before the trigger started
 
     @property
     def rows_per_second(self) -> float:

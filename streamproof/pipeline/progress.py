@@ -21,6 +21,7 @@ from streamproof.config import PipelineSpec
 from streamproof.metrics import PipelineMetrics
 from streamproof.pipeline.batches import BatchResult, BatchWriter
 from streamproof.pipeline.events import STARTED, BatchCommitted, Event, Notice, RunSummary, kafka_lag
+from streamproof.pipeline.phases import batch_phases, queued_seconds
 
 
 class ProgressEvents(StreamingQueryListener):
@@ -43,10 +44,10 @@ class ProgressEvents(StreamingQueryListener):
                 self.metrics.observe_alive()
             return  # an idle trigger: no batch ran
         document = json.loads(progress.json)
-        if self.metrics is not None:  # before the event: whoever sees it finds the metrics up to date
-            self.metrics.observe_batch(document, result.sink_rows if result else {},
-                                       result.quarantined if result else 0)  # fmt: skip
         batch = self._event(progress.batchId, rows_in, (progress.batchDuration or 0) / 1000.0, document, result)
+        if self.metrics is not None:  # before the event is out: whoever sees it finds the metrics up to date
+            self.metrics.observe_batch(document, result.sink_rows if result else {},
+                                       result.quarantined if result else 0, batch.phases)  # fmt: skip
         # Published before the summary counts it: the run ends once the summary holds its last batch, and the
         # batch's line must be out by then (a CI run lost it when the main thread won that race).
         self.publish(batch)
@@ -60,7 +61,9 @@ class ProgressEvents(StreamingQueryListener):
         transform = self.spec.transform
         if result is not None:
             figures = {"rows_out": result.rows_out, "quarantined": result.quarantined,
-                       "sink_seconds": result.sink_seconds, "replay_skipped": result.replay_skipped}  # fmt: skip
+                       "sink_seconds": result.sink_seconds, "replay_skipped": result.replay_skipped,
+                       "phases": batch_phases(document.get("durationMs") or {}, result.phase_seconds),
+                       "queued_s": queued_seconds(document.get("timestamp"), result.oldest_produced_ms)}  # fmt: skip
             if transform.watermark is not None:
                 figures.update(late=result.late, late_handling="dropped" if transform.late == "drop" else "quarantined")
                 if transform.aggregate is not None:
