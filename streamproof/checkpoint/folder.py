@@ -15,9 +15,17 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import socket
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
@@ -69,12 +77,68 @@ class ProgressFile:
                 (self.checkpoint / name).delete(recursive=True)
 
 
+@dataclass(frozen=True)
+class Holder:
+    """The process named in a run lock: its pid and host (``pid@host``; a bare pid, as older locks hold, is of this
+    host). Shown as the pid, with the host when it is another one.
+
+    >>> Holder.parse("4242@worker-7")
+    Holder(pid=4242, host='worker-7')
+    >>> str(Holder(4242, "worker-7")), Holder.parse("oops")
+    ('4242 on host worker-7', None)
+    """
+
+    pid: int
+    host: str
+
+    @classmethod
+    def me(cls) -> Holder:
+        return cls(os.getpid(), socket.gethostname())
+
+    @classmethod
+    def parse(cls, text: str) -> Holder | None:
+        pid, _, host = text.strip().partition("@")
+        try:
+            return cls(int(pid), host or socket.gethostname())
+        except ValueError:
+            return None
+
+    @property
+    def here(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def alive(self) -> bool:
+        """Whether the process runs. One on another host is taken to: its liveness cannot be checked from here."""
+        if not self.here:
+            return True
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return process_state(self.pid) not in ("Z", None)  # a killed process its parent has not reaped yet: gone
+
+    def __str__(self) -> str:
+        return str(self.pid) if self.here else f"{self.pid} on host {self.host}"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``Z``: exited, not reaped), None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 class RunLock:
     """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a second run, a backup or a
     restore is refused while the process that holds it is alive (a stale file, left by a killed run, is taken
     over). The file is created only if absent (atomically, on HDFS too), so two starts at the same moment cannot
-    both hold it. A holder's liveness is checked on this machine: a lock held from another host is refused until
-    its file is removed.
+    both hold it; taking over a stale one happens under a lock of this host, one process at a time, so two that
+    find it stale together cannot both take it. A holder's liveness is checked on this machine: a lock held from
+    another host is refused until its file is removed.
 
     Example::
 
@@ -89,33 +153,58 @@ class RunLock:
     def __init__(self, checkpoint: Location) -> None:
         self.path = checkpoint / self.NAME
 
-    def holder(self) -> int | None:
-        """Pid of a live process (other than this one) holding the lock, else None."""
+    def holder(self) -> Holder | None:
+        """The live process (other than this one) holding the lock, else None."""
         try:
-            pid = int(self.path.read_text().strip())
-        except (OSError, ValueError):
+            holder = Holder.parse(self.path.read_text())
+        except OSError:
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if holder is None or holder == Holder.me() or not holder.alive():
             return None
-        except PermissionError:
-            return pid
-        return pid if pid != os.getpid() else None
+        return holder
+
+    def try_acquire(self) -> Holder | None:
+        """Take the lock, taking over a stale one; returns None when taken, else the live process that holds it."""
+        mine = f"{os.getpid()}@{socket.gethostname()}"
+        for _ in range(5):
+            if self.path.create_new(mine):
+                return None
+            with _host_mutex(self.path):
+                if not self.path.exists():
+                    continue  # released in between: try to create it again
+                holder = self.holder()
+                if holder is not None:
+                    return holder
+                # Stale: its process is gone. The file exists, so no start can create it, and no other process
+                # deletes it while this one holds the mutex: what is deleted is the stale file, never a fresh one.
+                self.path.delete()
+        raise PipelineError(f"{self.path}: other processes kept taking and leaving the run lock; try again")
 
     def __enter__(self) -> RunLock:
-        mine = str(os.getpid())
-        for _ in range(2):
-            if self.path.create_new(mine):
-                return self
-            holder = self.holder()
-            if holder is not None:
-                raise PipelineError(f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first")
-            self.path.delete()  # stale: its process is gone
-        raise PipelineError(f"{self.path}: another process took the run lock at the same moment; try again")
+        holder = self.try_acquire()
+        if holder is not None:
+            hint = "" if holder.here else f" (not checked from here: if it is gone, delete {self.path})"
+            raise PipelineError(f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first"
+                                f"{hint}")  # fmt: skip
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.path.delete()
+
+
+@contextlib.contextmanager
+def _host_mutex(lock: Location) -> Iterator[None]:
+    """An exclusive lock of this host on ``lock``'s name (``flock`` on a file in the temporary folder), released
+    when the process ends however it ends."""
+    key = hashlib.sha256(str(lock).encode()).hexdigest()[:24]
+    folder = Path(tempfile.gettempdir()) / "streamproof-locks"
+    folder.mkdir(exist_ok=True)
+    with open(folder / f"{key}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class RunCounter:
