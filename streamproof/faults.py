@@ -349,6 +349,25 @@ _ARMED: ArmedCrash | None = None  # the crash of the driver
 _MACHINE_FAULTS: dict[int, ArmedCrash] = {}  # by batch id: faults of the machines, met inside write tasks
 
 
+@contextlib.contextmanager
+def disarmed() -> Iterator[None]:
+    """No crash fires inside (a standby's warm-up runs batches of its own, whose ids mean nothing to the crashes
+    armed for the pipeline's batches); what was armed is armed again after.
+
+    >>> with disarmed():
+    ...     reached(BEFORE_SINK_WRITE, 0)   # nothing armed fires here
+    """
+    global _ARMED
+    armed, machine = _ARMED, dict(_MACHINE_FAULTS)
+    _ARMED = None
+    _MACHINE_FAULTS.clear()
+    try:
+        yield
+    finally:
+        _ARMED = armed
+        _MACHINE_FAULTS.update(machine)
+
+
 def arm_from_environment() -> list[ArmedCrash]:
     """Read ``STREAMPROOF_CRASH_AT`` once, at pipeline start."""
     global _ARMED

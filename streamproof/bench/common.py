@@ -93,12 +93,13 @@ class BenchChild:
     events make a :class:`PipelineRun`, and whose process tree's peak memory is sampled while it runs."""
 
     def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, *, available_now: bool = True,
-                 crash: ArmedCrash | None = None) -> None:  # fmt: skip
+                 crash: ArmedCrash | None = None, standby: bool = False) -> None:  # fmt: skip
         self.emit = emit
+        role = "-standby" if standby else ""
         self.child = PipelineChild(
-            pipeline_file, log_dir, name=f"{pipeline_file.parent.name}-{time.strftime('%H%M%S')}",
+            pipeline_file, log_dir, name=f"{pipeline_file.parent.name}{role}-{time.strftime('%H%M%S')}",
             available_now=available_now, jit="tiered",  # what `streamproof run` uses: the figures users get
-            on_event=self._show, crash=crash,
+            on_event=self._show, crash=crash, standby=standby,
         )  # fmt: skip
         self.name = pipeline_file.parent.name
         self.peak_memory_mb = 0.0
@@ -242,9 +243,12 @@ class Bench:
         pipeline_file.write_text(dump_pipeline(updated))
         return pipeline_file
 
-    def child(self, pipeline_file: Path, *, available_now: bool = True, crash: ArmedCrash | None = None) -> BenchChild:
-        """A pipeline child of this run, its logs under the work folder (armed with ``crash``, if given)."""
-        return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now, crash=crash)
+    def child(self, pipeline_file: Path, *, available_now: bool = True, crash: ArmedCrash | None = None,
+              standby: bool = False) -> BenchChild:  # fmt: skip
+        """A pipeline child of this run, its logs under the work folder (armed with ``crash``, if given; ``standby``:
+        ``run --standby``)."""
+        return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now, crash=crash,
+                          standby=standby)  # fmt: skip
 
     def drain(self, pipeline_file: Path, timeout_s: float = 3600) -> PipelineRun:
         """Run the pipeline to the end of its topic in a child process."""

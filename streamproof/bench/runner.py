@@ -52,7 +52,7 @@ BENCHMARKS = tuple(RUNNERS)
 DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name not in ("cluster", "partitioned"))
 # What the command prints of each benchmark's results (the whole document goes to the results file).
 SUMMARY_KEYS = ("ratios", "targets_met", "latency", "latency_after_warmup", "median_phases_s", "ratios_vs_delta_append",
-                "median_s")  # fmt: skip
+                "median_s", "standby_median_s")  # fmt: skip
 
 
 def machine_facts() -> dict[str, Any]:

@@ -136,14 +136,23 @@ def run(
     available_now: Annotated[bool, typer.Option("--available-now", help="Drain what is there, then exit.")] = False,
     max_batches: Annotated[int | None, typer.Option(min=1, help="Stop after this many batches.")] = None,
     master: Annotated[str | None, typer.Option(help="Run on this Spark master instead of [spark] master.")] = None,
+    standby: Annotated[
+        bool,
+        typer.Option(
+            "--standby",
+            help="If the pipeline already runs (on this host): start warm and take over the "
+            "moment it stops or dies, instead of refusing.",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
     spec = load_pipeline(pipeline)
     spec = spec if master is None else spec.on_master(master)
     if console.is_terminal:
-        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches)
+        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches, standby=standby)
     else:
-        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event)
+        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event,
+                               standby=standby)  # fmt: skip
     console.print(summary.line(), markup=False)
 
 
@@ -152,7 +161,8 @@ def _print_event(event: Event) -> None:
         console.print(event.line(), markup=False)
 
 
-def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None) -> RunSummary:
+def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None,
+                          standby: bool = False) -> RunSummary:  # fmt: skip
     """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
     started = time.monotonic()
     seen = RunSummary(spec.name)
@@ -173,7 +183,7 @@ def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batche
             live.update(status())
 
         summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=show,
-                               summary=seen)  # fmt: skip
+                               summary=seen, standby=standby)  # fmt: skip
     return summary
 
 

@@ -44,7 +44,7 @@ class PipelineChild:
 
     def __init__(self, pipeline_file: Path, log_dir: Path, *, name: str = "run", available_now: bool = True,
                  crash: ArmedCrash | list[ArmedCrash] | None = None, jit: str = "quick-start",
-                 on_event: Callable[[Event], None] | None = None) -> None:  # fmt: skip
+                 on_event: Callable[[Event], None] | None = None, standby: bool = False) -> None:  # fmt: skip
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
         self.out_path = log_dir / f"{name}.out"  # stdout: the lines for people
@@ -62,6 +62,8 @@ class PipelineChild:
         command = [sys.executable, "-m", "streamproof", "run", str(pipeline_file)]
         if available_now:
             command.append("--available-now")
+        if standby:  # waits warm while another process runs the pipeline (streamproof.pipeline.standby)
+            command.append("--standby")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
@@ -121,6 +123,11 @@ class PipelineChild:
         """Every batch committed so far, with its arrival time."""
         with self._lock:
             return [(at, event) for at, event in self._record if isinstance(event, BatchCommitted)]
+
+    def notices(self, kind: str) -> list[str]:
+        """The texts of the notices of ``kind`` so far, in order (a standby's ``standby`` notices, say)."""
+        with self._lock:
+            return [event.text for _, event in self._record if isinstance(event, Notice) and event.kind == kind]
 
     def notice_at(self, kind: str) -> float | None:
         """Arrival time of the first notice of ``kind`` (``ready``, ``started``), if it came."""

@@ -1,7 +1,9 @@
 """What a running pipeline reports: structured events, each a JSON line for programs and a line for people.
 
-A run publishes, in order: ``ready`` (Python up, checkpoint and sinks checked: the recovery benchmark splits a
-restart there), ``started`` (the query runs), one ``batch`` per committed batch (:class:`BatchCommitted`), and
+A run publishes, in order: a standby's ``standby`` notices (warming up, then warm and waiting) and its
+``took_over`` (:mod:`streamproof.pipeline.standby`), ``ready`` (Python up, checkpoint and sinks checked: the
+recovery benchmark splits a restart there), ``started`` (the query runs), one ``batch`` per committed batch
+(:class:`BatchCommitted`), and
 ``metrics`` / ``restarting`` notices when they happen; before each sink's write of a batch, a ``writing`` event
 (:class:`WriteStarted`, for programs only: the crash harness injects cluster faults on it). People read
 :meth:`line` of each shown event on stdout. Programs (the crash harness, the benchmarks, the pytest plugin) read
@@ -30,6 +32,7 @@ from streamproof.metrics import partition_lag
 
 EVENTS_FD_ENV = "STREAMPROOF_EVENTS_FD"
 READY, STARTED, METRICS, RESTARTING, SPARK_UI = "ready", "started", "metrics", "restarting", "spark_ui"
+STANDBY, TOOK_OVER = "standby", "took_over"  # a warm standby's waiting, and its taking over (pipeline.standby)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from streamproof.pipeline.events import (
     side_channel,
 )
 from streamproof.pipeline.progress import ProgressEvents
+from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -85,9 +86,12 @@ def run(
     on_event: Callable[[Event], None] | None = None,
     summary: RunSummary | None = None,
     once: bool = False,
+    standby: bool = False,
 ) -> RunSummary:
     """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT; ``once``: a
-    single batch (``checkpoint rewind`` replays the batch logged and not committed with it).
+    single batch (``checkpoint rewind`` replays the batch logged and not committed with it); ``standby``: when
+    another process runs the pipeline, wait warm and take over when it stops or dies
+    (:mod:`streamproof.pipeline.standby`) instead of refusing to start.
 
     ``on_event`` receives the run's events as they happen (:mod:`streamproof.pipeline.events`; the CLI prints
     their lines); they also go to ``$STREAMPROOF_EVENTS_FD`` when set. ``summary`` (optional) is updated as
@@ -95,6 +99,7 @@ def run(
     """
     faults.arm_from_environment()
     channel = side_channel()
+    summary = summary or RunSummary(spec.name)
 
     def publish(event: Event) -> None:
         if channel is not None:
@@ -106,8 +111,20 @@ def run(
     # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}",
                           ui=ui_wanted(spec.spark)) if spec.checkpoint_dir.is_remote else None  # fmt: skip
-    with RunLock(spec.checkpoint_dir):
-        return _run_locked(spec, available_now, max_batches, publish, summary or RunSummary(spec.name), spark, once)
+    lock = RunLock(spec.checkpoint_dir)
+    holder = lock.try_acquire() if standby else None
+    if holder is not None:
+        try:
+            spark = stand_by(spec, lock, holder, publish, start_query, spark)
+        except StandbyStopped as stopped:
+            summary.stopped_by = str(stopped)
+            return summary
+    elif not standby:
+        lock.__enter__()
+    try:
+        return _run_locked(spec, available_now, max_batches, publish, summary, spark, once)
+    finally:
+        lock.__exit__()
 
 
 def _run_locked(
@@ -128,7 +145,8 @@ def _run_locked(
     refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
     refuse_if_sink_behind(spark, spec, sinks)
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
-    publish(Notice(spec.name, READY, "starting Spark (checkpoint and sinks checked)"))
+    publish(Notice(spec.name, READY, "checkpoint and sinks checked; " + ("starting Spark" if spark is None else
+                                                                          "Spark runs already (warm)")))  # fmt: skip
     spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
     address = spark.sparkContext.uiWebUrl
     if address:

@@ -1,0 +1,86 @@
+"""A warm standby takes over a SIGKILLed pipeline: two real ``streamproof run`` processes on one pipeline.
+
+Fault: the running process SIGKILLs its own process group right after the sink committed batch 4, before Spark's
+commit log (``after-sink-commit``). Expected: the standby, warmed on its scratch copy while the first ran, takes
+the run lock, replays batch 4 (every keyed table already holds it: skipped), carries on, and the data reconciles
+0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's tables.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import write_pipeline
+from streamproof.config import load_pipeline
+from streamproof.faults import AFTER_SINK_COMMIT, ArmedCrash
+from streamproof.generator import generate
+from streamproof.harness.child import PipelineChild
+from streamproof.infra import KafkaBroker
+from streamproof.pipeline.events import READY, STANDBY, TOOK_OVER
+from streamproof.reconcile import verify_pipeline
+from streamproof.sinks import open_sinks
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+CRASHED_BATCH = 4
+
+
+def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sink_had_committed(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    bootstrap, topic = kafka_broker.bootstrap_servers, "standby-orders"
+    generate(bootstrap, topic, 8_000, partitions=4, malformed=0.01, seed=31)
+    pipeline_file = write_pipeline(tmp_path, name="standby", topic=topic, bootstrap=bootstrap, max_offsets=4_000)
+    spec = load_pipeline(pipeline_file)
+    logs = tmp_path / "logs"
+    active = PipelineChild(pipeline_file, logs, name="active", available_now=False,
+                           crash=ArmedCrash(AFTER_SINK_COMMIT, CRASHED_BATCH))  # fmt: skip
+    standby: PipelineChild | None = None
+    try:
+        active.wait_for(lambda: sum(b.rows_in for _, b in active.batches()) >= 8_000, 300, "the first 8,000 records")
+        standby = PipelineChild(pipeline_file, logs, name="standby", available_now=False, standby=True)
+        waiting = standby
+        waiting.wait_for(lambda: any("waiting for pid" in text for text in waiting.notices(STANDBY)), 300,
+                         "the standby warm and waiting")  # fmt: skip
+        assert re.match(r"standby warm \(8,000 records, \d batches through", waiting.notices(STANDBY)[-1])
+        assert waiting.notice_at(READY) is None and not waiting.batches()  # standing by: nothing run, nothing read
+        assert not list(tmp_path.glob("checkpoint.standby-warmup-*")), "the warm-up's scratch copy is removed"
+        table_before = [commit.batch_id for commit in open_sinks(spec)[0].commits()]
+
+        generate(bootstrap, topic, 24_000, partitions=4, malformed=0.01, seed=32)
+        assert active.wait(300) != 0  # killed itself at the crash point
+        active.close()
+        assert (
+            f"crash point {AFTER_SINK_COMMIT} reached in batch {CRASHED_BATCH}: SIGKILL" in active.out_path.read_text()
+        )
+        waiting.wait_for(
+            lambda: (
+                sum(b.rows_in for _, b in waiting.batches())
+                + sum(b.rows_in for _, b in active.batches() if b.batch_id < CRASHED_BATCH)
+                >= 32_000
+            ),
+            300,
+            "every record",
+        )
+        assert waiting.notices(TOOK_OVER) and waiting.notices(TOOK_OVER)[0].startswith(
+            f"took over from pid {active.pid}"
+        )
+        first = waiting.batches()[0][1]
+        assert first.batch_id == CRASHED_BATCH and first.replay_skipped  # the sink had committed it
+        waiting.terminate()
+        assert waiting.wait(180) == 0
+    finally:
+        active.close()
+        if standby is not None:
+            standby.close()
+    # One commit per batch, in order: the warm-up's batches (their own appId) never reached the pipeline's table.
+    batch_ids = [commit.batch_id for commit in open_sinks(spec)[0].commits()]
+    assert batch_ids == list(range(len(batch_ids))) and batch_ids[: len(table_before)] == table_before
+    (report,) = verify_pipeline(spark, spec)
+    assert report.source_records == 32_000
+    assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
+    assert report.quarantined > 0
