@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -161,27 +162,25 @@ class Location:
             stream.close()
 
     def create_new(self, text: str) -> bool:
-        """Create the file with ``text`` only if it does not exist (atomically on HDFS and local disks); False when it
-        exists already."""
+        """Create the file with ``text`` only if it does not exist, atomically with its content (a reader never sees
+        it empty or partly written: written aside, then linked or renamed into place, which fails when the file
+        exists, on local disks and HDFS); False when it exists already."""
+        temporary = self.with_name(f".{self.name}.{os.getpid()}.{time.monotonic_ns()}.new")
         if not self.is_remote:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.path.write_text(text, encoding="utf-8")
             try:
-                with open(self.path, "x", encoding="utf-8") as handle:
-                    handle.write(text)
+                os.link(temporary.path, self.path)
             except FileExistsError:
                 return False
+            finally:
+                temporary.path.unlink()
             return True
-        try:
-            stream = self._fs.create(self._jpath, False)
-        except Exception as error:  # py4j: FileAlreadyExistsException
-            if "AlreadyExists" in str(error):
-                return False
-            raise
-        try:
-            stream.write(bytearray(text.encode("utf-8")))
-        finally:
-            stream.close()
-        return True
+        temporary.write_text(text)
+        created = bool(self._fs.rename(temporary._jpath, self._jpath))  # HDFS: false when the target exists
+        if not created:
+            temporary.delete()
+        return created
 
     def replace_with_text(self, text: str) -> None:
         """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary

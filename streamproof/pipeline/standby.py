@@ -177,7 +177,7 @@ def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery) -> WarmU
     scratch = spec.checkpoint_dir.with_name(f"{spec.checkpoint_dir.name}{SCRATCH_MARK}{Holder.me().pid}")
     _remove_leftovers(spec.checkpoint_dir)
     warm = warm_copy(spec, scratch)
-    records = batches = 0
+    rows: dict[int, int] = {}  # by batch id: a batch the first query's stop cut short is run again by the second
     try:
         with faults.disarmed():
             for wanted in (2, 1):
@@ -189,13 +189,12 @@ def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery) -> WarmU
                 while query.isActive and len(writer.results) < wanted and time.monotonic() < deadline:
                     time.sleep(0.05)
                 query.stop()
-                records += sum(result.rows_in or 0 for result in writer.results.values())
-                batches += len(writer.results)
+                rows.update({batch_id: result.rows_in or 0 for batch_id, result in writer.results.items()})
     finally:
         for query in spark.streams.active:  # only the warm-up's run in this session yet
             query.stop()
         scratch.delete(recursive=True)
-    return WarmUp(records, batches, round(time.monotonic() - started, 1))
+    return WarmUp(sum(rows.values()), len(rows), round(time.monotonic() - started, 1))
 
 
 def warm_copy(spec: PipelineSpec, scratch: Location) -> PipelineSpec:
