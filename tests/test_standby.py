@@ -1,9 +1,10 @@
-"""A warm standby takes over a SIGKILLed pipeline: two real ``streamproof run`` processes on one pipeline.
+"""A warm standby takes over a SIGKILLed pipeline: real ``streamproof run`` processes on one pipeline.
 
 Fault: the running process SIGKILLs its own process group right after the sink committed batch 4, before Spark's
 commit log (``after-sink-commit``). Expected: the standby, warmed on its scratch copy while the first ran, takes
 the run lock, replays batch 4 (every keyed table already holds it: skipped), carries on, and the data reconciles
-0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's tables.
+0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's tables. A second standby,
+stopped with SIGTERM while it warms up, exits 0 at once and the running process carries on.
 """
 
 from __future__ import annotations
@@ -42,13 +43,22 @@ def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sin
     standby: PipelineChild | None = None
     try:
         active.wait_for(lambda: sum(b.rows_in for _, b in active.batches()) >= 8_000, 300, "the first 8,000 records")
+        # A standby stopped while it warms up leaves at once, touching nothing; the running process carries on.
+        stopped = PipelineChild(pipeline_file, logs, name="stopped-standby", available_now=False, standby=True)
+        stopped.wait_for(lambda: bool(stopped.notices(STANDBY)), 120, "the standby starting")
+        stopped.terminate()
+        assert stopped.wait(120) == 0 and active.process.poll() is None
+        stopped.close()
+        assert f"stopped (SIGTERM while warming up to stand by for pid {active.pid}): 0 batches" in (
+            stopped.out_path.read_text()
+        )
         standby = PipelineChild(pipeline_file, logs, name="standby", available_now=False, standby=True)
         waiting = standby
         waiting.wait_for(lambda: any("waiting for pid" in text for text in waiting.notices(STANDBY)), 300,
                          "the standby warm and waiting")  # fmt: skip
         assert re.match(r"standby warm \(8,000 records, \d batches through", waiting.notices(STANDBY)[-1])
         assert waiting.notice_at(READY) is None and not waiting.batches()  # standing by: nothing run, nothing read
-        assert not list(tmp_path.glob("checkpoint.standby-warmup-*")), "the warm-up's scratch copy is removed"
+        assert not list(tmp_path.glob("checkpoint.standby-warmup-*")), "the warm-ups' scratch copies are removed"
         table_before = [commit.batch_id for commit in open_sinks(spec)[0].commits()]
 
         generate(bootstrap, topic, 24_000, partitions=4, malformed=0.01, seed=32)

@@ -112,15 +112,14 @@ def run(
     spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}",
                           ui=ui_wanted(spec.spark)) if spec.checkpoint_dir.is_remote else None  # fmt: skip
     lock = RunLock(spec.checkpoint_dir)
-    holder = lock.try_acquire() if standby else None
-    if holder is not None:
+    if not standby:
+        lock.__enter__()
+    elif (holder := lock.try_acquire()) is not None:
         try:
             spark = stand_by(spec, lock, holder, publish, start_query, spark)
         except StandbyStopped as stopped:
             summary.stopped_by = str(stopped)
             return summary
-    elif not standby:
-        lock.__enter__()
     try:
         return _run_locked(spec, available_now, max_batches, publish, summary, spark, once)
     finally:

@@ -81,26 +81,41 @@ def stand_by(
             f"{lock.path.parent} is in use by pid {holder}: a standby takes over only from a process of its own host "
             "(it checks the holder's liveness): start the standby there"
         )
-    publish(Notice(spec.name, STANDBY, f"in use by pid {holder}: starting a warm standby"))
-    spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+    stop, stopped_by = threading.Event(), []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    publish(Notice(spec.name, STANDBY, f"in use by pid {holder}: starting a warm standby"))  # stoppable from here
     try:
-        warm = warm_up(spark, spec, start)
-        publish(Notice(spec.name, STANDBY, f"standby warm ({warm.records:,} records, {warm.batches} batches through "
-                                           f"the batch path in {warm.seconds:.1f} s); waiting for pid {holder} to "
-                                           "stop"))  # fmt: skip
-    except Exception as error:  # noqa: BLE001 - a cold takeover is still a takeover
-        publish(Notice(spec.name, STANDBY, f"standby warm-up failed ({first_line(error)}); waiting cold for pid "
-                                           f"{holder} to stop"))  # fmt: skip
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+        spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+        _warm_up_and_say(spark, spec, start, stop, holder, publish)
         gone_at = _wait_for_lock(lock, holder, stop)
+    except StandbyStopped as stopped:
+        raise StandbyStopped(f"{stopped_by[0]} {stopped}") from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     taken_after = time.monotonic() - gone_at
     publish(Notice(spec.name, TOOK_OVER, f"took over from pid {holder} (gone; lock taken {taken_after:.2f} s later)"))
     return spark
+
+
+def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, start: StartQuery, stop: threading.Event,
+                     holder: Holder, publish: Callable[[Event], None]) -> None:  # fmt: skip
+    try:
+        warm = warm_up(spark, spec, start, stop)
+    except Exception as error:  # noqa: BLE001 - a cold takeover is still a takeover
+        publish(Notice(spec.name, STANDBY, f"standby warm-up failed ({first_line(error)}); waiting cold for pid "
+                                           f"{holder} to stop"))  # fmt: skip
+        return
+    if stop.is_set():
+        raise StandbyStopped(f"while warming up to stand by for pid {holder}")
+    text = (f"standby warm ({warm.records:,} records, {warm.batches} batches through the batch path in "
+            f"{warm.seconds:.1f} s); waiting for pid {holder} to stop")  # fmt: skip
+    publish(Notice(spec.name, STANDBY, text))
 
 
 def _wait_for_lock(lock: RunLock, holder: Holder, stop: threading.Event) -> float:
@@ -111,7 +126,7 @@ def _wait_for_lock(lock: RunLock, holder: Holder, stop: threading.Event) -> floa
         while lock.holder() is not None:
             family.note()
             if stop.wait(POLL_S):
-                raise StandbyStopped(f"stopped while standing by for pid {holder}")
+                raise StandbyStopped(f"while standing by for pid {holder}")
         gone_at = time.monotonic()
         family.wait_gone(ORPHAN_WAIT_S, stop)
         taker = lock.try_acquire()
@@ -153,7 +168,7 @@ class _Family:
                     f"{timeout_s:.0f} s after it: they may still write; stop them, then start the pipeline again"
                 )
             if stop.wait(POLL_S):
-                raise StandbyStopped("stopped while the stopped pipeline's processes ended")
+                raise StandbyStopped("while the stopped pipeline's processes ended")
 
 
 def _start_time(pid: int) -> str | None:
@@ -164,16 +179,18 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery) -> WarmUp:
+def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
+            stop: threading.Event | None = None) -> WarmUp:  # fmt: skip
     """Run the pipeline's batch path (source, parse, cache and counts, quarantine, every sink's keyed commit) on a
     sample of its source into a scratch copy of its checkpoint and tables (:func:`warm_copy`): two batches, then one
     more after a restart of the query on that checkpoint, as a takeover's first batch runs (the first write of a
-    run, on tables that exist). Crash points are disarmed meanwhile. The scratch copy is deleted after.
+    run, on tables that exist). Crash points are disarmed meanwhile. The scratch copy is deleted after. ``stop``
+    set: it ends at once.
 
     >>> warm_up(spark, load_pipeline("examples/orders_to_delta.toml"), start_query)    # doctest: +SKIP
     WarmUp(records=75000, batches=3, seconds=21.4)
     """
-    started = time.monotonic()
+    started, stop = time.monotonic(), stop or threading.Event()
     scratch = spec.checkpoint_dir.with_name(f"{spec.checkpoint_dir.name}{SCRATCH_MARK}{Holder.me().pid}")
     _remove_leftovers(spec.checkpoint_dir)
     warm = warm_copy(spec, scratch)
@@ -181,13 +198,17 @@ def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery) -> WarmU
     try:
         with faults.disarmed():
             for wanted in (2, 1):
+                if stop.is_set():
+                    break
                 writer = BatchWriter(warm, open_sinks(warm))
                 for sink in writer.sinks:
                     sink.prepare(spark)
                 query = start(spark, warm, writer, available_now=True)
                 deadline = time.monotonic() + WARM_TIMEOUT_S
                 while query.isActive and len(writer.results) < wanted and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                    stop.wait(0.05)
+                    if stop.is_set():
+                        break
                 query.stop()
                 rows.update({batch_id: result.rows_in or 0 for batch_id, result in writer.results.items()})
     finally:
