@@ -56,7 +56,9 @@ def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sin
         waiting = standby
         waiting.wait_for(lambda: any("waiting for pid" in text for text in waiting.notices(STANDBY)), 300,
                          "the standby warm and waiting")  # fmt: skip
-        assert re.match(r"standby warm \(8,000 records, \d batches through", waiting.notices(STANDBY)[-1])
+        # Best effort, from the topic's start: the warm-up's own small batches (how many depends on where its first
+        # query's stop lands).
+        assert re.match(r"standby warm \([\d,]+ records, \d batches through", waiting.notices(STANDBY)[-1])
         assert waiting.notice_at(READY) is None and not waiting.batches()  # standing by: nothing run, nothing read
         assert not list(tmp_path.glob("checkpoint.standby-warmup-*")), "the warm-ups' scratch copies are removed"
         table_before = [commit.batch_id for commit in open_sinks(spec)[0].commits()]

@@ -49,6 +49,7 @@ from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder
+NOTE_FAMILY_S = 1.0  # how often it notes the processes the holder started (long-lived: its JVM)
 ORPHAN_WAIT_S = 30.0  # how long the dead holder's own processes (its JVM) may outlive it before the standby refuses
 WARM_RECORDS = 25_000  # Kafka records per warm-up batch (fewer when the pipeline's own batches are smaller)
 WARM_TIMEOUT_S = 300.0
@@ -124,7 +125,7 @@ def _wait_for_lock(lock: RunLock, holder: Holder, stop: threading.Event) -> floa
     while True:
         family = _Family(holder.pid)
         while lock.holder() is not None:
-            family.note()
+            family.note_at_most_every(NOTE_FAMILY_S)
             if stop.wait(POLL_S):
                 raise StandbyStopped(f"while standing by for pid {holder}")
         gone_at = time.monotonic()
@@ -142,6 +143,13 @@ class _Family:
     def __init__(self, root: int) -> None:
         self.root = root
         self.members: dict[int, str] = {}  # pid -> its start time (a pid reused later is another process)
+        self.noted_at = float("-inf")
+
+    def note_at_most_every(self, seconds: float) -> None:
+        """:meth:`note`, unless it ran less than ``seconds`` ago (it reads the whole process table)."""
+        if time.monotonic() - self.noted_at >= seconds:
+            self.note()
+            self.noted_at = time.monotonic()
 
     def note(self) -> None:
         children: dict[int, list[int]] = {}
