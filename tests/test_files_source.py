@@ -82,6 +82,24 @@ def test_files_source_is_exactly_once_through_a_crash_and_reads_new_files_only(s
         assert f'"event_id":"{row["event_id"]}"'.encode() in line and row["_src_partition"] == 0, row
 
 
+def test_a_file_s_lines_are_numbered_from_1_a_blank_line_is_a_record_and_a_final_newline_is_not(
+    spark: Any, tmp_path: Path
+) -> None:
+    from streamproof.sources.files import _lines
+
+    contents = {"empty": "", "newline": "\n", "one": "a", "one-ended": "a\n", "blank-last": "a\n\n",
+                "blank-first": "\n\nb", "crlf": "a\r\nb\r\n", "lone-cr": "a\rb\nc"}  # fmt: skip
+    for name, text in contents.items():
+        (tmp_path / f"{name}.txt").write_bytes(text.encode())
+    files = spark.read.format("text").option("wholetext", "true").load(str(tmp_path))
+    rows = {(Path(row["topic"]).stem, row["offset"], bytes(row["value"]).decode()) for row in _lines(files).collect()}
+    assert rows == {
+        ("newline", 1, ""), ("one", 1, "a"), ("one-ended", 1, "a"), ("blank-last", 1, "a"), ("blank-last", 2, ""),
+        ("blank-first", 1, ""), ("blank-first", 2, ""), ("blank-first", 3, "b"), ("crlf", 1, "a"), ("crlf", 2, "b"),
+        ("lone-cr", 1, "a\rb"), ("lone-cr", 2, "c"),
+    }  # fmt: skip
+
+
 def test_files_source_refuses_what_it_cannot_do(tmp_path: Path, spark: Any) -> None:
     with pytest.raises(ConfigError, match="guarantee: at-most-once keeps its own Kafka offsets"):
         parse_pipeline(PIPELINE.format(name="f", guarantee="at-most-once", workdir=tmp_path), source_name="p.toml")
