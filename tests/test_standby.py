@@ -1,10 +1,15 @@
-"""A warm standby takes over a SIGKILLed pipeline: real ``streamproof run`` processes on one pipeline.
+"""Warm-ups: a warm standby takes over a SIGKILLed pipeline (real ``streamproof run`` processes on one pipeline), and
+a run started with ``--warm-up`` writes nothing of its warm-up into the pipeline.
 
 Fault: the running process SIGKILLs its own process group right after the sink committed batch 4, before Spark's
 commit log (``after-sink-commit``). Expected: the standby, warmed on its scratch copy while the first ran, takes
 the run lock, replays batch 4 (every keyed table already holds it: skipped), carries on, and the data reconciles
 0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's tables. A second standby,
 stopped with SIGTERM while it warms up, exits 0 at once and the running process carries on.
+
+``run --warm-up`` on a topic that holds nothing yet warms up on generated records of the schema (scratch checkpoint
+and tables), then reads the records produced after: the table holds exactly the run's batches, from batch 0, and
+the topic reconciles 0 / 0 / 0. One stopped with SIGTERM during its warm-up exits 0 in one line.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from streamproof.faults import AFTER_SINK_COMMIT, ArmedCrash
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.infra import KafkaBroker
-from streamproof.pipeline.events import READY, STANDBY, TOOK_OVER
+from streamproof.kafka_client import ensure_topic
+from streamproof.pipeline.events import READY, STANDBY, TOOK_OVER, WARMING
 from streamproof.reconcile import verify_pipeline
 from streamproof.sinks import open_sinks
 
@@ -58,9 +64,10 @@ def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sin
                          "the standby warm and waiting")  # fmt: skip
         # Best effort, from the topic's start: the warm-up's own small batches (how many depends on where its first
         # query's stop lands).
-        assert re.match(r"standby warm \([\d,]+ records, \d batches through", waiting.notices(STANDBY)[-1])
+        warmed = waiting.notices(STANDBY)[-1]
+        assert re.match(r"standby warm \([\d,]+ records of the source, \d batches through", warmed), warmed
         assert waiting.notice_at(READY) is None and not waiting.batches()  # standing by: nothing run, nothing read
-        assert not list(tmp_path.glob("checkpoint.standby-warmup-*")), "the warm-ups' scratch copies are removed"
+        assert not list(tmp_path.glob("checkpoint.warm-up-*")), "the warm-ups' scratch copies are removed"
         table_before = [commit.batch_id for commit in open_sinks(spec)[0].commits()]
 
         generate(bootstrap, topic, 24_000, partitions=4, malformed=0.01, seed=32)
@@ -94,5 +101,40 @@ def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sin
     assert batch_ids == list(range(len(batch_ids))) and batch_ids[: len(table_before)] == table_before
     (report,) = verify_pipeline(spark, spec)
     assert report.source_records == 32_000
+    assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
+    assert report.quarantined > 0
+
+
+def test_a_run_warmed_up_on_generated_records_then_reads_its_topic_exactly_once(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    bootstrap, topic = kafka_broker.bootstrap_servers, "warm-up-orders"
+    ensure_topic(bootstrap, topic, 2)  # nothing in it yet: the warm-up generates its records
+    pipeline_file = write_pipeline(tmp_path, name="warm-up", topic=topic, bootstrap=bootstrap, max_offsets=3_000)
+    spec = load_pipeline(pipeline_file)
+    # SIGTERM during the warm-up: the process stops before it reads the source, in one line, exit 0.
+    stopped = PipelineChild(pipeline_file, tmp_path / "logs", name="stopped-warm-up", available_now=False,
+                            warm_up=True)  # fmt: skip
+    stopped.wait_for(lambda: bool(stopped.notices(WARMING)), 120, "the warm-up starting")
+    stopped.terminate()
+    assert stopped.wait(120) == 0
+    stopped.close()
+    assert "stopped (SIGTERM while warming up): 0 batches" in stopped.out_path.read_text()
+    child = PipelineChild(pipeline_file, tmp_path / "logs", name="warm-up", available_now=False, warm_up=True)
+    try:
+        child.wait_for(lambda: len(child.notices(WARMING)) >= 2, 300, "the warm-up done")
+        assert re.fullmatch(r"warm: 9,000 generated records, 3 batches through the batch path in [\d.]+ s",
+                            child.notices(WARMING)[-1]), child.notices(WARMING)  # fmt: skip
+        assert not list(tmp_path.glob("checkpoint.warm-up-*")), "the warm-up's scratch copy is removed"
+        generate(bootstrap, topic, 6_000, partitions=2, malformed=0.01, seed=33)
+        child.wait_for(lambda: sum(b.rows_in for _, b in child.batches()) >= 6_000, 300, "every record")
+        child.terminate()
+        assert child.wait(180) == 0
+    finally:
+        child.close()
+    batch_ids = [commit.batch_id for commit in open_sinks(spec)[0].commits()]
+    assert batch_ids == list(range(len(batch_ids))) and batch_ids, batch_ids  # the run's batches, none of the warm-up's
+    (report,) = verify_pipeline(spark, spec)
+    assert report.source_records == 6_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
     assert report.quarantined > 0

@@ -93,13 +93,13 @@ class BenchChild:
     events make a :class:`PipelineRun`, and whose process tree's peak memory is sampled while it runs."""
 
     def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, *, available_now: bool = True,
-                 crash: ArmedCrash | None = None, standby: bool = False) -> None:  # fmt: skip
+                 crash: ArmedCrash | None = None, standby: bool = False, warm_up: bool = False) -> None:  # fmt: skip
         self.emit = emit
         role = "-standby" if standby else ""
         self.child = PipelineChild(
             pipeline_file, log_dir, name=f"{pipeline_file.parent.name}{role}-{time.strftime('%H%M%S')}",
             available_now=available_now, jit="tiered",  # what `streamproof run` uses: the figures users get
-            on_event=self._show, crash=crash, standby=standby,
+            on_event=self._show, crash=crash, standby=standby, warm_up=warm_up,
         )  # fmt: skip
         self.name = pipeline_file.parent.name
         self.peak_memory_mb = 0.0
@@ -244,11 +244,11 @@ class Bench:
         return pipeline_file
 
     def child(self, pipeline_file: Path, *, available_now: bool = True, crash: ArmedCrash | None = None,
-              standby: bool = False) -> BenchChild:  # fmt: skip
+              standby: bool = False, warm_up: bool = False) -> BenchChild:  # fmt: skip
         """A pipeline child of this run, its logs under the work folder (armed with ``crash``, if given; ``standby``:
-        ``run --standby``)."""
+        ``run --standby``; ``warm_up``: ``run --warm-up``)."""
         return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now, crash=crash,
-                          standby=standby)  # fmt: skip
+                          standby=standby, warm_up=warm_up)  # fmt: skip
 
     def drain(self, pipeline_file: Path, timeout_s: float = 3600) -> PipelineRun:
         """Run the pipeline to the end of its topic in a child process."""

@@ -144,15 +144,25 @@ def run(
             "moment it stops or dies, instead of refusing.",
         ),
     ] = False,  # fmt: skip
+    warm_up: Annotated[
+        bool,
+        typer.Option(
+            "--warm-up",
+            help="Before reading the source, run the batch path on scratch copies of the checkpoint and tables "
+            "(about half a minute), so that the first batches are not cold: for a process started ahead of its "
+            "traffic.",
+        ),
+    ] = False,  # fmt: skip
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
     spec = load_pipeline(pipeline)
     spec = spec if master is None else spec.on_master(master)
     if console.is_terminal:
-        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches, standby=standby)
+        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches, standby=standby,
+                                        warm_up=warm_up)  # fmt: skip
     else:
         summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event,
-                               standby=standby)  # fmt: skip
+                               standby=standby, warm_up=warm_up)  # fmt: skip
     console.print(summary.line(), markup=False)
 
 
@@ -162,7 +172,7 @@ def _print_event(event: Event) -> None:
 
 
 def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None,
-                          standby: bool = False) -> RunSummary:  # fmt: skip
+                          standby: bool = False, warm_up: bool = False) -> RunSummary:  # fmt: skip
     """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
     started = time.monotonic()
     seen = RunSummary(spec.name)
@@ -183,7 +193,7 @@ def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batche
             live.update(status())
 
         summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=show,
-                               summary=seen, standby=standby)  # fmt: skip
+                               summary=seen, standby=standby, warm_up=warm_up)  # fmt: skip
     return summary
 
 

@@ -44,7 +44,8 @@ class PipelineChild:
 
     def __init__(self, pipeline_file: Path, log_dir: Path, *, name: str = "run", available_now: bool = True,
                  crash: ArmedCrash | list[ArmedCrash] | None = None, jit: str = "quick-start",
-                 on_event: Callable[[Event], None] | None = None, standby: bool = False) -> None:  # fmt: skip
+                 on_event: Callable[[Event], None] | None = None, standby: bool = False,
+                 warm_up: bool = False) -> None:  # fmt: skip
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
         self.out_path = log_dir / f"{name}.out"  # stdout: the lines for people
@@ -64,6 +65,8 @@ class PipelineChild:
             command.append("--available-now")
         if standby:  # waits warm while another process runs the pipeline (streamproof.pipeline.standby)
             command.append("--standby")
+        if warm_up:  # runs the batch path on scratch copies before reading (streamproof.pipeline.warm)
+            command.append("--warm-up")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,

@@ -32,12 +32,14 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.metrics import PipelineMetrics
+from streamproof.pipeline import warm
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import (
     METRICS,
     READY,
     RESTARTING,
     SPARK_UI,
+    WARMING,
     Event,
     Notice,
     RunSummary,
@@ -87,11 +89,13 @@ def run(
     summary: RunSummary | None = None,
     once: bool = False,
     standby: bool = False,
+    warm_up: bool = False,
 ) -> RunSummary:
     """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT; ``once``: a
     single batch (``checkpoint rewind`` replays the batch logged and not committed with it); ``standby``: when
     another process runs the pipeline, wait warm and take over when it stops or dies
-    (:mod:`streamproof.pipeline.standby`) instead of refusing to start.
+    (:mod:`streamproof.pipeline.standby`) instead of refusing to start; ``warm_up``: before reading the source, run
+    the batch path on scratch copies (:mod:`streamproof.pipeline.warm`), so that the first batches are not cold.
 
     ``on_event`` receives the run's events as they happen (:mod:`streamproof.pipeline.events`; the CLI prints
     their lines); they also go to ``$STREAMPROOF_EVENTS_FD`` when set. ``summary`` (optional) is updated as
@@ -120,8 +124,9 @@ def run(
         except StandbyStopped as stopped:
             summary.stopped_by = str(stopped)
             return summary
+        warm_up = False  # the standby warmed up already
     try:
-        return _run_locked(spec, available_now, max_batches, publish, summary, spark, once)
+        return _run_locked(spec, available_now, max_batches, publish, summary, spark, once, warm_up)
     finally:
         lock.__exit__()
 
@@ -134,6 +139,7 @@ def _run_locked(
     summary: RunSummary,
     spark: SparkSession | None,
     once: bool = False,
+    warm_up: bool = False,
 ) -> RunSummary:
     wiring = wiring_for(spec.guarantee)
     if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
@@ -173,19 +179,39 @@ def _run_locked(
         stop.request(f"{signal.Signals(signum).name}", finish_in_flight=True)
 
     listener = ProgressEvents(spec, writer, summary, publish, on_batch, metrics)
-    spark.streams.addListener(listener)
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    started = time.monotonic()
+    started, listening = time.monotonic(), False
     try:
+        if warm_up:  # before the listener: the warm-up's batches are not the pipeline's
+            _warm_up_and_say(spark, spec, stop, publish)
+            started = time.monotonic()
+            if stop.event.is_set():
+                summary.stopped_by = f"{stop.reason} while warming up"
+                return summary
+        spark.streams.addListener(listener)
+        listening = True
         query = _run_through_outages(spark, spec, writer, stop, summary, publish, available_now=available_now,
                                      once=once)  # fmt: skip
         _wait_for_last_progress(query, summary, writer)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        spark.streams.removeListener(listener)
+        if listening:
+            spark.streams.removeListener(listener)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, stop: StopRequest,
+                     publish: Callable[[Event], None]) -> None:  # fmt: skip
+    publish(Notice(spec.name, WARMING, "warming up on scratch copies of the checkpoint and tables"))
+    try:
+        done = warm.warm_up(spark, spec, start_query, stop.event)
+    except Exception as error:  # noqa: BLE001 - a cold start is still a start
+        publish(Notice(spec.name, WARMING, f"warm-up failed ({first_line(error)}); starting cold"))
+        return
+    if not stop.event.is_set():
+        publish(Notice(spec.name, WARMING, f"warm: {done.describe()}"))
 
 
 def _run_through_outages(

@@ -23,52 +23,24 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming import StreamingQuery
 
-from streamproof import faults
 from streamproof.checkpoint.folder import Holder, RunLock, process_state
-from streamproof.config import (
-    AnySinkSpec,
-    DeltaSinkSpec,
-    DeltaSource,
-    FilesSinkSpec,
-    FilesSource,
-    KafkaSource,
-    MetricsSettings,
-    PipelineSpec,
-)
+from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.faults import process_table
-from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
+from streamproof.pipeline.warm import StartQuery, warm_up
 from streamproof.session import build_session, ui_wanted
-from streamproof.sinks import open_sinks
-from streamproof.storage import Location
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder
 NOTE_FAMILY_S = 1.0  # how often it notes the processes the holder started (long-lived: its JVM)
 ORPHAN_WAIT_S = 30.0  # how long the dead holder's own processes (its JVM) may outlive it before the standby refuses
-WARM_RECORDS = 25_000  # Kafka records per warm-up batch (fewer when the pipeline's own batches are smaller)
-WARM_TIMEOUT_S = 300.0
-SCRATCH_MARK = ".standby-warmup-"  # <checkpoint>.standby-warmup-<pid>: the warm-up's checkpoint and tables
-# How a query of a pipeline starts (streamproof.pipeline.query.start_query, which stands on this module).
-StartQuery = Callable[..., StreamingQuery]
 
 
 class StandbyStopped(Exception):  # noqa: N818 - a way out, not an error
     """SIGTERM or SIGINT while standing by: nothing was taken over."""
-
-
-@dataclass(frozen=True)
-class WarmUp:
-    """What the warm-up ran: records through the batch path, batches, seconds."""
-
-    records: int
-    batches: int
-    seconds: float
 
 
 def stand_by(
@@ -114,8 +86,7 @@ def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
         return
     if stop.is_set():
         raise StandbyStopped(f"while warming up to stand by for pid {holder}")
-    text = (f"standby warm ({warm.records:,} records, {warm.batches} batches through the batch path in "
-            f"{warm.seconds:.1f} s); waiting for pid {holder} to stop")  # fmt: skip
+    text = f"standby warm ({warm.describe()}); waiting for pid {holder} to stop"
     publish(Notice(spec.name, STANDBY, text))
 
 
@@ -185,82 +156,3 @@ def _start_time(pid: int) -> str | None:
             return stat.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
-
-
-def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
-            stop: threading.Event | None = None) -> WarmUp:  # fmt: skip
-    """Run the pipeline's batch path (source, parse, cache and counts, quarantine, every sink's keyed commit) on a
-    sample of its source into a scratch copy of its checkpoint and tables (:func:`warm_copy`): two batches, then one
-    more after a restart of the query on that checkpoint, as a takeover's first batch runs (the first write of a
-    run, on tables that exist). Crash points are disarmed meanwhile. The scratch copy is deleted after. ``stop``
-    set: it ends at once.
-
-    >>> warm_up(spark, load_pipeline("examples/orders_to_delta.toml"), start_query)    # doctest: +SKIP
-    WarmUp(records=75000, batches=3, seconds=21.4)
-    """
-    started, stop = time.monotonic(), stop or threading.Event()
-    scratch = spec.checkpoint_dir.with_name(f"{spec.checkpoint_dir.name}{SCRATCH_MARK}{Holder.me().pid}")
-    _remove_leftovers(spec.checkpoint_dir)
-    warm = warm_copy(spec, scratch)
-    rows: dict[int, int] = {}  # by batch id: a batch the first query's stop cut short is run again by the second
-    try:
-        with faults.disarmed():
-            for wanted in (2, 1):
-                if stop.is_set():
-                    break
-                writer = BatchWriter(warm, open_sinks(warm))
-                for sink in writer.sinks:
-                    sink.prepare(spark)
-                query = start(spark, warm, writer, available_now=True)
-                deadline = time.monotonic() + WARM_TIMEOUT_S
-                while query.isActive and len(writer.results) < wanted and time.monotonic() < deadline:
-                    stop.wait(0.05)
-                    if stop.is_set():
-                        break
-                query.stop()
-                rows.update({batch_id: result.rows_in or 0 for batch_id, result in writer.results.items()})
-    finally:
-        for query in spark.streams.active:  # only the warm-up's run in this session yet
-            query.stop()
-        scratch.delete(recursive=True)
-    return WarmUp(sum(rows.values()), len(rows), round(time.monotonic() - started, 1))
-
-
-def warm_copy(spec: PipelineSpec, scratch: Location) -> PipelineSpec:
-    """The pipeline with its checkpoint, quarantine and sinks under ``scratch``, reading a few small batches from the
-    start of its source. Delta and Parquet sinks keep their kind and mode; PostgreSQL and Kafka sinks become scratch
-    Delta tables (their Python tasks are not warmed, the JVM's side of the batch is).
-
-    >>> warm_copy(spec, Location("/tmp/warm")).sink_specs[0].path                     # doctest: +SKIP
-    '/tmp/warm/tables/orders'
-    """
-    sinks = [_scratch_sink(sink, scratch) for sink in spec.sink_specs]
-    source = spec.source
-    if isinstance(source, KafkaSource):
-        size = min(WARM_RECORDS, source.max_offsets_per_trigger or WARM_RECORDS)
-        source = source.model_copy(update={"starting_offsets": "earliest", "max_offsets_per_trigger": size})
-    elif isinstance(source, FilesSource | DeltaSource):
-        source = source.model_copy(update={"max_files_per_trigger": 1})
-    return spec.model_copy(update={
-        "name": f"{spec.name}-standby-warmup"[:100],
-        "checkpoint": str(scratch / "checkpoint"),
-        "source": source,
-        "transform": spec.transform.model_copy(update={"quarantine": str(scratch / "tables" / "_quarantine")}),
-        **({"sink": sinks[0]} if spec.sink is not None else {"sinks": sinks}),
-        "metrics": MetricsSettings(),
-    })  # fmt: skip
-
-
-def _scratch_sink(sink: AnySinkSpec, scratch: Location) -> AnySinkSpec:
-    path = str(scratch / "tables" / sink.name)
-    if isinstance(sink, DeltaSinkSpec | FilesSinkSpec):
-        return sink.model_copy(update={"path": path})
-    return DeltaSinkSpec(kind="delta", label=sink.name, path=path)
-
-
-def _remove_leftovers(checkpoint: Location) -> None:
-    """Scratch copies of standbys of this host that died during their warm-up."""
-    for name in checkpoint.parent.names():
-        owner = name.rpartition(SCRATCH_MARK)[2] if name.startswith(checkpoint.name + SCRATCH_MARK) else ""
-        if owner.isdigit() and not Holder(int(owner), Holder.me().host).alive():
-            (checkpoint.parent / name).delete(recursive=True)
