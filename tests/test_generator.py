@@ -1,10 +1,13 @@
-"""The load generator is deterministic and its malformed records are exactly the ones it says."""
+"""The load generator is deterministic and its malformed records are exactly the ones it says; a broker that does not
+answer is one line."""
 
 from __future__ import annotations
 
 import json
+import socket
 from collections import Counter
 
+from conftest import run_cli
 from streamproof.generator import MALFORMED_KINDS, event_time_text, order_events
 
 
@@ -95,3 +98,14 @@ def test_late_events_are_six_hours_behind_and_the_schema_change_adds_a_field() -
         assert ("channel" in record) == (index >= 2_500)
     kinds = [kind for *_, kind in events]
     assert 60 < kinds.count("late") < 140 and 80 < kinds.count("type_change") < 170
+
+
+def test_a_broker_that_does_not_answer_is_one_line_not_librdkafka_s_retries() -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = run_cli("generate", "--topic", "t", "--count", "10", "--bootstrap-servers", f"127.0.0.1:{port}", timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: cannot reach Kafka at 127.0.0.1:{port}: start it with `streamproof infra up`"
+    ], done.stderr[-2000:]
