@@ -15,6 +15,7 @@ the topic reconciles 0 / 0 / 0. One stopped with SIGTERM during its warm-up exit
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,10 @@ from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.infra import KafkaBroker
 from streamproof.kafka_client import ensure_topic
+from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import READY, STANDBY, TOOK_OVER, WARMING
+from streamproof.pipeline.query import start_query
+from streamproof.pipeline.warm import warm_up
 from streamproof.reconcile import verify_pipeline
 from streamproof.sinks import open_sinks
 
@@ -138,3 +142,23 @@ def test_a_run_warmed_up_on_generated_records_then_reads_its_topic_exactly_once(
     assert report.source_records == 6_000
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
     assert report.quarantined > 0
+
+
+def test_a_warm_up_runs_every_batch_even_when_its_first_query_is_stopped_before_spark_logs_the_commit(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first warm-up query is stopped once its writer has two results. Held here for a second after each result,
+    # Spark has not logged that batch's commit by then: the restarted query runs it again, then the third.
+    writer_call = BatchWriter.__call__
+
+    def result_then_a_pause(self: BatchWriter, parsed: Any, batch_id: int) -> None:
+        writer_call(self, parsed, batch_id)
+        time.sleep(1.0)
+
+    monkeypatch.setattr(BatchWriter, "__call__", result_then_a_pause)
+    ensure_topic(kafka_broker.bootstrap_servers, "warm-up-race", 1)  # empty: generated records
+    spec = load_pipeline(write_pipeline(tmp_path, name="warm-up-race", topic="warm-up-race",
+                                        bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000))  # fmt: skip
+    done = warm_up(spark, spec, start_query)
+    assert (done.records, done.batches, done.sample) == (6_000, 3, "generated")
+    assert not list(tmp_path.glob("checkpoint.warm-up-*"))

@@ -113,8 +113,10 @@ def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
 
 def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, stop: threading.Event
                  ) -> tuple[int, int]:  # fmt: skip
-    rows: dict[int, int] = {}  # by batch id: a batch the first query's stop cut short is run again by the second
-    for wanted in (WARM_BATCHES - 1, 1):
+    # By batch id, over both queries: the first query is stopped once its writer has two results, which may be
+    # before Spark logged the second one's commit; the restarted query then runs that batch again before the third.
+    rows: dict[int, int] = {}
+    for wanted, every in ((WARM_BATCHES - 1, WARM_BATCHES - 1), (1, WARM_BATCHES)):  # (this query's, all batches)
         if stop.is_set():
             break
         writer = BatchWriter(warm, open_sinks(warm))
@@ -122,7 +124,8 @@ def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, sto
             sink.prepare(spark)
         query = start(spark, warm, writer, available_now=True)
         deadline = time.monotonic() + WARM_TIMEOUT_S
-        while query.isActive and len(writer.results) < wanted and time.monotonic() < deadline:
+        while (query.isActive and (len(writer.results) < wanted or len(rows.keys() | writer.results.keys()) < every)
+               and time.monotonic() < deadline):  # fmt: skip
             if stop.wait(0.05):
                 break
         query.stop()
