@@ -146,8 +146,8 @@ def warm_copy(spec: PipelineSpec, scratch: Location, source: FilesSource | None 
     sinks = [_scratch_sink(sink, scratch) for sink in spec.sink_specs]
     warm_source = source or spec.source
     if isinstance(warm_source, KafkaSource):
-        size = min(WARM_RECORDS, warm_source.max_offsets_per_trigger or WARM_RECORDS)
-        warm_source = warm_source.model_copy(update={"starting_offsets": "earliest", "max_offsets_per_trigger": size})
+        warm_source = warm_source.model_copy(update={"starting_offsets": "earliest",
+                                                     "max_offsets_per_trigger": _batch_records(spec)})  # fmt: skip
     elif isinstance(warm_source, FilesSource | DeltaSource):
         warm_source = warm_source.model_copy(update={"max_files_per_trigger": 1})
     return spec.model_copy(update={
@@ -160,10 +160,15 @@ def warm_copy(spec: PipelineSpec, scratch: Location, source: FilesSource | None 
     })  # fmt: skip
 
 
+def _batch_records(spec: PipelineSpec) -> int:
+    """Records per warm-up batch: :data:`WARM_RECORDS`, or fewer when the pipeline's own Kafka batches are smaller."""
+    return min(WARM_RECORDS, getattr(spec.source, "max_offsets_per_trigger", None) or WARM_RECORDS)
+
+
 def _write_generated(spark: SparkSession, spec: PipelineSpec, folder: Location) -> FilesSource:
     """:data:`WARM_BATCHES` JSON-lines files of generated records in ``folder``; the files source reading them."""
     schema = spark.createDataFrame([], spec.transform.schema_).schema
-    per_batch = min(WARM_RECORDS, getattr(spec.source, "max_offsets_per_trigger", None) or WARM_RECORDS)
+    per_batch = _batch_records(spec)
     lines = synthetic_records(schema, WARM_BATCHES * per_batch)
     for number in range(WARM_BATCHES):
         text = "\n".join(next(lines) for _ in range(per_batch)) + "\n"
