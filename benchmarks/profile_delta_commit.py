@@ -6,7 +6,7 @@ Usage::
 
 Appends 100 rows 25 times with ``txnAppId``/``txnVersion`` (how streamproof keys the first batch of a run), 15 times
 through Delta's transaction API with the same SetTransaction (how streamproof keys the later ones:
-``streamproof.sinks.delta.append_batch_known_new``), and 15 times without a key, in one warm session, and prints
+``streamproof.sinks.delta.commit_keyed``), and 15 times without a key, in one warm session, and prints
 the seconds of each and their medians. With ``--log-one`` the 23rd keyed append
 runs with Spark's INFO log on: it shows ``DELTA: Compute snapshot for version: N``, the full state
 reconstruction Delta runs to read the table's transaction ids before each keyed write.
@@ -21,7 +21,7 @@ import time
 
 from streamproof.session import build_session
 from streamproof.sinks.base import Batch
-from streamproof.sinks.delta import append_batch_known_new
+from streamproof.sinks.delta import commit_keyed, start_transaction
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     known_new = []
     for version in range(25, 40):
         started = time.monotonic()
-        append_batch_known_new(rows, path, Batch("profile", version, {}, keyed=True, rows=100))
+        commit_keyed(start_transaction(spark, path), rows, Batch("profile", version, {}, keyed=True, rows=100))
         known_new.append(round(time.monotonic() - started, 3))
     plain = []
     for _ in range(15):

@@ -1,7 +1,7 @@
-"""The first batch of a restarted pipeline, with the first keyed Delta write of the run through streamproof's check
-(the appId's version read from the commit files, :func:`streamproof.sinks.delta.append_batch_checked`) or through
-Delta's writer and its own lookup (a state rebuild of the table, as before that check): alternated, each in a fresh
-process, so each first batch runs on a cold JVM as after a crash.
+"""The first batch of a restarted pipeline, with the first keyed Delta write of the run through streamproof's replay
+rule and Delta's transaction API (the table's newest commit files read, :meth:`streamproof.sinks.delta.DeltaSink.append`)
+or through Delta's writer and its own lookup (a state rebuild of the table): alternated, each in a fresh process, so
+each first batch runs on a cold JVM as after a crash.
 
 Usage (Kafka up, the topic filled, e.g. by ``streamproof bench throughput``)::
 
@@ -27,9 +27,8 @@ import streamproof.sinks.delta as delta
 from streamproof.config import load_pipeline
 from streamproof.pipeline.events import BatchCommitted
 from streamproof.pipeline.query import run
-if {variant!r} == "delta-writer":  # the first write of a run through Delta's writer and its lookup
-    delta.append_batch_checked = lambda frame, path, batch, partition_by=(): delta.append_batch(
-        frame, path, batch, partition_by=partition_by)
+if {variant!r} == "delta-writer":  # every write through Delta's writer and its lookup
+    delta.fits_table = lambda frame, txn: False
 events = []
 run(load_pipeline({pipeline_file!r}), available_now=True, max_batches=1,
     on_event=lambda e: events.append(e) if isinstance(e, BatchCommitted) else None)

@@ -1,5 +1,6 @@
 """Each sink's idempotency rule, three cases each: the first write lands, a replay of the batch writes
-nothing, and a replay that does not match what the sink recorded for that batch is a precise error.
+nothing (every replayed batch, however many: a restored older checkpoint replays several), and a replay that does
+not match what the sink recorded for that batch is a precise error.
 
 Real Delta, PostgreSQL, Kafka and Parquet; the batches are written directly with the sinks' own code.
 """
@@ -82,20 +83,24 @@ def test_first_write_then_replay_is_a_no_op(
     first = _rows(spark, range(0, 40))
 
     assert sink.write(first, _batch(0, 40, 40)).rows_out == 40
+    second = _rows(spark, range(40, 60))
+    assert sink.write(second, _batch(1, 20, 60)).rows_out == 20
     held = sink.read(spark)
     assert held is not None
-    rows_after_first = held.count()
-    assert [commit.batch_id for commit in sink.commits()] == [0]
+    rows_held = held.count()
+    assert [commit.batch_id for commit in sink.commits()] == [0, 1]
 
-    # A new process replays batch 0 (after a crash): nothing is written again.
+    # A new process replays batches 0 and 1 (a checkpoint backup from before them restored): nothing is written
+    # again, for the second replay of the run as for the first.
     again = open_sink(spec, spec.sink_specs[0])
-    replay = again.write(first, _batch(0, 40, 40))
-    assert replay.replay_skipped and replay.rows_out == 0
-    assert again.read(spark).count() == rows_after_first  # type: ignore[union-attr]
+    for batch, rows in ((_batch(0, 40, 40), first), (_batch(1, 20, 60), second)):
+        replay = again.write(rows, batch)
+        assert replay.replay_skipped and replay.rows_out == 0, (batch.batch_id, replay)
+    assert again.read(spark).count() == rows_held  # type: ignore[union-attr]
 
     # The next batch is written.
-    assert again.write(_rows(spark, range(40, 60)), _batch(1, 20, 60)).rows_out == 20
-    assert [commit.batch_id for commit in again.commits()] == [0, 1]
+    assert again.write(_rows(spark, range(60, 80)), _batch(2, 20, 80)).rows_out == 20
+    assert [commit.batch_id for commit in again.commits()] == [0, 1, 2]
 
 
 @pytest.mark.parametrize(
@@ -104,6 +109,7 @@ def test_first_write_then_replay_is_a_no_op(
         ("delta-append", "holds batch 0 of pipeline 'idem' with end offsets"),
         ("postgres-upsert", "holds batch 0 of pipeline 'idem' with end offsets"),
         ("kafka", "holds batch 0 of pipeline 'idem' with end offsets"),
+        ("files", "holds batch 0 of pipeline 'idem' with end offsets"),
     ],
 )
 def test_a_replay_that_differs_from_the_recorded_batch_is_a_precise_error(
@@ -121,12 +127,17 @@ def test_a_replay_that_differs_from_the_recorded_batch_is_a_precise_error(
     sink.prepare(spark)
     sink.write(_rows(spark, range(0, 40)), _batch(0, 40, 40))
 
-    # Batch 0 again, but not the records (or offsets) it had: a checkpoint that does not belong to the sink.
+    sink.write(_rows(spark, range(40, 50)), _batch(1, 10, 50))
+
+    # Batch 1 again, but not the records (or offsets) it had: a checkpoint that does not belong to the sink. Checked
+    # for the second batch of a run as for the first.
     other = open_sink(spec, spec.sink_specs[0])
+    assert other.write(_rows(spark, range(0, 40)), _batch(0, 40, 40)).replay_skipped
     with pytest.raises(Exception) as raised:
-        other.write(_rows(spark, range(100, 130)), _batch(0, 30, 130))
-    assert message in str(raised.value)
+        other.write(_rows(spark, range(100, 130)), _batch(1, 30, 130))
+    assert message.replace("batch 0", "batch 1") in str(raised.value)
     assert isinstance(raised.value, PipelineError)  # raised on the driver, before any share is written
+    assert "nothing was written" in str(raised.value)
 
 
 def test_delta_table_options_of_the_pipeline_file_are_set_on_the_table(
@@ -153,7 +164,7 @@ def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_str
     checkpoint, its pointer and the version's checksum stay). Expected: Delta itself then fails every read; the
     stranded files are found and set aside, and Delta reads the table at the last commit and appends after it.
     Planted too: the commit files the last commit needs lost with it (a restore is the only way): named."""
-    from streamproof.sinks.delta import log_past_its_commits, set_aside_stranded
+    from streamproof.sinks.delta_log import log_past_its_commits, set_aside_stranded
     from streamproof.storage import Location
 
     table = tmp_path / "orders"
@@ -191,86 +202,110 @@ def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_str
     assert log_past_its_commits(Location(table)) is None
 
 
-def test_a_delta_append_after_the_first_of_a_run_commits_its_batch_key_without_delta_s_lookup(
+def test_every_keyed_delta_append_decides_from_the_table_s_newest_commits_and_commits_through_the_transaction_api(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first keyed append of a run reads the appId's version from the log (it may be a replay); the later ones
-    commit the same SetTransaction without any lookup, and a new run's first append skips their replay."""
+    """A new table is created by Delta's writer; every later batch commits through Delta's transaction API without
+    Delta's state rebuild. A new run replays batches 1 and 2 (an older checkpoint backup restored): both skipped, by
+    the table's own commits, read once, back to the run's first batch only (not the whole log)."""
     import streamproof.sinks.delta as delta_sink
+    import streamproof.sinks.delta_log as delta_log
 
     calls: list[tuple[str, int]] = []
-    for name in ("append_batch", "append_batch_checked", "append_batch_known_new"):
-        real = getattr(delta_sink, name)
+    real_append, real_commit = delta_sink.append_batch, delta_sink.commit_keyed
 
-        def counted(frame: Any, path: str, batch: Batch, *args: Any, _real: Any = real, _name: str = name,
-                    **kwargs: Any) -> Any:  # fmt: skip
-            calls.append((_name, batch.batch_id))
-            return _real(frame, path, batch, *args, **kwargs)
+    def appended(frame: Any, path: str, batch: Batch, **kwargs: Any) -> bool:
+        calls.append(("writer", batch.batch_id))
+        return real_append(frame, path, batch, **kwargs)
 
-        monkeypatch.setattr(delta_sink, name, counted)
+    def committed(txn: Any, frame: Any, batch: Batch) -> int:
+        calls.append(("transaction", batch.batch_id))
+        return real_commit(txn, frame, batch)
+
+    monkeypatch.setattr(delta_sink, "append_batch", appended)
+    monkeypatch.setattr(delta_sink, "commit_keyed", committed)
     spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
     sink = open_sink(spec, spec.sink_specs[0])
-    for batch_id, offsets in enumerate((range(0, 40), range(40, 60), range(60, 90))):
-        assert sink.write(_rows(spark, offsets), _batch(batch_id, len(offsets), offsets.stop)).rows_out == len(offsets)
-    # A new table is created by Delta's writer; then no lookup at all.
-    assert calls == [("append_batch_checked", 0), ("append_batch", 0), ("append_batch_known_new", 1),
-                     ("append_batch_known_new", 2)]  # fmt: skip
+    batches = [(range(0, 40), _batch(0, 40, 40)), (range(40, 60), _batch(1, 20, 60)),
+               (range(60, 90), _batch(2, 30, 90))]  # fmt: skip
+    for offsets, batch in batches:
+        assert sink.write(_rows(spark, offsets), batch).rows_out == len(offsets)
+    assert calls == [("writer", 0), ("transaction", 1), ("transaction", 2)]
+    _rows(spark, range(90, 93)).write.format("delta").mode("append").save(str(tmp_path / "append"))  # another writer
     assert [(commit.batch_id, commit.keyed) for commit in sink.commits()] == [(0, True), (1, True), (2, True)]
 
+    read: list[int] = []
+    real_pipeline_commit = delta_log.pipeline_commit
+    monkeypatch.setattr(delta_log, "pipeline_commit", lambda text, pipeline: read.append(1) or real_pipeline_commit(
+        text, pipeline))  # fmt: skip
     calls.clear()
-    again = open_sink(spec, spec.sink_specs[0])  # a new run replays batch 2: the log says the table holds it
-    replay = again.write(_rows(spark, range(60, 90)), _batch(2, 30, 90))
-    assert replay.replay_skipped and calls == [("append_batch_checked", 2)]
-    assert again.read(spark).count() == 90  # type: ignore[union-attr]
+    again = open_sink(spec, spec.sink_specs[0])
+    for offsets, batch in batches[1:]:
+        assert again.write(_rows(spark, offsets), batch).replay_skipped
+    assert calls == [] and again.read(spark).count() == 93  # type: ignore[union-attr]
+    assert len(read) == 4  # versions 3 (another writer's), 2, 1, 0 (batch 0: the batch before the run's first)
     assert again.write(_rows(spark, range(90, 95)), _batch(3, 5, 95)).rows_out == 5
-    assert calls[1:] == [("append_batch_known_new", 3)]
-    assert again.read(spark).count() == 95  # type: ignore[union-attr]
+    assert calls == [("transaction", 3)] and len(read) == 4  # its own commits are not read again
+    assert again.read(spark).count() == 98  # type: ignore[union-attr]
 
 
-def test_the_first_append_of_a_run_reads_the_app_id_s_version_from_the_log_and_leaves_doubt_to_delta(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_delta_batch_whose_columns_changed_type_is_refused_in_one_line(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
-    """:func:`txn_version_in_log` answers as Delta would for the snapshot, or says it cannot tell; the checked append
-    writes a new batch, skips a held one (a replay), and leaves it to Delta's own check when the log cannot tell
-    (its commit files cleaned up behind a checkpoint)."""
-    import streamproof.sinks.delta as delta_sink
+    """The transaction API writes files without the schema checks of Delta's writer: a batch whose columns are not
+    the table's goes through Delta's writer, which refuses a column whose type changed; nothing is written."""
+    from pyspark.sql import functions as F
+
+    spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    sink = open_sink(spec, spec.sink_specs[0])
+    sink.write(_rows(spark, range(0, 10)), _batch(0, 10, 10))
+    sink.write(_rows(spark, range(10, 20)), _batch(1, 10, 20))
+    changed = _rows(spark, range(20, 30)).withColumn("amount", F.col("amount").cast("string"))
+    with pytest.raises(PipelineError) as refused:
+        sink.write(changed, _batch(2, 10, 30))
+    message = str(refused.value)
+    assert message.startswith(f"{tmp_path / 'append'} refused batch 2: ") and "\n" not in message, message
+    assert "amount" in message and "schema" in message
+    assert spark.read.format("delta").load(str(tmp_path / "append")).count() == 20
+
+
+def test_the_table_s_commits_are_read_back_to_the_run_s_first_batch_and_a_cleaned_up_log_is_told(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """:func:`batches_back_to` finds the pipeline's batches from a given one in the newest commit files, past other
+    writers' commits, and says when the files ran out first (cleaned up behind a Delta checkpoint). Then Delta's own
+    state decides: the table holds nothing of the pipeline from the run's first batch on (a new batch is written),
+    or it does and the replay cannot be checked (refused, naming the repair)."""
+    from streamproof.sinks.delta_log import batches_back_to
     from streamproof.storage import Location
 
-    table = tmp_path / "t"
-    path = str(table)
-    key = "streamproof/idem"
-    checked, count = delta_sink.append_batch_checked, lambda: spark.read.format("delta").load(path).count()
-    assert checked(_rows(spark, range(0, 10)), path, _batch(0, 10, 10))  # version 0, a new table: Delta's writer
-    assert checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))  # version 1
-    assert checked(_rows(spark, range(20, 25)), path, Batch("other", 5, {}, keyed=True))  # 2: another appId's
-    assert delta_sink.txn_version_in_log(Location(table), key, 2) == 1  # found behind the other appId's commit
-    assert delta_sink.txn_version_in_log(Location(table), key, 0) == 0  # as of an older snapshot
-    assert delta_sink.txn_version_in_log(Location(table), "streamproof/never", 2) == -1  # all read: never written
-    assert delta_sink.txn_version_in_log(Location(table), key, 2, limit=1) is None  # not within the limit
+    table = tmp_path / "append"
+    spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    sink = open_sink(spec, spec.sink_specs[0])
+    for batch_id in range(3):  # versions 0-2
+        sink.write(_rows(spark, range(batch_id * 10, batch_id * 10 + 10)), _batch(batch_id, 10, batch_id * 10 + 10))
+    other_writer = _rows(spark, range(100, 101)).write.format("delta").mode("append")
+    other_writer.save(str(table))  # version 3
+    found = batches_back_to(Location(table), "idem", 3, first_batch=1)
+    assert sorted(found.commits) == [1, 2] and found.complete and found.read == 4  # stopped at batch 0 (version 0)
+    assert batches_back_to(Location(table), "idem", 1, first_batch=0).commits.keys() == {0, 1}  # as of version 1
+    assert batches_back_to(Location(table), "other", 3, first_batch=0).commits == {}
 
-    # Replays: the batch the log holds, and an older one, write nothing.
-    assert not checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))
-    assert not checked(_rows(spark, range(0, 10)), path, _batch(0, 10, 10))
-    assert count() == 25
-
-    # A checkpoint at version 4, then the commit files it stands for cleaned up: the files cannot tell.
-    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # version 3
-    assert checked(_rows(spark, range(25, 26)), path, Batch("other", 6, {}, keyed=True))  # version 4
-    assert (table / "_delta_log" / f"{4:020d}.checkpoint.parquet").exists()
-    for version in range(3):
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")  # version 4
+    other_writer.save(str(table))  # version 5
+    other_writer.save(str(table))  # version 6
+    assert (table / "_delta_log" / f"{6:020d}.checkpoint.parquet").exists()
+    for version in range(4):
         (table / "_delta_log" / f"{version:020d}.json").unlink()
-    assert delta_sink.txn_version_in_log(Location(table), key, 4) is None
-    writer: list[int] = []
-    real_writer = delta_sink.append_batch
+    cleaned = batches_back_to(Location(table), "idem", 6, first_batch=1)
+    assert cleaned.commits == {} and not cleaned.complete
 
-    def spied(frame: Any, where: str, batch: Batch, **kwargs: Any) -> bool:
-        writer.append(batch.batch_id)
-        return real_writer(frame, where, batch, **kwargs)
-
-    monkeypatch.setattr(delta_sink, "append_batch", spied)
-    checked(_rows(spark, range(10, 20)), path, _batch(1, 10, 20))
-    assert writer == [1] and count() == 26  # Delta's writer, which skipped the replay by its own lookup
-    assert checked(_rows(spark, range(30, 35)), path, _batch(2, 5, 35)) and count() == 31
+    # A new run whose first batch is 3: the table holds up to batch 2 (Delta's own state says), nothing from 2 on
+    # needs checking: written. One whose first batch is 2 replays a batch whose commit is gone: refused.
+    assert open_sink(spec, spec.sink_specs[0]).write(_rows(spark, range(30, 40)), _batch(3, 10, 40)).rows_out == 10
+    with pytest.raises(PipelineError, match=r"holds batches of pipeline 'idem' up to 3, and the commit files of those "
+                                            r"from batch 2 on are cleaned up .* checkpoint recover"):  # fmt: skip
+        open_sink(spec, spec.sink_specs[0]).write(_rows(spark, range(20, 30)), _batch(2, 10, 30))
 
 
 def _dated_rows(spark: Any, batch: list[tuple[int, str, int]]) -> Any:

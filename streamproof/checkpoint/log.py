@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -72,6 +73,21 @@ def batch_end_offsets(checkpoint: Checkpoint, batch_id: int) -> dict[str, dict[s
     if isinstance(offsets.get("reservoirVersion"), int):  # a Delta source: table version and index of its files
         return {DELTA_LOG: {"reservoirVersion": int(offsets["reservoirVersion"]), "index": int(offsets["index"])}}
     return {topic: {str(p): int(o) for p, o in parts.items()} for topic, parts in offsets.items()}
+
+
+def batch_start_offsets(checkpoint: Checkpoint, batch_id: int) -> dict[str, dict[str, int]] | None:
+    """Where a batch starts: the end offsets of the batch before it (None for batch 0, or when the offset log no
+    longer holds that one: Spark keeps the last 100).
+
+    >>> batch_start_offsets("/nonexistent", 0) is None
+    True
+    """
+    if batch_id == 0:
+        return None
+    try:
+        return batch_end_offsets(checkpoint, batch_id - 1)
+    except PipelineError:
+        return None
 
 
 def batch_watermark_ms(checkpoint: Checkpoint, batch_id: int) -> int:
@@ -151,6 +167,35 @@ def check_readable(checkpoint: Checkpoint, recover_hint: str) -> None:
                 f"{path} is damaged ({error}): restore a backup (`streamproof checkpoint restore`) or rebuild the "
                 f"checkpoint from the offsets the sinks recorded ({recover_hint})"
             ) from None
+
+
+def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict[str, int]]) -> None:
+    """Plan batch ``batch_id`` with ``end_offsets`` (as the sinks recorded them) instead of letting Spark plan it
+    anew: write ``offsets/<batch_id>`` as Spark would, after the committed batch before it. Spark then runs exactly
+    that range. The entry keeps the one before it's session confs, and carries the watermark Spark would give the
+    batch on a restart (the larger of the one before it's and the one its commit passes on), so a stateful
+    pipeline judges late records as the batch's first run did.
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> rebuild(checkpoint, {0: {"orders": {"0": 10}}}, committed_through=0)
+    >>> log_batch(checkpoint, 1, {"orders": {"0": 25}})
+    >>> next_batch_to_run(checkpoint), batch_end_offsets(checkpoint, 1)
+    (1, {'orders': {'0': 25}})
+    """
+    folder = Location(checkpoint)
+    before = batch_id - 1
+    if before not in committed_batches(folder) or batch_id in logged_batches(folder):
+        raise PipelineError(f"{folder}: batch {batch_id} can be planned only right after batch {before} committed")
+    header, metadata_line = (folder / "offsets" / str(before)).read_text().splitlines()[:2]
+    metadata = json.loads(metadata_line)
+    committed = (folder / "commits" / str(before)).read_text().splitlines()
+    passed_on = json.loads(committed[1]).get("nextBatchWatermarkMs", 0) if len(committed) > 1 else 0
+    metadata["batchWatermarkMs"] = max(int(metadata.get("batchWatermarkMs", 0)), int(passed_on))
+    metadata["batchTimestampMs"] = int(time.time() * 1000)
+    compact = {"separators": (",", ":")}
+    entry = f"{header}\n{json.dumps(metadata, **compact)}\n{json.dumps(end_offsets, **compact)}"  # type: ignore[arg-type]
+    (folder / "offsets" / str(batch_id)).replace_with_text(entry)
 
 
 def rebuild(

@@ -33,8 +33,9 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Sink
-from streamproof.sinks.delta import DeltaSink, log_past_its_commits, set_aside_stranded
+from streamproof.sinks.base import Offsets, Sink
+from streamproof.sinks.delta import DeltaSink
+from streamproof.sinks.delta_log import log_past_its_commits, set_aside_stranded
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
@@ -121,6 +122,30 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
             f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"
         )
+
+
+def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> dict[int, Offsets]:
+    """The batches after the checkpoint's last committed one that the sinks (or the quarantine table) hold, each with
+    the end offsets the first sink holding it recorded: what a run replays with those offsets, one batch at a time
+    (:func:`streamproof.checkpoint.log.log_batch`), before Spark plans anything itself. Without that, a checkpoint
+    behind its sinks (an older backup restored) has Spark plan those batches anew, and with more records in the
+    source by then their ranges differ from the ones the sinks hold.
+
+    Exactly-once pipelines on a Kafka source only (a file or Delta source's position is its own log in the
+    checkpoint, which a restored backup lacks for those batches: there the replay rule refuses what differs).
+
+    >>> held_beyond(load_pipeline("orders.toml"), open_sinks(spec))                   # doctest: +SKIP
+    {2: {'orders': {'0': 5012, '1': 4988}}, 3: {'orders': {'0': 7490, '1': 7510}}}
+    """
+    committed = committed_batches(spec.checkpoint_dir)
+    if not committed or not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
+        return {}
+    held: dict[int, Offsets] = {}
+    for sink in [*sinks, quarantine_table(spec)]:
+        for batch_id, commit in sink.held_from(committed[-1] + 1).items():
+            if commit.end_offsets is not None and commit.complete:
+                held.setdefault(batch_id, commit.end_offsets)
+    return dict(sorted(held.items()))
 
 
 def refuse_if_source_behind(spec: PipelineSpec) -> None:

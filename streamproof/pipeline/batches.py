@@ -34,7 +34,7 @@ from pyspark.sql import functions as F
 
 from streamproof import faults
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
-from streamproof.checkpoint.log import batch_end_offsets, late_event_watermark_ms
+from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
 from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
@@ -164,7 +164,12 @@ class BatchWriter:
             late_count = counts["late"]
             quarantine_late = transform.watermark is not None and transform.late == "quarantine"
             quarantined = counts["invalid"] + (late_count if quarantine_late else 0)
-            batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts["kept"])
+            start_offsets = batch_start_offsets(self.spec.checkpoint_dir, batch_id)
+            batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts["kept"],
+                          start_offsets=start_offsets)  # fmt: skip
+            if batch.keyed:  # every sink's replay rule before anything is written: a refusal leaves no sink changed
+                for sink in [*self.sinks, *([self.quarantine] if quarantined else [])]:
+                    sink.replay_check(batch)
             if quarantined:
                 if quarantine_late:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))

@@ -1,12 +1,26 @@
-"""What every sink implements, and how a batch is described to it.
+"""What every sink implements, how a batch is described to it, and the one replay rule all sinks follow.
 
 Idempotency rule shared by all sinks (DESIGN.md, layer 3): under exactly-once a sink writes a batch
 *keyed* on (pipeline, batch id) in the same atomic step as the data (Delta SetTransaction, PostgreSQL
-ledger row, Kafka commit marker, Spark's file-sink log), so a batch that Spark replays after a crash
-writes nothing the second time. Every keyed commit also records the batch's source end offsets
-(:meth:`Batch.commit_record`), so a lost checkpoint is detected instead of silently replayed
-(:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`), and a replay of a batch id with other
-offsets is a precise error (:func:`holds_batch`).
+ledger row, Kafka commit marker, Spark's file-sink log), and records with it the batch's source end offsets
+(:meth:`Batch.commit_record`).
+
+**The replay rule** (:func:`replay_decision`), stated once: whether a keyed batch is written or skipped is
+decided from what that sink durably holds, for every batch of a run, never from an assumption about which batch
+of a run can be a replay. A sink reads what it holds once per run (:meth:`Sink.held_from`: only the batches from
+the run's first one), then carries it batch by batch (:meth:`Sink.note_written`):
+
+* a batch the sink holds, with the same end offsets (and the batch before it ending where this one starts): a
+  replay, skipped, however many batches the sink is ahead of the checkpoint (a restored older backup);
+* a batch the sink holds with other offsets: a precise error naming the batch and both offsets, never a write;
+* a batch above every batch the sink holds: written;
+* a batch below one the sink holds but not held itself: a precise error (the first run of that batch did not
+  write here, so this one differs from it).
+
+A lost checkpoint is detected instead of silently replayed
+(:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`). Proven by
+``tests/test_sink_idempotency.py`` (the three cases per sink, and the rule's cases without Spark) and
+``tests/test_replay_through.py`` (an older checkpoint backup restored, as an operator does it).
 
 Example (a sink used from your own ``foreachBatch``)::
 
@@ -45,6 +59,9 @@ class Batch:
     end_offsets: Offsets  # in the key order of Spark's offset log (it decides the partition numbering)
     keyed: bool  # exactly-once: key the write on (pipeline, batch id) so that a replay is skipped
     rows: int = 0  # valid rows in the batch (counted once, before the writes)
+    # Where the batch starts: the end offsets of the batch before it in the checkpoint (None: the first batch, or a
+    # log that no longer holds the one before). A sink holding that batch checks it ended there.
+    start_offsets: Offsets | None = None
     # Crash harness only: the fault a sink writing from Python tasks meets at its mid-write point
     # (``mid-sink-write``: the pipeline is killed; ``speculation``: the first attempt is held back).
     task_fault: str | None = None
@@ -91,16 +108,39 @@ class Sink(ABC):
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         self.pipeline = pipeline
         self.spec = spec
-        self._first_write_of_run = True
+        self._held: HeldBatches | None = None  # what the sink holds from this run's first batch on (carried)
 
-    def is_replay(self, batch: Batch) -> bool:
-        """On the first keyed write of a run (the only one that can be a replay): whether the sink holds the
-        batch already; a sink holding that batch id with other offsets is a precise error (:func:`holds_batch`).
-        The sink's log is read once per run, not per batch."""
-        if not self._first_write_of_run or not batch.keyed:
+    def replay_check(self, batch: Batch) -> bool:
+        """Whether the sink holds ``batch`` already, so that writing it again would duplicate it (a replay, to skip):
+        :func:`replay_decision` on what the sink holds, read once per run (:meth:`held_from`) and carried. Raises
+        :class:`PipelineError` when the batch differs from the one the sink holds. Every keyed batch is checked.
+
+        >>> sink.replay_check(Batch("orders", 7, {"orders": {"0": 90}}, keyed=True))    # doctest: +SKIP
+        False
+        """
+        if not batch.keyed:
             return False
-        self._first_write_of_run = False
-        return holds_batch(self, batch)
+        if self._held is None:
+            self._held = HeldBatches(self.held_from(batch.batch_id - 1))
+        return replay_decision(self._held, batch, self.location)
+
+    def note_written(self, batch: Batch) -> None:
+        """Carry a batch this run committed to the sink (it now holds it), so the next decision needs no read."""
+        if batch.keyed and self._held is not None:
+            self._held.add(SinkCommit(batch.batch_id, batch.end_offsets, keyed=True))
+
+    def forget_held(self) -> None:
+        """Read what the sink holds again at the next batch (a write failed: it may have committed before failing)."""
+        self._held = None
+
+    def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
+        """This pipeline's batches with ids ``>= first_batch`` that the sink holds, read from the sink itself. The
+        default reads :meth:`commits`; a sink whose log grows with its age reads only the newest part.
+
+        >>> sink.held_from(6)                                                             # doctest: +SKIP
+        {6: SinkCommit(batch_id=6, end_offsets={'orders': {'0': 80}}, keyed=True, complete=True)}
+        """
+        return {commit.batch_id: commit for commit in self.commits() if commit.batch_id >= first_batch}
 
     def head(self) -> int | None:
         """A number that only grows while the sink takes batches (a Delta table's latest version, the last batch
@@ -178,20 +218,77 @@ class FolderSink(Sink):
         return None if self.path.is_remote else self.path.path
 
 
-def holds_batch(sink: Sink, batch: Batch) -> bool:
-    """Whether the sink already holds ``batch`` keyed (a replay); raise if it holds that id with other offsets.
+@dataclass
+class HeldBatches:
+    """What a sink holds of a pipeline, as far as a run's decisions need it: its keyed batches from the batch
+    before the run's first one, by id (read once, then carried), and the highest batch it holds.
 
-    Same batch id with different end offsets means the checkpoint is not the one the sink was written
-    with: writing would mix two histories, so it is a precise error, never a guess.
+    >>> held = HeldBatches({3: SinkCommit(3, {"t": {"0": 30}}, True)})
+    >>> held.through, held.add(SinkCommit(4, {"t": {"0": 40}}, True)), held.through
+    (3, None, 4)
     """
-    for commit in sink.commits():
-        if commit.batch_id != batch.batch_id or not commit.keyed:
-            continue
-        if commit.end_offsets is not None and commit.end_offsets != batch.end_offsets:
-            raise PipelineError(
-                f"{sink.location} holds batch {batch.batch_id} of pipeline {batch.pipeline!r} with end offsets "
-                f"{json.dumps(commit.end_offsets)} but the checkpoint logs {json.dumps(batch.end_offsets)}: "
-                "the checkpoint does not belong to this sink; restore the right one"
-            )
-        return True
-    return False
+
+    commits: dict[int, SinkCommit]
+    through: int = -1
+
+    def __post_init__(self) -> None:
+        self.commits = {batch: commit for batch, commit in self.commits.items() if commit.keyed}
+        self.through = max([self.through, *self.commits], default=-1)
+
+    def add(self, commit: SinkCommit) -> None:
+        self.commits[commit.batch_id] = commit
+        self.through = max(self.through, commit.batch_id)
+
+
+def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
+    """The replay rule (module docstring): True when ``held`` holds ``batch`` completely with the same offsets (a
+    replay: write nothing); False when the batch is to be written (new, or held only in part by a sink that commits
+    per task, whose task keys skip the parts it holds); :class:`PipelineError` when writing or skipping it would mix
+    two histories.
+
+    >>> held = HeldBatches({4: SinkCommit(4, {"t": {"0": 40}}, True), 5: SinkCommit(5, {"t": {"0": 50}}, True)})
+    >>> replay_decision(held, Batch("p", 5, {"t": {"0": 50}}, True, start_offsets={"t": {"0": 40}}), "/data/t")
+    True
+    >>> replay_decision(held, Batch("p", 6, {"t": {"0": 60}}, True, start_offsets={"t": {"0": 50}}), "/data/t")
+    False
+    >>> try:
+    ...     replay_decision(held, Batch("p", 5, {"t": {"0": 55}}, True), "/data/t")
+    ... except PipelineError as refused:
+    ...     print(str(refused)[:95])
+    /data/t holds batch 5 of pipeline 'p' with end offsets {"t": {"0": 50}} but the checkpoint logs
+    """
+    commit = held.commits.get(batch.batch_id)
+    before = held.commits.get(batch.batch_id - 1)
+    if commit is not None and commit.end_offsets is None:
+        raise PipelineError(
+            f"{where} holds batch {batch.batch_id} of pipeline {batch.pipeline!r} without the source offsets it was "
+            "written with (written before streamproof recorded them there), so this replay of it cannot be checked: "
+            f"restore the checkpoint backup the sink was written with, or write to a new sink"
+        )
+    if commit is not None and commit.end_offsets != batch.end_offsets:
+        raise PipelineError(
+            f"{where} holds batch {batch.batch_id} of pipeline {batch.pipeline!r} with end offsets "
+            f"{json.dumps(commit.end_offsets)} but the checkpoint logs {json.dumps(batch.end_offsets)} for it: the "
+            f"checkpoint is not the one the sink was written with{_REPAIR}"
+        )
+    if (before is not None and before.end_offsets is not None and batch.start_offsets is not None
+            and before.end_offsets != batch.start_offsets):  # fmt: skip
+        raise PipelineError(
+            f"{where} holds batch {batch.batch_id - 1} of pipeline {batch.pipeline!r} ending at "
+            f"{json.dumps(before.end_offsets)} but the checkpoint starts batch {batch.batch_id} at "
+            f"{json.dumps(batch.start_offsets)}: the checkpoint is not the one the sink was written with{_REPAIR}"
+        )
+    if commit is None and batch.batch_id < held.through:
+        raise PipelineError(
+            f"{where} holds batches of pipeline {batch.pipeline!r} up to {held.through} but not batch "
+            f"{batch.batch_id}, which this run writes to it: the batch's first run wrote nothing here, so this one "
+            f"differs from it (the checkpoint, the transform or the data changed since){_REPAIR}"
+        )
+    return commit is not None and commit.complete
+
+
+_REPAIR = (
+    " (a backup of another run, a checkpoint of another pipeline, or the source was read again since); nothing "
+    "was written: restore the checkpoint backup the sink was written with, or move the checkpoint aside and rebuild "
+    "it from the offsets the sinks recorded (`streamproof checkpoint recover PIPELINE`)"
+)

@@ -1,21 +1,25 @@
 """Delta Lake sink: append, or MERGE (upsert) on a business key, keyed on the batch for exactly-once.
 
 Idempotency rule, stated once: a keyed batch is committed with Delta's SetTransaction
-``(appId = "streamproof/<pipeline>", version = <batch id>)``. Delta records the highest version per appId
-in the table's log, in the same atomic commit as the data, and skips a write whose version is not
-higher: a batch replayed after a crash writes nothing the second time, and a crash before the commit
-leaves only unreferenced files that readers never see.
+``(appId = "streamproof/<pipeline>", version = <batch id>)`` and ``userMetadata = {"streamproof": {"pipeline",
+"batch_id", "end_offsets"}}`` in the same atomic commit as the data; a crash before the commit leaves only
+unreferenced files that readers never see. Whether a batch is written at all is decided by the replay rule of
+:mod:`streamproof.sinks.base` on what the table holds: its newest commit files are read once per run, back to the
+run's first batch (:func:`streamproof.sinks.delta_log.batches_back_to`), and every later decision reads only the
+commits made since (by this run or anyone else), from the version of the transaction that commits the batch.
 
-* append: the writer options ``txnAppId`` / ``txnVersion``;
-* merge: MERGE ignores those options and honours only the session confs
+* append: the batch's files and the SetTransaction are committed through Delta's transaction API, without Delta's
+  own lookup of the appId (a rebuild of the whole table state per commit); a new table, a schema-evolving write,
+  or a batch whose columns are not the table's go through Delta's writer, whose schema checks refuse a column
+  whose type changed;
+* merge: MERGE ignores the writer options and honours only the session confs
   ``spark.databricks.delta.write.txnAppId`` / ``txnVersion``; they are set on the batch's own session for
   the one MERGE and removed after it. Several records of one key in a batch are reduced to the latest
   by ``order_by`` (ties broken by topic, partition, offset), so MERGE never sees two matches, and a
   matched row is only replaced by a newer record: the final state is the latest record of each key
   whatever the order of batches.
 
-Unkeyed writes (at-least-once, at-most-once) carry no transaction id. Every commit carries
-``userMetadata = {"streamproof": {"pipeline", "batch_id", "end_offsets"}}``.
+Unkeyed writes (at-least-once, at-most-once) carry no transaction id. Every commit carries the userMetadata.
 
 Example (inside your own ``foreachBatch``)::
 
@@ -27,30 +31,25 @@ Example (inside your own ``foreachBatch``)::
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from streamproof.config import DeltaSinkSpec
-from streamproof.errors import PipelineError
-from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
-from streamproof.storage import Location
+from streamproof.errors import PipelineError, first_line
+from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
+from streamproof.sinks.delta_log import app_id, batches_back_to, commits_on_disk, latest_version
 from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-
-
-def app_id(pipeline: str) -> str:
-    """Delta SetTransaction appId of a pipeline: stable across restarts of the same pipeline."""
-    return f"streamproof/{pipeline}"
 
 
 def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False,
@@ -70,82 +69,29 @@ def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: boo
     return True
 
 
-def append_batch_known_new(frame: DataFrame, path: str, batch: Batch) -> int:
-    """Append ``frame`` keyed on the batch, for a batch this process knows the table does not hold: the same commit
-    as :func:`append_batch` (data and SetTransaction ``(appId, batch id)`` in one atomic commit, so a later replay
-    is skipped by Delta itself), without Delta's lookup of the appId's version. That lookup rebuilds the whole table
-    state before every keyed write (measured: 3.0 s a commit against 0.57 s without it, 1,000 rows, 16 appends);
-    only the first batch of a run can be a replay, and that one goes through :func:`append_batch_checked`. A
-    concurrent commit of the same appId is still a conflict: the transaction records that it read the appId.
-    Returns the version committed.
+def start_transaction(spark: SparkSession, path: str) -> Any:
+    """Delta's optimistic transaction on the table at ``path``; its snapshot's version is the table's latest (-1: no
+    table yet).
 
-    >>> append_batch_known_new(valid_rows, "/data/orders", Batch("orders", 8, offsets, keyed=True))  # doctest: +SKIP
-    12
+    >>> int(start_transaction(spark, "/data/orders").snapshot().version())               # doctest: +SKIP
+    11
     """
-    return _commit_keyed(_start_transaction(frame.sparkSession, path), frame, batch)
-
-
-def append_batch_checked(frame: DataFrame, path: str, batch: Batch, *, partition_by: Sequence[str] = ()) -> bool:
-    """Append ``frame`` keyed on the batch unless the table already holds it (the first keyed write of a run, which
-    may be a replay); returns whether it wrote. Delta's own check (:func:`append_batch`) rebuilds the table's whole
-    state to learn the appId's version: on a fresh JVM that is seconds of cold Spark jobs (measured on a restart,
-    100,000 rows: 5.6 s for the quarantine's first write and 3.5 s for the sink's). Here the version is read from
-    the commit files of the transaction's own snapshot, newest first (:func:`txn_version_in_log`), the answer Delta
-    would give for that snapshot; a later commit of the appId makes this commit a conflict, as in
-    :func:`append_batch_known_new`. A new table, or a log whose files cannot tell (cleaned up behind a checkpoint),
-    goes through Delta's writer and its own check.
-
-    >>> append_batch_checked(valid_rows, "/data/orders", Batch("orders", 8, offsets, keyed=True))  # doctest: +SKIP
-    True
-    """
-    assert batch.keyed, "an unkeyed write has nothing to check"
-    txn = _start_transaction(frame.sparkSession, path)
-    version = int(txn.snapshot().version())
-    held = txn_version_in_log(Location(path), app_id(batch.pipeline), version) if version >= 0 else None
-    if held is None:
-        return append_batch(frame, path, batch, partition_by=partition_by)
-    if held >= batch.batch_id:
-        return False
-    _commit_keyed(txn, frame, batch)
-    return True
-
-
-# How far back the first write of a run looks for its appId before leaving the question to Delta: a pipeline's own
-# tables hold it in their latest commit; a table shared with busier writers may not.
-TXN_SCAN_LIMIT = 200
-
-
-def txn_version_in_log(table: Location, app: str, version: int, limit: int = TXN_SCAN_LIMIT) -> int | None:
-    """The version of SetTransaction ``app`` in the Delta table as of ``version``, from its commit files, newest first
-    (the last SetTransaction of an appId is its version, as Delta computes it); -1 when every commit file 0..version
-    is there and none holds it; None when the files cannot tell: one is gone (log clean-up behind a checkpoint) or
-    ``limit`` of them were read without finding it.
-
-    >>> txn_version_in_log(Location("/data/orders"), "streamproof/orders", 12)              # doctest: +SKIP
-    7
-    """
-    log = table / "_delta_log"
-    for at in range(version, max(-1, version - limit), -1):
-        commit = log / f"{at:020d}.json"
-        try:
-            text = commit.read_text()
-        except FileNotFoundError:
-            return None
-        for line in text.splitlines():
-            txn = json.loads(line).get("txn") if '"txn"' in line else None
-            if txn is not None and txn.get("appId") == app:
-                return int(txn["version"])
-    return -1 if version - limit < 0 else None
-
-
-def _start_transaction(spark: SparkSession, path: str) -> Any:
     jvm = spark._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
     return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
 
 
-def _commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
-    """Commit ``frame``'s files and SetTransaction ``(appId, batch id)`` in ``txn``; returns the version."""
+def commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
+    """Commit ``frame``'s files and SetTransaction ``(appId, batch id)`` in ``txn``, with the batch's userMetadata:
+    the commit :func:`append_batch` makes, without Delta's lookup of the appId's version, which rebuilds the whole
+    table state before every keyed write (measured: 3.0 s a commit against 0.57 s without it, 1,000 rows, 16
+    appends). The caller decided the table does not hold the batch (:meth:`DeltaSink.append`) and that the frame
+    fits the table (:func:`fits_table`). A concurrent commit of the same appId is still a conflict: the transaction
+    records that it read the appId. Returns the version committed.
+
+    >>> commit_keyed(start_transaction(spark, "/data/orders"), rows, Batch("orders", 8, ends, True))  # doctest: +SKIP
+    12
+    """
     jvm = frame.sparkSession._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
     delta = jvm.org.apache.spark.sql.delta
@@ -163,6 +109,28 @@ def _commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
         none, none, none,
     )  # fmt: skip
     return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), write))
+
+
+def fits_table(frame: DataFrame, txn: Any) -> bool:
+    """Whether ``frame`` has the table's columns, in its order and of its types (nullability aside): only then may
+    its files be committed through the transaction API, which skips the schema checks Delta's writer makes.
+
+    >>> fits_table(rows, start_transaction(spark, "/data/orders"))                       # doctest: +SKIP
+    True
+    """
+    table = StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
+
+    def shape(schema: StructType) -> list[tuple[str, str]]:
+        return [(field.name.lower(), field.dataType.simpleString()) for field in schema.fields]
+
+    return shape(frame.schema) == shape(table)
+
+
+def txn_version(txn: Any, pipeline: str) -> int:
+    """Delta's own answer for the pipeline's appId as of the transaction's snapshot (-1: none): a rebuild of the whole
+    table state, asked only when the commit files cannot tell (cleaned up behind a Delta checkpoint)."""
+    known = txn.snapshot().transactions().get(app_id(pipeline))
+    return int(known.get()) if known.isDefined() else -1
 
 
 def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
@@ -202,7 +170,7 @@ class DeltaSink(FolderSink):
 
     kind = "delta"
     spec: DeltaSinkSpec
-    _keyed_through: int | None = None  # the last batch this run appended keyed (sinks are opened per run)
+    _log_read_through: int = -1  # the table version through which this run has read the log for its decisions
 
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new), and
@@ -240,34 +208,106 @@ class DeltaSink(FolderSink):
             )
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        replay = self.is_replay(batch)
         if self.spec.mode == "merge":
-            self._merge(rows, batch)
-        else:
-            self.append(rows, batch, merge_schema=self.pipeline.transform.schema_evolution == "add-columns")
-        return SinkWrite(0 if replay else batch.rows, replay)
+            return self._merge(rows, batch)
+        return self.append(rows, batch, merge_schema=self.pipeline.transform.schema_evolution == "add-columns")
 
-    def append(self, rows: DataFrame, batch: Batch, *, merge_schema: bool = False) -> None:
-        """Append a batch. A keyed one commits through Delta's transaction API without Delta's state rebuild: the
-        first of a run after reading the appId's version from the log (:func:`append_batch_checked`: it may be a
-        replay), the later ones without any lookup (:func:`append_batch_known_new`), since this run wrote the batch
-        before them and Spark plans a batch only after the one before it committed. A write that failed (perhaps
-        after its commit was durable) makes the next attempt check again. A schema-evolving write goes through
-        Delta's writer (it changes the table's schema) and Delta's own check."""
-        known_new = (batch.keyed and not merge_schema and self._keyed_through is not None
-                     and batch.batch_id > self._keyed_through)  # fmt: skip
-        self._keyed_through = None
-        if known_new:
-            append_batch_known_new(rows, str(self.path), batch)
-        elif batch.keyed and not merge_schema:
-            append_batch_checked(rows, str(self.path), batch, partition_by=self.spec.partition_by)
-        else:
+    def append(self, rows: DataFrame, batch: Batch, *, merge_schema: bool = False) -> SinkWrite:
+        """Append a batch (the quarantine table's too). A keyed one is skipped when the table holds it (the replay
+        rule, decided on the snapshot of the transaction that would commit it), else committed through Delta's
+        transaction API (:func:`commit_keyed`); a new table, a schema-evolving write (``merge_schema``) or a batch
+        whose columns are not the table's goes through Delta's writer and its checks (:func:`append_batch`).
+
+        >>> sink.append(valid_rows, Batch("orders", 7, ends, keyed=True))                  # doctest: +SKIP
+        SinkWrite(rows_out=16583, replay_skipped=False)
+        """
+        path = str(self.path)
+        if not batch.keyed:
+            append_batch(rows, path, batch, merge_schema=merge_schema, partition_by=self.spec.partition_by)
+            return SinkWrite(batch.rows)
+        txn = start_transaction(rows.sparkSession, path)
+        version = int(txn.snapshot().version())
+        if self._holds(batch, txn, version):
+            return SinkWrite(0, replay_skipped=True)
+        try:
+            if version >= 0 and not merge_schema and fits_table(rows, txn):
+                committed = commit_keyed(txn, rows, batch)
+                if committed == version + 1:  # nobody else committed in between: nothing more to read
+                    self._log_read_through = committed
+            else:
+                self._append_through_delta_writer(rows, batch, merge_schema)
+        except Exception:
+            self.forget_held()  # it may have committed before failing: read again before the next attempt
+            raise
+        self.note_written(batch)
+        return SinkWrite(batch.rows)
+
+    def _append_through_delta_writer(self, rows: DataFrame, batch: Batch, merge_schema: bool) -> None:
+        try:
             append_batch(rows, str(self.path), batch, merge_schema=merge_schema, partition_by=self.spec.partition_by)
-        if batch.keyed:
-            self._keyed_through = batch.batch_id
+        except AnalysisException as refused:  # a predictable mistake: one line, never a JVM trace
+            if "DELTA" not in str(refused.getCondition() or ""):
+                raise
+            table = DeltaTable.forPath(rows.sparkSession, str(self.path)).toDF().schema.simpleString()
+            raise PipelineError(
+                f"{self.path} refused batch {batch.batch_id}: {first_line(refused)}; the table's columns are {table}, "
+                f"the batch's {rows.schema.simpleString()}: make the pipeline's [transform] schema match the table, "
+                'set schema_evolution = "add-columns" to add new columns, or write to a new table'
+            ) from None
 
-    def _merge(self, rows: DataFrame, batch: Batch) -> None:
+    def _holds(self, batch: Batch, txn: Any, version: int) -> bool:
+        """The replay rule (:func:`streamproof.sinks.base.replay_decision`) on what the table holds as of ``version``,
+        the snapshot of the transaction that would commit the batch: its newest commits back to the batch before
+        ``batch``, read at the run's first keyed batch (:meth:`held_from`); later, only the commits made since the
+        last read (another writer's, or this run's through Delta's writer)."""
+        if self._held is None or version < self._log_read_through:
+            self._held = HeldBatches(self._read_held(batch.batch_id - 1, version, txn))
+        elif version > self._log_read_through:
+            found = batches_back_to(self.path, self.pipeline.name, version, -1, oldest=self._log_read_through + 1)
+            if not found.complete:  # cleaned up in between: read back to the batch before this one again
+                self._held = HeldBatches(self._read_held(batch.batch_id - 1, version, txn))
+            for commit in found.commits.values():
+                self._held.add(commit)
+            self._log_read_through = version
+        return self.replay_check(batch)
+
+    def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
+        """The newest commits only, back to ``first_batch`` (:func:`streamproof.sinks.delta_log.batches_back_to`)."""
+        return self._read_held(first_batch, latest_version(self.path), None)
+
+    def _read_held(self, first_batch: int, version: int, txn: Any) -> dict[int, SinkCommit]:
+        found = batches_back_to(self.path, self.pipeline.name, version, first_batch)
+        if not found.complete:
+            self._refuse_unless_nothing_beyond(found.commits, first_batch, txn)
+        self._log_read_through = version
+        return found.commits
+
+    def _refuse_unless_nothing_beyond(self, found: dict[int, SinkCommit], first_batch: int, txn: Any) -> None:
+        """The commit files ran out (cleaned up behind a Delta checkpoint) before a batch older than ``first_batch``
+        (the one before the batch to decide): with none of the pipeline's found, Delta's own state says whether the
+        table holds any after it (its appId's version is the last batch written); holding some whose commits are
+        gone, a replay of them cannot be checked."""
+        if txn is None:
+            spark = SparkSession.getActiveSession()
+            assert spark is not None, "a Delta table's state is read in the pipeline's Spark session"
+            txn = start_transaction(spark, str(self.path))
+        through = txn_version(txn, self.pipeline.name)
+        if not found and through <= first_batch:  # the batch before the run's first may be held: its end is unchecked
+            return
+        raise PipelineError(
+            f"{self.path} holds batches of pipeline {self.pipeline.name!r} up to {max([through, *found])}, and the "
+            f"commit files of those from batch {first_batch + 1} on are cleaned up (Delta's log retention), so "
+            "whether a replay of them matches cannot be checked: restore a checkpoint backup no older than the "
+            "table's log retention, or rebuild the checkpoint from the sinks' records (move it aside, then "
+            "`streamproof checkpoint recover PIPELINE`)"
+        )
+
+    def _merge(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         spark = rows.sparkSession
+        if batch.keyed:
+            txn = start_transaction(spark, str(self.path))
+            if self._holds(batch, txn, int(txn.snapshot().version())):
+                return SinkWrite(0, replay_skipped=True)
         latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
         created = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema)
         (created.partitionedBy(*self.spec.partition_by) if self.spec.partition_by else created).execute()
@@ -287,9 +327,14 @@ class DeltaSink(FolderSink):
                 .whenNotMatchedInsertAll()
                 .execute()
             )  # fmt: skip
+        except Exception:
+            self.forget_held()
+            raise
         finally:
             for name in confs:
                 spark.conf.unset(name)
+        self.note_written(batch)
+        return SinkWrite(batch.rows)
 
     def commits(self) -> list[SinkCommit]:
         return [
@@ -304,117 +349,9 @@ class DeltaSink(FolderSink):
 
     def head(self) -> int:
         """The table's latest version (-1: no table): one listing of its log, no commit read."""
-        versions = [int(name[:-5]) for name in (self.path / "_delta_log").names() if re.fullmatch(r"\d+\.json", name)]
-        return max(versions, default=-1)
+        return latest_version(self.path)
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
             return None
         return spark.read.format("delta").load(str(self.path))
-
-
-def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
-    """Every commit of ``pipeline`` in the table's log: ``{"version", "batch_id", "end_offsets", "txn"}``.
-
-    Reads the ``_delta_log/<version>.json`` commit files themselves (no Spark job; a local table with no JVM at
-    all), so the harness can check right after a SIGKILL, before any restart, which batches reached the table and
-    whether they carry the txn id.
-    """
-    commits: list[dict[str, Any]] = []
-    log = table / "_delta_log"
-    for name in (name for name in log.names() if re.fullmatch(r"\d+\.json", name)):
-        txn_versions, record = set(), None
-        for line in (log / name).read_text().splitlines():
-            action = json.loads(line)
-            if "txn" in action and action["txn"].get("appId") == app_id(pipeline):
-                txn_versions.add(int(action["txn"]["version"]))
-            elif "commitInfo" in action:
-                metadata = json.loads(action["commitInfo"].get("userMetadata") or "{}").get("streamproof") or {}
-                if metadata.get("pipeline") == pipeline:
-                    record = metadata
-        if record is not None:
-            commits.append(
-                {
-                    "version": int(name.split(".")[0]),
-                    "batch_id": int(record["batch_id"]),
-                    "end_offsets": record["end_offsets"],
-                    "txn": int(record["batch_id"]) in txn_versions,
-                }
-            )
-    return commits
-
-
-_COMMIT = re.compile(r"(\d{20})\.json")
-_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9a-fA-F-]{36})?\.(?:parquet|json)")
-_BY_VERSION = re.compile(r"(?:\d{20}\.)?(\d{20})\.(?:json|crc|compacted\.json|checkpoint\..*)")
-
-
-@dataclass(frozen=True)
-class LogPastItsCommits:
-    """A Delta log whose trailing commit files are gone while files of those versions stayed: a checkpoint (Delta
-    then fails every read and write: "Could not find any delta files for version N"), a checksum, the
-    ``_last_checkpoint`` pointer.
-
-    ``stranded``: those files (names in ``_delta_log``); ``needs``: commit files a read back to ``last_commit``
-    still needs that are gone too (empty: setting the stranded files aside makes the table readable again, at
-    ``last_commit``).
-    """
-
-    table: Location
-    last_commit: int
-    stranded: tuple[str, ...]
-    needs: tuple[str, ...]
-
-
-def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
-    """What a Delta table's log holds past its last commit file, or None when nothing (one listing, a small read).
-
-    >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
-    LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
-    """
-    log = table / "_delta_log"
-    names = set(log.names())
-    commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
-    last = max(commits, default=-1)
-    stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
-    if "_last_checkpoint" in names:
-        pointer = json.loads((log / "_last_checkpoint").read_text() or "{}")
-        if int(pointer.get("version", -1)) > last:
-            stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
-    if not stranded:
-        return None
-    parts: dict[int, set[int]] = {}
-    complete = set()
-    for name in names:
-        if (match := _CHECKPOINT.fullmatch(name)) and int(match[1]) <= last:
-            if match[2] is None:
-                complete.add(int(match[1]))
-            else:
-                parts.setdefault(int(match[1]), set()).add(int(match[2]))
-                if len(parts[int(match[1])]) == int(match[3]):
-                    complete.add(int(match[1]))
-    base = max(complete, default=-1)
-    lost_through = max((version for name in stranded if (version := _version_of(name)) is not None), default=last)
-    needs = [f"{version:020d}.json" for version in range(base + 1, last + 1) if version not in commits]
-    if last < 0:  # no commit file at all: only the lost ones could bring the table back
-        needs = [f"{version:020d}.json" for version in range(0, lost_through + 1)]
-    return LogPastItsCommits(table, last, tuple(sorted(stranded)), tuple(needs))
-
-
-def _version_of(name: str) -> int | None:
-    """The version a log file belongs to (a compacted file: its last), Hadoop's hidden checksum of it alike."""
-    if name.startswith(".") and name.endswith(".crc"):
-        name = name[1:-4]
-    match = _BY_VERSION.fullmatch(name)
-    return int(match[1]) if match else None
-
-
-def set_aside_stranded(past: LogPastItsCommits, into: Location) -> list[str]:
-    """Move the files of lost versions out of the log into ``into`` (created), so Delta reads the table at its last
-    commit; returns their new paths. Nothing is deleted."""
-    into.mkdir()
-    moved = []
-    for name in past.stranded:
-        (past.table / "_delta_log" / name).rename(into / name)
-        moved.append(str(into / name))
-    return moved

@@ -1,11 +1,15 @@
 """Parquet folder sink: Spark's own file sink and its ``_spark_metadata`` log, driven from ``foreachBatch``.
 
 Idempotency rule, stated once: a keyed batch is written by Spark's ``FileStreamSink``: the batch's files
-are listed in ``_spark_metadata/<batch id>`` once they are all written (the log entry is the commit), and
-a batch id not above the log's latest is skipped. Readers that honour the log (Spark's Parquet reader
-does whenever ``_spark_metadata`` exists) see each batch exactly once; files of a batch killed before its
-log entry are never read. The log is contiguous from batch 0, so its latest entry says which batches the
-folder holds. Readers that list the folder's files themselves get no such guarantee.
+are listed in ``_spark_metadata/<batch id>`` once they are all written (the log entry is the commit).
+Readers that honour the log (Spark's Parquet reader does whenever ``_spark_metadata`` exists) see each batch
+exactly once; files of a batch killed before its log entry are never read. The log is contiguous from batch
+0, so its latest entry says which batches the folder holds. Readers that list the folder's files themselves get
+no such guarantee. Spark's log records no source offsets: before the batch's files, its commit record (batch id
+and end offsets) is written to ``_streamproof_batches/<batch id>.json`` (atomically; the last
+:data:`BATCHES_KEPT` are kept), so the replay rule of :mod:`streamproof.sinks.base` compares a replay's offsets
+with the ones the folder's batch was written with, as for every other sink. A record without its log entry is
+an attempt that never committed (the next attempt rewrites it).
 
 Unkeyed writes (at-least-once, at-most-once) are plain Parquet appends to a folder without the log: a
 replayed batch is appended again.
@@ -23,14 +27,18 @@ Example::
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import FilesSinkSpec
 from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
+from streamproof.storage import Location
 
 METADATA_DIR = "_spark_metadata"
+BATCHES_DIR = "_streamproof_batches"  # each keyed batch's commit record (Parquet readers skip "_" folders)
+BATCHES_KEPT = 100  # as many as Spark's offset log keeps: a replay further back than that is refused
 FILE_STREAM_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
 
 
@@ -44,10 +52,14 @@ class FilesSink(FolderSink):
         if not batch.keyed:
             rows.write.mode("append").parquet(str(self.path))
             return SinkWrite(batch.rows)
-        latest = self.latest_logged_batch()  # the log records batch ids, not offsets: no foreign-checkpoint check
-        if latest is not None and batch.batch_id <= latest:
+        if self.replay_check(batch):
             return SinkWrite(0, replay_skipped=True)
+        records = self.path / BATCHES_DIR
+        records.mkdir()
+        (records / f"{batch.batch_id}.json").replace_with_text(json.dumps(batch.commit_record()))
         self._file_stream_sink(rows.sparkSession).addBatch(batch.batch_id, rows._jdf)
+        (records / f"{batch.batch_id - BATCHES_KEPT}.json").delete()
+        self.note_written(batch)
         return SinkWrite(batch.rows)
 
     def _file_stream_sink(self, spark: SparkSession) -> Any:
@@ -71,11 +83,28 @@ class FilesSink(FolderSink):
         return -1 if latest is None else latest
 
     def commits(self) -> list[SinkCommit]:
-        # The log does not record source offsets; it is contiguous from batch 0 to its latest entry.
+        # Spark's log is contiguous from batch 0 to its latest entry; the offsets come from the batches' records.
+        return list(self.held_from(0).values())
+
+    def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
+        """The batches from ``first_batch`` in Spark's log, each with the end offsets its record holds (None for a
+        batch whose record is gone: older than the last :data:`BATCHES_KEPT`, or written before they were kept)."""
         latest = self.latest_logged_batch()
-        return [] if latest is None else [SinkCommit(batch_id, None, True) for batch_id in range(latest + 1)]
+        if latest is None:
+            return {}
+        records = self.path / BATCHES_DIR
+        kept = {int(name[:-5]) for name in records.names() if name.endswith(".json") and name[:-5].isdigit()}
+        return {batch: SinkCommit(batch, _end_offsets(records, batch) if batch in kept else None, True)
+                for batch in range(max(first_batch, 0), latest + 1)}  # fmt: skip
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not any(name.endswith(".parquet") for name in self.path.names()):
             return None
         return spark.read.parquet(str(self.path))
+
+
+def _end_offsets(records: Location, batch_id: int) -> dict[str, dict[str, int]] | None:
+    try:
+        return json.loads((records / f"{batch_id}.json").read_text())["end_offsets"]  # type: ignore[no-any-return]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None

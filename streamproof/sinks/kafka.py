@@ -275,7 +275,9 @@ class KafkaSink(Sink):
                 spark_writer = spark_writer.option(name, value)
             spark_writer.save()
             return SinkWrite(batch.rows)
-        self.is_replay(batch)  # a foreign checkpoint is refused before any share is written
+        # The replay rule on the marker topic's batches (a foreign checkpoint is refused before any share is
+        # written); a replay still runs its tasks: each finds its share's marker and checks its rows against it.
+        self.replay_check(batch)
         partitions = records.rdd.map(tuple)
         count = partitions.getNumPartitions()
         if not self._fenced:
@@ -285,6 +287,7 @@ class KafkaSink(Sink):
                                      batch.end_offsets, fault)  # fmt: skip
         results = partitions.mapPartitionsWithIndex(writer).collect()
         self._record_batch_complete(batch)
+        self.note_written(batch)
         written = sum(count for _, count, _ in results)
         return SinkWrite(written, replay_skipped=any(skip for _, _, skip in results) and written == 0)
 

@@ -274,7 +274,9 @@ class PostgresSink(Sink):
         return {**schema_types, **coordinates}
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        self.is_replay(batch)  # a foreign checkpoint is refused before any share is written
+        # The replay rule on the ledger's batches (a foreign checkpoint is refused before any share is written); a
+        # replay still runs its tasks: each finds its share's ledger row and checks the rows it holds against it.
+        self.replay_check(batch)
         text_rows = _as_copy_text(self._rows_for_mode(rows))
         columns = tuple(text_rows.columns)
         partitions = text_rows.rdd.map(tuple)
@@ -287,6 +289,7 @@ class PostgresSink(Sink):
         results = partitions.mapPartitionsWithIndex(writer).collect()
         if batch.keyed:
             self._record_batch_complete(batch)
+            self.note_written(batch)
         written = sum(count for _, count, _ in results)
         skipped = any(skip for _, _, skip in results) and written == 0
         return SinkWrite(written, replay_skipped=skipped)

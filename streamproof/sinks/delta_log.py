@@ -1,0 +1,202 @@
+"""A Delta table's log as streamproof reads it without Spark: which batches of a pipeline the table holds, its
+latest version, and what is left past its last commit after storage went backwards.
+
+Every keyed commit streamproof makes carries ``userMetadata = {"streamproof": {"pipeline", "batch_id",
+"end_offsets"}}`` and a SetTransaction ``(appId = "streamproof/<pipeline>", version = batch id)`` in the same
+atomic commit file ``_delta_log/<version>.json``. The commit files are read here as JSON (no Spark job; a local
+table with no JVM at all), so the harness can look right after a SIGKILL, and the sink decides a replay from the
+commits themselves (:func:`batches_back_to`), reading only the newest ones.
+
+Example::
+
+    >>> import json, tempfile
+    >>> table = Location(tempfile.mkdtemp())
+    >>> record = {"streamproof": {"pipeline": "orders", "batch_id": 4, "end_offsets": {"orders": {"0": 90}}}}
+    >>> commit = [{"txn": {"appId": "streamproof/orders", "version": 4}},
+    ...           {"commitInfo": {"userMetadata": json.dumps(record)}}]
+    >>> (table / "_delta_log" / f"{7:020d}.json").write_text("\\n".join(json.dumps(action) for action in commit))
+    >>> found = batches_back_to(table, "orders", 7, first_batch=4)
+    >>> found.commits[4].end_offsets, found.complete
+    ({'orders': {'0': 90}}, False)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamproof.sinks.base import SinkCommit
+from streamproof.storage import Location
+
+_COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9a-fA-F-]{36})?\.(?:parquet|json)")
+_BY_VERSION = re.compile(r"(?:\d{20}\.)?(\d{20})\.(?:json|crc|compacted\.json|checkpoint\..*)")
+
+
+def app_id(pipeline: str) -> str:
+    """Delta SetTransaction appId of a pipeline: stable across restarts of the same pipeline.
+
+    >>> app_id("orders")
+    'streamproof/orders'
+    """
+    return f"streamproof/{pipeline}"
+
+
+def commit_file(table: Location, version: int) -> Location:
+    """The commit file of ``version`` in the table's log."""
+    return table / "_delta_log" / f"{version:020d}.json"
+
+
+def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
+    """The batch of ``pipeline`` one commit file records (None: a commit of something else), and whether it carries
+    the pipeline's SetTransaction for that batch (keyed).
+
+    >>> pipeline_commit('{"commitInfo": {"operation": "OPTIMIZE"}}', "orders") is None
+    True
+    """
+    txn_versions, record = set(), None
+    for line in text.splitlines():
+        if '"txn"' not in line and '"commitInfo"' not in line:
+            continue  # add / remove / metaData actions: nothing of the batch key in them
+        action = json.loads(line)
+        if "txn" in action and action["txn"].get("appId") == app_id(pipeline):
+            txn_versions.add(int(action["txn"]["version"]))
+        elif "commitInfo" in action:
+            metadata = json.loads(action["commitInfo"].get("userMetadata") or "{}").get("streamproof") or {}
+            if metadata.get("pipeline") == pipeline:
+                record = metadata
+    if record is None:
+        return None
+    batch_id = int(record["batch_id"])
+    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions)
+
+
+def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
+    """Every commit of ``pipeline`` in the table's log: ``{"version", "batch_id", "end_offsets", "txn"}``, oldest
+    first. Reads every commit file: for the harness and the start checks, not for a batch's decision
+    (:func:`batches_back_to` reads the newest only)."""
+    commits: list[dict[str, Any]] = []
+    log = table / "_delta_log"
+    for name in (name for name in log.names() if _COMMIT.fullmatch(name)):
+        commit = pipeline_commit((log / name).read_text(), pipeline)
+        if commit is not None:
+            commits.append({"version": int(name.split(".")[0]), "batch_id": commit.batch_id,
+                            "end_offsets": commit.end_offsets, "txn": commit.keyed})  # fmt: skip
+    return commits
+
+
+def latest_version(table: Location) -> int:
+    """The table's latest version (-1: no table): one listing of its log, no commit read."""
+    versions = [int(match[1]) for name in (table / "_delta_log").names() if (match := _COMMIT.fullmatch(name))]
+    return max(versions, default=-1)
+
+
+@dataclass
+class BatchesFound:
+    """The commits of a pipeline :func:`batches_back_to` found, by batch id, and whether they are all of those it
+    looked for (``complete``): False when a commit file it needed is gone (log clean-up behind a Delta checkpoint)
+    before it reached a batch older than the first it looked for."""
+
+    commits: dict[int, SinkCommit] = field(default_factory=dict)
+    complete: bool = True
+    read: int = 0  # commit files read
+
+
+def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: int, *,
+                    oldest: int = 0) -> BatchesFound:  # fmt: skip
+    """The batches of ``pipeline`` with ids ``>= first_batch`` that the table holds as of version ``newest``, read
+    from its commit files newest first, down to version ``oldest`` (the versions below it were read before).
+
+    Bounded by what it looks for, not by the table's age: streamproof writes a batch only when its id is higher than
+    every batch of the pipeline the table holds (:func:`streamproof.sinks.base.replay_decision`), so the pipeline's
+    batch ids grow along the log, and the scan stops at the first commit of a batch older than ``first_batch``.
+    Commits of other writers (OPTIMIZE, another pipeline) are read past.
+    """
+    found = BatchesFound()
+    for version in range(newest, oldest - 1, -1):
+        try:
+            text = commit_file(table, version).read_text()
+        except FileNotFoundError:
+            found.complete = False
+            return found
+        found.read += 1
+        commit = pipeline_commit(text, pipeline)
+        if commit is None:
+            continue
+        if commit.batch_id < first_batch:
+            return found
+        found.commits.setdefault(commit.batch_id, commit)  # the newest commit of a batch id is what a reader sees
+    return found
+
+
+@dataclass(frozen=True)
+class LogPastItsCommits:
+    """A Delta log whose trailing commit files are gone while files of those versions stayed: a checkpoint (Delta
+    then fails every read and write: "Could not find any delta files for version N"), a checksum, the
+    ``_last_checkpoint`` pointer.
+
+    ``stranded``: those files (names in ``_delta_log``); ``needs``: commit files a read back to ``last_commit``
+    still needs that are gone too (empty: setting the stranded files aside makes the table readable again, at
+    ``last_commit``).
+    """
+
+    table: Location
+    last_commit: int
+    stranded: tuple[str, ...]
+    needs: tuple[str, ...]
+
+
+def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
+    """What a Delta table's log holds past its last commit file, or None when nothing (one listing, a small read).
+
+    >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
+    LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
+    """
+    log = table / "_delta_log"
+    names = set(log.names())
+    commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
+    last = max(commits, default=-1)
+    stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
+    if "_last_checkpoint" in names:
+        pointer = json.loads((log / "_last_checkpoint").read_text() or "{}")
+        if int(pointer.get("version", -1)) > last:
+            stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
+    if not stranded:
+        return None
+    parts: dict[int, set[int]] = {}
+    complete = set()
+    for name in names:
+        if (match := _CHECKPOINT.fullmatch(name)) and int(match[1]) <= last:
+            if match[2] is None:
+                complete.add(int(match[1]))
+            else:
+                parts.setdefault(int(match[1]), set()).add(int(match[2]))
+                if len(parts[int(match[1])]) == int(match[3]):
+                    complete.add(int(match[1]))
+    base = max(complete, default=-1)
+    lost_through = max((version for name in stranded if (version := _version_of(name)) is not None), default=last)
+    needs = [f"{version:020d}.json" for version in range(base + 1, last + 1) if version not in commits]
+    if last < 0:  # no commit file at all: only the lost ones could bring the table back
+        needs = [f"{version:020d}.json" for version in range(0, lost_through + 1)]
+    return LogPastItsCommits(table, last, tuple(sorted(stranded)), tuple(needs))
+
+
+def _version_of(name: str) -> int | None:
+    """The version a log file belongs to (a compacted file: its last), Hadoop's hidden checksum of it alike."""
+    if name.startswith(".") and name.endswith(".crc"):
+        name = name[1:-4]
+    match = _BY_VERSION.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def set_aside_stranded(past: LogPastItsCommits, into: Location) -> list[str]:
+    """Move the files of lost versions out of the log into ``into`` (created), so Delta reads the table at its last
+    commit; returns their new paths. Nothing is deleted."""
+    into.mkdir()
+    moved = []
+    for name in past.stranded:
+        (past.table / "_delta_log" / name).rename(into / name)
+        moved.append(str(into / name))
+    return moved
