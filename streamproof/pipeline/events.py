@@ -34,6 +34,7 @@ EVENTS_FD_ENV = "STREAMPROOF_EVENTS_FD"
 READY, STARTED, METRICS, RESTARTING, SPARK_UI = "ready", "started", "metrics", "restarting", "spark_ui"
 STANDBY, TOOK_OVER = "standby", "took_over"  # a warm standby's waiting, and its taking over (pipeline.standby)
 WARMING = "warming"  # run --warm-up: the warm-up before the first batch (pipeline.warm)
+REPLAYING = "replaying"  # the batches the sinks hold beyond the checkpoint, replayed with their recorded offsets
 
 
 @dataclass(frozen=True)
