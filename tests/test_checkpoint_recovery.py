@@ -247,6 +247,39 @@ def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(
     assert (copy / "offsets").is_dir() and not (copy / RunLock.NAME).exists()
 
 
+def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Path) -> None:
+    """The checkpoint's quarantine mark tells a quarantine table that lost commits (its own log cannot). Recorded by
+    renaming a written file over it, so a crash leaves the old mark or the new; one damaged all the same stops the
+    start in one line, where it used to read as "no mark" and turn the check off."""
+    from streamproof.checkpoint.folder import QuarantineMark
+    from streamproof.config import parse_pipeline
+    from streamproof.storage import Location
+
+    spec = parse_pipeline(f"""
+name = "marked"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "marked"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    mark = QuarantineMark(Location(tmp_path / "checkpoint"))
+    mark.record(0)
+    assert mark.read() == 0 and not list((tmp_path / "checkpoint").glob("._streamproof_quarantine*"))
+    mark.path.write_text("")  # torn: truncated, never written
+    with pytest.raises(PipelineError) as refusal:
+        refuse_if_sink_behind(None, spec, open_sinks(spec))
+    message = str(refusal.value)
+    assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
+
+
 def test_a_damaged_log_gets_a_diagnosis_and_the_way_out(tmp_path: Path) -> None:
     """A log entry deleted by hand with Hadoop's hidden checksum left beside it (Spark would blame "multiple
     streaming queries"), and a commit with no offsets entry: each refused in one line naming the files."""

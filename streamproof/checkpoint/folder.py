@@ -238,12 +238,20 @@ class QuarantineMark:
 
     Written after that commit, so it never runs ahead of the quarantine table; a table found behind it lost
     commits (or was deleted), which the quarantine's own log cannot tell (a batch without invalid records writes
-    no quarantine commit).
+    no quarantine commit). Written aside and renamed over the mark, so a crash leaves the old mark or the new one,
+    never a torn one; a mark that cannot be read all the same (damaged storage) is refused, never taken as "no
+    mark", which would turn the check off.
 
     >>> import tempfile
     >>> mark = QuarantineMark(Location(tempfile.mkdtemp()))
     >>> mark.read(), mark.record(4), mark.read()
     (None, None, 4)
+    >>> mark.path.write_text("1")
+    >>> mark.path.write_text("")  # a torn write
+    >>> mark.read()
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.PipelineError: ...
     """
 
     NAME = "_streamproof_quarantine"
@@ -253,13 +261,22 @@ class QuarantineMark:
         self.path = checkpoint / self.NAME
 
     def record(self, batch_id: int) -> None:
-        self.path.write_text(str(batch_id))
+        self.path.replace_with_text(str(batch_id))
 
     def read(self) -> int | None:
+        """The batch marked; None when no batch ever wrote quarantine rows (no mark)."""
         try:
-            return int(self.path.read_text())
-        except (OSError, ValueError, PipelineError):
+            text = self.path.read_text()
+        except FileNotFoundError:
             return None
+        try:
+            return int(text)
+        except ValueError:
+            raise PipelineError(
+                f"{self.path} is damaged ({text[:40]!r} is not a batch id): it names the last batch that wrote "
+                "quarantine rows, so that a quarantine table that lost commits is told; restore a checkpoint backup, "
+                "or delete the file (the check then starts again with the next batch that quarantines records)"
+            ) from None
 
 
 def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
