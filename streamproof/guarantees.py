@@ -63,6 +63,20 @@ class Wiring:
         """Neither loss nor duplicates are allowed."""
         return not (self.may_lose or self.may_duplicate)
 
+    def retries_a_failed_write(self, *, partial_writes_visible: bool) -> bool:
+        """Whether a sink write that failed because its server was briefly away may be attempted again (``[retry]``):
+        when the write is keyed (the retry writes only what the failed attempt did not), when duplicates are
+        allowed, or when the sink shows nothing of a failed write. At-most-once on a sink that commits parts of a
+        write on their own (PostgreSQL per task, Spark's Kafka writer) may not: the retry would write those parts
+        twice. The batch fails instead, and the next start goes on after it (lost, which at-most-once allows).
+
+        >>> wiring_for("at-most-once").retries_a_failed_write(partial_writes_visible=True)
+        False
+        >>> wiring_for("at-most-once").retries_a_failed_write(partial_writes_visible=False)
+        True
+        """
+        return self.idempotent_sink or self.may_duplicate or not partial_writes_visible
+
     def allows(self, *, lost: int, duplicated: int, unexpected: int) -> bool:
         """Whether the damage found is within what the guarantee promises (unexpected rows never are).
 

@@ -31,9 +31,10 @@ class Trigger(Strict):
 class RetrySettings(Strict):
     """``[retry]``: how long a Kafka broker or a database may be away before the pipeline gives up.
 
-    Within ``max_outage`` a failed sink write is retried (it is keyed on the batch, so a retry is safe) and a
-    query stopped by an unreachable source is restarted from its checkpoint; past it the pipeline stops with
-    one line saying what was unreachable, and the next start resumes from the checkpoint.
+    Within ``max_outage`` a failed sink write is retried where the guarantee makes that safe (exactly-once: keyed on
+    the batch; :meth:`streamproof.guarantees.Wiring.retries_a_failed_write`) and a query stopped by an unreachable
+    source is restarted from its checkpoint; past it the pipeline stops with one line saying what was unreachable,
+    and the next start resumes from the checkpoint.
     """
 
     max_outage: str = "2 minutes"

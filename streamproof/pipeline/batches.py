@@ -81,8 +81,9 @@ class BatchWriter:
     """The ``foreachBatch`` function of a pipeline: quarantine, then every sink, with the crash hooks.
 
     A sink write that fails because its server is briefly away (:func:`streamproof.errors.is_transient`) is
-    retried until ``[retry] max_outage``: the write is keyed on the batch, so a retry writes what the failed
-    attempt did not and nothing twice. Past the bound the batch fails with one line naming the sink.
+    retried until ``[retry] max_outage`` where the guarantee allows it
+    (:meth:`streamproof.guarantees.Wiring.retries_a_failed_write`): a keyed write retries what the failed attempt
+    did not write and nothing twice. Past the bound the batch fails with one line naming the sink.
     """
 
     def __init__(self, spec: PipelineSpec, sinks: list[Sink], publish: Callable[[Event], None] | None = None) -> None:
@@ -255,6 +256,12 @@ class BatchWriter:
             except Exception as error:
                 if not is_transient(error):
                     raise
+                if not self.wiring.retries_a_failed_write(partial_writes_visible=sink.partial_writes_visible):
+                    raise PipelineError(
+                        f"{sink.location} failed in batch {batch.batch_id} ({first_line(error)}); not retried: the "
+                        f"part of the batch it committed would be written twice, which {self.spec.guarantee} never "
+                        "does (the rest of the batch is lost, as it allows)"
+                    ) from None
                 if time.monotonic() + retry.backoff_s > deadline:
                     raise PipelineError(
                         f"{sink.location} unreachable for more than {retry.max_outage} ({first_line(error)}); the "
