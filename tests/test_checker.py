@@ -177,12 +177,41 @@ def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> 
     damaged_sink = spark.createDataFrame(damaged, TOTALS_SINK)
     counts = reconcile_totals(source, damaged_sink, quarantine, "customer_id", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 2, 1)
-    # Both values of each wrong group, exact decimals as text (JSON keeps them exact).
-    c1, c3 = counts.samples["duplicated"]
+    # Both values of each wrong group, exact decimals as text (JSON keeps them exact); c3's wrong sum is named as
+    # a wrong value (counted in duplicated, and in wrong_values), c1's double increment as a duplicate.
+    assert counts.wrong_values == 1
+    (c1,) = counts.samples["duplicated"]
+    (c3,) = counts.samples["wrong_values"]
     assert (c1["customer_id"], c1["expected_events"], c1["held_events"]) == ("c1", 2, 3)
     assert (c3["customer_id"], c3["expected_amount"], c3["held_amount"]) == ("c3", "1.2500000000", "9.9900000000")
     assert [r["customer_id"] for r in counts.samples["lost"]] == ["c4"]
     assert [(r["customer_id"], r["rows"]) for r in counts.samples["unexpected"]] == [("c9", 1)]
+
+
+def test_a_null_total_is_a_wrong_value_and_an_all_null_group_holding_0_is_clean(spark: Any) -> None:
+    """The reported run: c1 null then 3.0, c2 5.0 then 1.0 (c3 only null). A null amount counts as 0 in the expected
+    totals; a held NULL total (``NULL + 3.0`` in the old sink) is compared null-safely: a wrong value, named with both
+    values, as the independent checker names it (tests/test_pure_checker.py), not passed as "neither equal nor not"."""
+    from decimal import Decimal
+
+    from streamproof.reconcile.checker import reconcile_totals
+
+    source = spark.createDataFrame(
+        [("t", 0, 0, "c1", None, True), ("t", 0, 1, "c2", 5.0, True), ("t", 0, 2, "c1", 3.0, True),
+         ("t", 0, 3, "c2", 1.0, True), ("t", 0, 4, "c3", None, True)],
+        TOTALS_SOURCE,
+    )  # fmt: skip
+    right = [("c1", Decimal("3"), 2), ("c2", Decimal("6"), 2), ("c3", Decimal("0"), 1)]
+    no_quarantine = _coords(spark, [])
+    clean = reconcile_totals(source, spark.createDataFrame(right, TOTALS_SINK), no_quarantine, "customer_id",
+                             ["amount"])  # fmt: skip
+    assert (clean.lost, clean.duplicated, clean.wrong_values, clean.unexpected, clean.samples) == (0, 0, 0, 0, {})
+
+    poisoned = spark.createDataFrame([("c1", None, 2), *right[1:]], TOTALS_SINK)
+    counts = reconcile_totals(source, poisoned, no_quarantine, "customer_id", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.wrong_values, counts.unexpected) == (0, 1, 1, 0)
+    assert counts.samples == {"wrong_values": [{"customer_id": "c1", "expected_events": 2, "held_events": 2,
+                                                "expected_amount": "3.0000000000", "held_amount": None}]}  # fmt: skip
 
 
 def test_late_records_dropped_by_configuration_are_counted_and_expected_nowhere(spark: Any) -> None:

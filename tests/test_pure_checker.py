@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from conftest import LATE_TIMES, late_checkpoint
 from streamproof.reconcile.independent import committed_parquet_files, flag_late
@@ -72,7 +73,37 @@ def test_totals_catch_a_double_increment_a_wrong_sum_and_a_missing_group() -> No
                ("c9", 1, {"amount": 1})]  # fmt: skip
     counts = check_totals(source, damaged, [], "c", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected, counts.superseded) == (1, 2, 1, 1)
-    assert counts.samples["duplicated"][1]["held_amount"] == "9.9900000000"
+    # c1's doubled increment is a duplicate; c3's right count with the wrong sum a wrong value (of duplicated).
+    assert counts.wrong_values == 1 and [r["c"] for r in counts.samples["duplicated"]] == ["c1"]
+    assert [(r["c"], r["held_amount"]) for r in counts.samples["wrong_values"]] == [("c3", "9.9900000000")]
+
+
+def test_a_null_total_is_a_wrong_value_and_an_all_null_group_holding_0_is_clean() -> None:
+    """The reported run: batches of two, c1 null then 3.0, c2 5.0 then 1.0 (and c3 only null). The old sink held
+    c1 as NULL (``NULL + 3.0``); the expected total is 3.0 (a null amount counts as 0), so the NULL is a wrong value,
+    named with both values, and no guarantee allows it. The all-null group must hold 0: a NULL there is wrong too."""
+    from streamproof.reconcile.report import DAMAGED, OK, Report
+
+    events = [("c1", None), ("c2", 5.0), ("c1", 3.0), ("c2", 1.0), ("c3", None)]
+    source = [SourceRecord(("t", 0, i), True, values={"c": c, "amount": a}) for i, (c, a) in enumerate(events)]
+
+    def report(counts: Any, guarantee: str = "exactly-once") -> Report:
+        return Report(pipeline="p", guarantee=guarantee, sink="s", unit="groups", **vars(counts))
+
+    right = [("c1", 2, {"amount": Decimal("3.0")}), ("c2", 2, {"amount": Decimal("6")}), ("c3", 1, {"amount": 0})]
+    clean = check_totals(source, right, [], "c", ["amount"])
+    assert (clean.lost, clean.duplicated, clean.wrong_values, clean.unexpected, clean.samples) == (0, 0, 0, 0, {})
+    assert report(clean).verdict == OK
+
+    poisoned = [("c1", 2, {"amount": None}), *right[1:]]
+    counts = check_totals(source, poisoned, [], "c", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.wrong_values, counts.unexpected) == (0, 1, 1, 0)
+    assert counts.samples == {"wrong_values": [{"c": "c1", "expected_events": 2, "held_events": 2,
+                                                "expected_amount": "3.0000000000", "held_amount": None}]}  # fmt: skip
+    assert report(counts).verdict == DAMAGED
+    assert not report(counts, "at-least-once").guarantee_held  # not a duplicate at-least-once may show
+    null_for_nothing = check_totals(source, [*right[:2], ("c3", 1, {"amount": None})], [], "c", ["amount"])
+    assert (null_for_nothing.wrong_values, null_for_nothing.samples["wrong_values"][0]["held_amount"]) == (1, None)
 
 
 def test_windows_compare_every_value_and_leave_open_windows_pending() -> None:

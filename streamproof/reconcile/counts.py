@@ -39,10 +39,14 @@ class Counts:
     aggregated: int = 0
     pending: int = 0
     quarantine_lost: int = 0  # of ``lost``: invalid records missing from the quarantine table
+    # Of ``duplicated``: groups holding the right record count with other sums (or a null sum): a wrong value, not an
+    # increment applied twice, so no guarantee allows it. Counted in ``duplicated`` too, as DESIGN.md's report says.
+    wrong_values: int = 0
     # Sink rows of records the source no longer holds (retention deleted them after they were read): not compared.
     unavailable: int = 0
-    # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated" and "unexpected",
-    # each naming the record (coordinates), key, group or window, where it was ("in") and what was found.
+    # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated", "wrong_values" and
+    # "unexpected" (each kind named as its count), each naming the record (coordinates), key, group or window, where
+    # it was ("in") and what was found (a wrong value: the held and the expected values).
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 

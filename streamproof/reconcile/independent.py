@@ -63,6 +63,7 @@ COMPARED = (
     "sink_records",
     "lost",
     "duplicated",
+    "wrong_values",
     "unexpected",
     "unavailable",
 )

@@ -111,11 +111,13 @@ class Report(Counts):
         """Whether the damage found is within what the guarantee promises.
 
         exactly-once allows none; at-least-once allows duplicates, never loss; at-most-once allows loss,
-        never duplicates. Unexpected rows are never allowed.
+        never duplicates. Unexpected rows are never allowed, nor wrong values (counted in ``duplicated``, but no
+        replay or skipped batch makes a total with the right record count and another sum).
         """
         wiring = wiring_for(self.guarantee)
-        allowed = wiring.allows(lost=self.lost, duplicated=self.duplicated, unexpected=self.unexpected)
-        return allowed and self.identity_holds
+        doubled = self.duplicated - self.wrong_values
+        allowed = wiring.allows(lost=self.lost, duplicated=doubled, unexpected=self.unexpected)
+        return allowed and not self.wrong_values and self.identity_holds
 
     @property
     def identity_holds(self) -> bool:
