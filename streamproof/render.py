@@ -111,7 +111,8 @@ def identity_row(report: Report) -> tuple[str, str]:
 def _verdict(report: Report) -> str:
     trusted = f" (on trust: {', '.join(report.trusted)})" if report.trusted else ""
     if report.verdict == "unknown":
-        return "[bold magenta]UNKNOWN: no damage found, but the counts do not add up[/]"
+        why = "not everything could be checked" if report.identity_holds else "the counts do not add up"
+        return f"[bold magenta]UNKNOWN: no damage found, but {why}[/]"
     if report.ok:
         return f"[bold green]OK: nothing lost, nothing duplicated{trusted}[/]"
     if not report.guarantee_held:

@@ -38,6 +38,9 @@ class SourceRecord:
     at: Coordinates
     valid: bool
     dropped: bool = False  # expected nowhere (late, with dedup.late = "drop")
+    # With dedup.late = "drop": in a batch the offset log no longer holds, older than the watermark of its first
+    # entry, so whether it was late cannot be recomputed (each sink's rows judge it: independent.maybe_late_resolved).
+    maybe_late: bool = False
     values: dict[str, Any] = field(default_factory=dict)
 
 
