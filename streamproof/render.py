@@ -48,6 +48,8 @@ def report_table(report: Report) -> Table:
     table.add_row("sink rows", f"{report.sink_records:,}")
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
+    if report.wrong_values:
+        table.add_row(f"  of which wrong values{unit} (right count, other sum)", bad(report.wrong_values))
     table.add_row("unexpected", bad(report.unexpected))
     table.add_row(*identity_row(report))
     for reason in report.reasons:
@@ -70,7 +72,7 @@ def report_table(report: Report) -> Table:
     for kind, samples in report.samples.items():
         shown = ", ".join(sample_text(sample) for sample in samples[:3])
         more = f" (+{len(samples) - 3} more in --json / --html)" if len(samples) > 3 else ""
-        table.add_row(f"[bold red]{kind}[/], e.g.", f"{shown}{more}")
+        table.add_row(f"[bold red]{kind.replace('_', ' ')}[/], e.g.", f"{shown}{more}")
     return table
 
 
@@ -109,7 +111,8 @@ def identity_row(report: Report) -> tuple[str, str]:
 def _verdict(report: Report) -> str:
     trusted = f" (on trust: {', '.join(report.trusted)})" if report.trusted else ""
     if report.verdict == "unknown":
-        return "[bold magenta]UNKNOWN: no damage found, but the counts do not add up[/]"
+        why = "not everything could be checked" if report.identity_holds else "the counts do not add up"
+        return f"[bold magenta]UNKNOWN: no damage found, but {why}[/]"
     if report.ok:
         return f"[bold green]OK: nothing lost, nothing duplicated{trusted}[/]"
     if not report.guarantee_held:
@@ -320,6 +323,7 @@ def _samples_html(report: Report) -> str:
             "<tr>" + "".join(f"<td>{html.escape(str(sample.get(name, '')))}</td>" for name in columns) + "</tr>"
             for sample in samples
         )
-        title = f"{kind}: {getattr(report, kind):,} counted, these {len(samples)} named (at most {SAMPLES})"
+        title = (f"{kind.replace('_', ' ')}: {getattr(report, kind):,} counted, these {len(samples)} named "
+                 f"(at most {SAMPLES})")  # fmt: skip
         tables.append(f"<h3>{html.escape(title)}</h3><table class='grid'><tr>{head}</tr>{body}</table>")
     return "".join(tables)

@@ -93,6 +93,40 @@ path = "{workdir / "sink"}"
 ''')
 
 
+# A checkpoint whose offset log starts at batch 3 (Spark kept the last batches only), one partition: batch 3 ends at
+# offset 6 with watermark 00:10, batch 4 reads 6-8 (judged by 00:10), batch 5 reads 9-11 (judged by 00:11). Batches
+# 0-3 (offsets 0-5) are gone: a record of theirs newer than 00:10 was not late (0, 3, 5), an older one may have been
+# (1, 2, 4: at 00:10 counts); of the logged batches' records 6 and 9 were late (at or before their watermark).
+UNLOGGED_TIMES = ["00:20", "00:05", "00:09", "00:30", "00:10", "00:15", "00:10", "00:10:00.001", "00:20", "00:11",
+                  "00:12", "00:13"]  # fmt: skip
+
+
+def unlogged_checkpoint(workdir: Path, late: str) -> Any:
+    """A dedup pipeline (``dedup.late = late``, a Delta sink at ``workdir/sink``) whose offset log holds only batches
+    3-5 of :data:`UNLOGGED_TIMES` (written by hand, as Spark leaves it after purging the older entries)."""
+    from streamproof.config import parse_pipeline
+
+    checkpoint = workdir / "cp"
+    (checkpoint / "offsets").mkdir(parents=True)
+    ten_past = 1767226200000  # 2026-01-01T00:10:00Z
+    for batch_id, watermark, end in [(3, ten_past, 6), (4, ten_past + 60_000, 9), (5, ten_past + 120_000, 12)]:
+        metadata = json.dumps({"batchWatermarkMs": watermark, "batchTimestampMs": 0, "conf": {}})
+        (checkpoint / "offsets" / str(batch_id)).write_text(f'v1\n{metadata}\n{{"t":{{"0":{end}}}}}')
+    return parse_pipeline(f'''
+name = "unlogged"
+checkpoint = "{checkpoint}"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING, event_time TIMESTAMP"
+dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 minute", late = "{late}" }}
+[sink]
+kind = "delta"
+path = "{workdir / "sink"}"
+''')
+
+
 def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> list[Any]:
     """Reconcile the pipeline's sinks: each 0 lost / 0 duplicated / 0 unexpected over ``events`` source records."""
     from streamproof.config import load_pipeline

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import LATE_TIMES, late_checkpoint
+from conftest import LATE_TIMES, UNLOGGED_TIMES, late_checkpoint, unlogged_checkpoint
 from streamproof.reconcile.checker import reconcile
 from streamproof.reconcile.counts import Counts
 
@@ -177,12 +177,41 @@ def test_totals_per_group_count_double_counting_and_loss_exactly(spark: Any) -> 
     damaged_sink = spark.createDataFrame(damaged, TOTALS_SINK)
     counts = reconcile_totals(source, damaged_sink, quarantine, "customer_id", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected) == (1, 2, 1)
-    # Both values of each wrong group, exact decimals as text (JSON keeps them exact).
-    c1, c3 = counts.samples["duplicated"]
+    # Both values of each wrong group, exact decimals as text (JSON keeps them exact); c3's wrong sum is named as
+    # a wrong value (counted in duplicated, and in wrong_values), c1's double increment as a duplicate.
+    assert counts.wrong_values == 1
+    (c1,) = counts.samples["duplicated"]
+    (c3,) = counts.samples["wrong_values"]
     assert (c1["customer_id"], c1["expected_events"], c1["held_events"]) == ("c1", 2, 3)
     assert (c3["customer_id"], c3["expected_amount"], c3["held_amount"]) == ("c3", "1.2500000000", "9.9900000000")
     assert [r["customer_id"] for r in counts.samples["lost"]] == ["c4"]
     assert [(r["customer_id"], r["rows"]) for r in counts.samples["unexpected"]] == [("c9", 1)]
+
+
+def test_a_null_total_is_a_wrong_value_and_an_all_null_group_holding_0_is_clean(spark: Any) -> None:
+    """The reported run: c1 null then 3.0, c2 5.0 then 1.0 (c3 only null). A null amount counts as 0 in the expected
+    totals; a held NULL total (``NULL + 3.0`` in the old sink) is compared null-safely: a wrong value, named with both
+    values, as the independent checker names it (tests/test_pure_checker.py), not passed as "neither equal nor not"."""
+    from decimal import Decimal
+
+    from streamproof.reconcile.checker import reconcile_totals
+
+    source = spark.createDataFrame(
+        [("t", 0, 0, "c1", None, True), ("t", 0, 1, "c2", 5.0, True), ("t", 0, 2, "c1", 3.0, True),
+         ("t", 0, 3, "c2", 1.0, True), ("t", 0, 4, "c3", None, True)],
+        TOTALS_SOURCE,
+    )  # fmt: skip
+    right = [("c1", Decimal("3"), 2), ("c2", Decimal("6"), 2), ("c3", Decimal("0"), 1)]
+    no_quarantine = _coords(spark, [])
+    clean = reconcile_totals(source, spark.createDataFrame(right, TOTALS_SINK), no_quarantine, "customer_id",
+                             ["amount"])  # fmt: skip
+    assert (clean.lost, clean.duplicated, clean.wrong_values, clean.unexpected, clean.samples) == (0, 0, 0, 0, {})
+
+    poisoned = spark.createDataFrame([("c1", None, 2), *right[1:]], TOTALS_SINK)
+    counts = reconcile_totals(source, poisoned, no_quarantine, "customer_id", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.wrong_values, counts.unexpected) == (0, 1, 1, 0)
+    assert counts.samples == {"wrong_values": [{"customer_id": "c1", "expected_events": 2, "held_events": 2,
+                                                "expected_amount": "3.0000000000", "held_amount": None}]}  # fmt: skip
 
 
 def test_late_records_dropped_by_configuration_are_counted_and_expected_nowhere(spark: Any) -> None:
@@ -221,6 +250,45 @@ def test_late_flags_follow_each_batch_offset_range_and_the_previous_batch_waterm
     late = sorted(row["_src_offset"] for row in flagged.where(F.col(LATE_FLAG)).collect())
     assert late == [6]
     assert flagged.count() == source.count()
+
+
+def test_a_truncated_offset_log_recomputes_its_batches_and_leaves_the_older_records_to_the_sink(
+    spark: Any, tmp_path: Any
+) -> None:
+    """The offset log starts at batch 3 (conftest's UNLOGGED_TIMES). With dedup.late = "drop": the logged batches are
+    recomputed (6 and 9 late), batches 0-3's records older than batch 3's watermark (1, 2, 4) may have been late; the
+    sink holds 2 and 4 (delivered), not 1 (taken as dropped, the one record not checked): 0 lost, 3 dropped late, as
+    the independent checker counts (tests/test_pure_checker.py). The old fallback took the quarantine table's late
+    records for all of them: none, so 1, 6 and 9 were lost. With late = "quarantine" the table says which of 1, 2, 4
+    were late (1), and its listing 7, a logged batch's record on time, is not trusted."""
+    from pyspark.sql import functions as F
+
+    from streamproof.reconcile.counts import DROPPED, LATE_FLAG, MAYBE_LATE, VALID
+    from streamproof.reconcile.history import late_flags, maybe_late_resolved
+
+    rows = [("t", 0, offset, f"e{offset}", f"2026-01-01 {t}", True) for offset, t in enumerate(UNLOGGED_TIMES)]
+    source = spark.createDataFrame(rows, "_src_topic STRING, _src_partition INT, _src_offset LONG, event_id STRING, "
+                                         "event_time STRING, _valid BOOLEAN")  # fmt: skip
+    source = source.withColumn("event_time", F.to_timestamp("event_time"))
+
+    def offsets(frame: Any, condition: Any) -> list[int]:
+        return sorted(row["_src_offset"] for row in frame.where(condition).collect())
+
+    flagged = late_flags(spark, unlogged_checkpoint(tmp_path / "drop", "drop"), source, None)
+    assert flagged.count() == source.count()
+    assert (offsets(flagged, F.col(LATE_FLAG)), offsets(flagged, F.col(MAYBE_LATE))) == ([6, 9], [1, 2, 4])
+    judged = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(DROPPED, F.col(LATE_FLAG))
+    held = spark.createDataFrame([(f"e{i}",) for i in (0, 2, 3, 4, 5, 7, 8, 10, 11)], "event_id STRING")
+    judged, unseen = maybe_late_resolved(judged, held, ["event_id"])
+    assert (unseen, offsets(judged, F.col(DROPPED))) == (1, [1, 6, 9])
+    counts = reconcile(judged, held, _coords(spark, []), key_columns=["event_id"])
+    assert (counts.source_records, counts.expected, counts.dropped_late) == (12, 9, 3)
+    assert (counts.lost, counts.duplicated, counts.unexpected) == (0, 0, 0)
+
+    listed = spark.createDataFrame([("t", 0, offset, "late") for offset in (1, 6, 7, 9)],
+                                   f"{COORDS_SCHEMA}, reason STRING")  # fmt: skip
+    flagged = late_flags(spark, unlogged_checkpoint(tmp_path / "quarantine", "quarantine"), source, listed)
+    assert offsets(flagged, F.col(LATE_FLAG)) == [1, 6, 9]
 
 
 def test_window_rows_are_compared_value_by_value(spark: Any) -> None:

@@ -7,9 +7,12 @@ import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
-from conftest import LATE_TIMES, late_checkpoint
-from streamproof.reconcile.independent import committed_parquet_files, flag_late
+import pyarrow as pa
+
+from conftest import LATE_TIMES, UNLOGGED_TIMES, late_checkpoint, unlogged_checkpoint
+from streamproof.reconcile.independent import committed_parquet_files, flag_late, maybe_late_judged
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.pure import (
     SourceRecord,
@@ -72,7 +75,37 @@ def test_totals_catch_a_double_increment_a_wrong_sum_and_a_missing_group() -> No
                ("c9", 1, {"amount": 1})]  # fmt: skip
     counts = check_totals(source, damaged, [], "c", ["amount"])
     assert (counts.lost, counts.duplicated, counts.unexpected, counts.superseded) == (1, 2, 1, 1)
-    assert counts.samples["duplicated"][1]["held_amount"] == "9.9900000000"
+    # c1's doubled increment is a duplicate; c3's right count with the wrong sum a wrong value (of duplicated).
+    assert counts.wrong_values == 1 and [r["c"] for r in counts.samples["duplicated"]] == ["c1"]
+    assert [(r["c"], r["held_amount"]) for r in counts.samples["wrong_values"]] == [("c3", "9.9900000000")]
+
+
+def test_a_null_total_is_a_wrong_value_and_an_all_null_group_holding_0_is_clean() -> None:
+    """The reported run: batches of two, c1 null then 3.0, c2 5.0 then 1.0 (and c3 only null). The old sink held
+    c1 as NULL (``NULL + 3.0``); the expected total is 3.0 (a null amount counts as 0), so the NULL is a wrong value,
+    named with both values, and no guarantee allows it. The all-null group must hold 0: a NULL there is wrong too."""
+    from streamproof.reconcile.report import DAMAGED, OK, Report
+
+    events = [("c1", None), ("c2", 5.0), ("c1", 3.0), ("c2", 1.0), ("c3", None)]
+    source = [SourceRecord(("t", 0, i), True, values={"c": c, "amount": a}) for i, (c, a) in enumerate(events)]
+
+    def report(counts: Any, guarantee: str = "exactly-once") -> Report:
+        return Report(pipeline="p", guarantee=guarantee, sink="s", unit="groups", **vars(counts))
+
+    right = [("c1", 2, {"amount": Decimal("3.0")}), ("c2", 2, {"amount": Decimal("6")}), ("c3", 1, {"amount": 0})]
+    clean = check_totals(source, right, [], "c", ["amount"])
+    assert (clean.lost, clean.duplicated, clean.wrong_values, clean.unexpected, clean.samples) == (0, 0, 0, 0, {})
+    assert report(clean).verdict == OK
+
+    poisoned = [("c1", 2, {"amount": None}), *right[1:]]
+    counts = check_totals(source, poisoned, [], "c", ["amount"])
+    assert (counts.lost, counts.duplicated, counts.wrong_values, counts.unexpected) == (0, 1, 1, 0)
+    assert counts.samples == {"wrong_values": [{"c": "c1", "expected_events": 2, "held_events": 2,
+                                                "expected_amount": "3.0000000000", "held_amount": None}]}  # fmt: skip
+    assert report(counts).verdict == DAMAGED
+    assert not report(counts, "at-least-once").guarantee_held  # not a duplicate at-least-once may show
+    null_for_nothing = check_totals(source, [*right[:2], ("c3", 1, {"amount": None})], [], "c", ["amount"])
+    assert (null_for_nothing.wrong_values, null_for_nothing.samples["wrong_values"][0]["held_amount"]) == (1, None)
 
 
 def test_windows_compare_every_value_and_leave_open_windows_pending() -> None:
@@ -110,6 +143,63 @@ def test_late_flags_come_from_the_offset_log_and_a_wrong_flag_shows(tmp_path: Pa
     assert check_records(source, sink, [("t", 0, 6)], key_columns=["event_id"]).unexpected == 0
     wrong = check_records(source, sink, [("t", 0, 6), ("t", 0, 7)], key_columns=["event_id"])  # 7 is not late
     assert (wrong.unexpected, wrong.lost) == (1, 0)
+
+
+def _unlogged_source() -> list[SourceRecord]:
+    return [SourceRecord(("t", 0, i), True, values={"event_id": f"e{i}",
+                                                    "event_time": datetime.fromisoformat(f"2026-01-01 {t}+00:00")})
+            for i, t in enumerate(UNLOGGED_TIMES)]  # fmt: skip
+
+
+def test_dropped_late_records_of_batches_the_offset_log_no_longer_holds_are_unknown_never_lost(tmp_path: Path) -> None:
+    """dedup.late = "drop", the offset log starts at batch 3 (Spark keeps the last 100 entries): the reported run's
+    "594 lost" were the records the pipeline dropped as told. The logged batches are recomputed (6 and 9 late, so
+    dropped); of batches 0-3's records, those older than batch 3's watermark (1, 2, 4) may have been dropped: the sink
+    holds 2 and 4 (delivered), not 1, which is dropped or lost, nothing can tell. Expected: 0 lost, 3 dropped late,
+    and the verdict unknown with that reason; with 1 held too, ok; a logged record missing is still damage."""
+    from deltalake import write_deltalake
+
+    from streamproof.reconcile.report import DAMAGED, OK, UNKNOWN, Report
+
+    spec = unlogged_checkpoint(tmp_path, late="drop")
+    source = _unlogged_source()
+    basis = flag_late(spec, source, [])
+    assert [r.at[2] for r in source if r.dropped] == [6, 9] and [r.at[2] for r in source if r.maybe_late] == [1, 2, 4]
+    assert basis.startswith("unknown: 3 records of batches 0-3 older than batch 3's watermark")  # if the sink lacks all
+
+    def report(delivered: list[int]) -> Report:
+        write_deltalake(str(tmp_path / "sink"), pa.table({"event_id": [f"e{i}" for i in delivered]}), mode="overwrite")
+        judged, basis, unverifiable = maybe_late_judged(spec, spec.sink_specs[0], source, {"expected": "recomputed"},
+                                                        "")  # fmt: skip
+        counts = check_records(judged, [(f"e{i}",) for i in delivered], [], key_columns=["event_id"])
+        return Report(pipeline="p", guarantee="exactly-once", sink="s", basis=basis, unverifiable=unverifiable,
+                      **vars(counts))  # fmt: skip
+
+    unknown = report([0, 2, 3, 4, 5, 7, 8, 10, 11])
+    assert (unknown.lost, unknown.duplicated, unknown.unexpected, unknown.dropped_late) == (0, 0, 0, 3)
+    assert (unknown.expected, unknown.source_records, unknown.identity_gap, unknown.verdict) == (9, 12, 0, UNKNOWN)
+    assert unknown.unchecked["dropped_late"].startswith("1 records of batches 0-3 older than batch 3's watermark "
+                                                        "are not in the sink: dropped as late or lost")  # fmt: skip
+    assert "dropped_late not checked: 1 records" in " | ".join(unknown.reasons)
+    all_held = report([0, 1, 2, 3, 4, 5, 7, 8, 10, 11])
+    assert (all_held.expected, all_held.dropped_late, all_held.verdict) == (10, 2, OK)
+    assert all_held.trusted["dropped_late"].startswith("the sink holds the 3 records of batches 0-3")
+    one_lost = report([0, 2, 3, 4, 5, 8, 10, 11])  # 7: a logged batch's record, recomputed as not late
+    assert (one_lost.lost, one_lost.verdict) == (1, DAMAGED)
+
+
+def test_with_late_quarantined_only_the_unlogged_batches_trust_the_quarantine_table(tmp_path: Path) -> None:
+    """dedup.late = "quarantine", the offset log from batch 3: the quarantine table says which of batches 0-3's older
+    records were late (1); the logged batches are recomputed, so its listing 7 (not late) is unexpected, not trusted."""
+    spec = unlogged_checkpoint(tmp_path, late="quarantine")
+    source = _unlogged_source()
+    listed = [("t", 0, offset, "late") for offset in (1, 6, 7, 9)]
+    basis = flag_late(spec, source, listed)
+    sink = [(f"e{i}",) for i in (0, 2, 3, 4, 5, 7, 8, 10, 11)]
+    counts = check_records(source, sink, [row[:3] for row in listed], key_columns=["event_id"])
+    assert (counts.expected, counts.quarantined, counts.lost, counts.unexpected) == (9, 3, 0, 1)
+    assert [r.at[2] for r in source if not r.valid] == [1, 6, 9] and not any(r.dropped for r in source)
+    assert basis.startswith("trusted: which of the 3 records of batches 0-3 older than batch 3's watermark were late")
 
 
 def test_the_own_schema_reads_every_kind_of_bad_record_the_generator_makes() -> None:

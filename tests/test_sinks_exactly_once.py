@@ -23,12 +23,14 @@ import secrets
 import shutil
 import subprocess
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from conftest import run_cli
 from streamproof.checkpoint.positions import refuse_if_sink_behind
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
@@ -290,6 +292,49 @@ def test_both_checkers_agree_after_the_kills_and_both_catch_a_planted_defect_in_
                       "kafka": (0, 1, 0), "files": (0, 1, 0)}, damage  # fmt: skip
     assert without[0].samples["lost"] == [{"order_id": victim, "found": "no row with its latest record"}]
     assert [report.verdict for report in with_spark] == ["damaged", "ok", "ok", "damaged", "damaged", "damaged"]
+
+
+def test_a_batch_of_null_amounts_adds_0_and_never_poisons_a_running_total(
+    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
+) -> None:
+    """The reported run: four records into a one-partition topic, batches of two (one short run, no fault); c1's
+    amounts null then 3.0, c2's 5.0 then 1.0. Batch 0 holds c1's one null amount: ``sum()`` of it was NULL, and
+    ``NULL + 3.0`` in batch 1 stayed NULL, which verify passed as ok and verify --independent called a duplicate.
+    Expected: the table holds c1 3.0 and c2 6.0 with 2 events each, and both checkers say ok, term by term alike."""
+    import psycopg
+    from confluent_kafka import Producer
+
+    name = "null-totals"
+    ensure_topic(kafka_broker.bootstrap_servers, name, 1)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers, "enable.idempotence": True})
+    for offset, (customer, amount) in enumerate([("c1", None), ("c2", 5.0), ("c1", 3.0), ("c2", 1.0)]):
+        record = {"event_id": f"e{offset}", "order_id": f"o{offset}", "customer_id": customer, "amount": amount,
+                  "status": "paid", "event_time": f"2026-01-01T00:00:0{offset}.000Z"}  # fmt: skip
+        producer.produce(name, value=json.dumps(record).encode(), partition=0)
+    assert producer.flush(30) == 0
+    pipeline_file = fan_out_pipeline(tmp_path, name=name, guarantee="exactly-once", topic=name, broker=kafka_broker,
+                                     postgres=streamproof_postgres, batch=2, labels=("pg-totals",))  # fmt: skip
+    done = run_cli("run", str(pipeline_file), "--available-now", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    spec = load_pipeline(pipeline_file)
+    (sink,) = spec.sink_specs
+    with psycopg.connect(sink.conninfo()) as connection:
+        batches = connection.execute(
+            f'SELECT batch_id, rows FROM "{sink.db_schema}"."{sink.ledger_table}" WHERE pipeline = %s AND '
+            "source_key <> '*' ORDER BY batch_id", (name,),
+        ).fetchall()  # fmt: skip
+        held = connection.execute(
+            f'SELECT customer_id, amount, events FROM "{sink.db_schema}"."{sink.table}" ORDER BY customer_id'
+        ).fetchall()
+    assert batches == [(0, 2), (1, 2)]  # c1's null alone in batch 0, its 3.0 in batch 1
+    assert held == [("c1", Decimal("3"), 2), ("c2", Decimal("6"), 2)]
+    with_spark, independent = verify_pipeline(spark, spec), verify_independently(spec)
+    assert disagreements(with_spark, independent) == []
+    for report in (*with_spark, *independent):
+        figures = (report.verdict, report.source_records, report.expected, report.superseded, report.duplicated,
+                   report.wrong_values, report.samples)  # fmt: skip
+        assert figures == ("ok", 4, 2, 2, 0, 0, {}), report.to_json()
 
 
 def test_a_kafka_sink_topic_recreated_under_its_markers_is_refused(

@@ -27,7 +27,9 @@ Sinks that hold a *state* rather than one row per record are compared with the s
   valid records of a key are ``superseded``;
 * ``totals`` (PostgreSQL accumulate): one row per group with the sums and the record count ``events``;
   a group counted more times than the source has records is ``duplicated`` (an increment applied
-  twice), fewer is ``lost``, equal counts with different sums is ``duplicated`` (a value mismatch).
+  twice), fewer is ``lost``, equal counts with different sums (a null sum included: sums are compared
+  null-safely, a null value counting as 0 in the expected ones) is a wrong value, counted in ``duplicated``
+  (DESIGN.md's value mismatch) and in ``wrong_values``, and named under that kind with both values.
 
 Example::
 
@@ -135,30 +137,31 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         *(F.sum(f"_s_{c}").alias(f"_s_{c}") for c in sums),
     )  # fmt: skip
     same_sums = F.lit(True)
-    for column in sums:
-        same_sums = same_sums & (F.col(f"_s_{column}") == F.col(f"_x_{column}"))
+    for column in sums:  # null-safe: a held null sum differs from every expected one (those are never null)
+        same_sums = same_sums & F.col(f"_s_{column}").eqNullSafe(F.col(f"_x_{column}"))
     both = F.col("_x_events").isNotNull() & F.col("n").isNotNull()
     joined = expected_totals.join(per_group, by, "full_outer")
     lost = (F.col("_x_events").isNotNull() & F.col("n").isNull()) | (both & (F.col("_s_events") < F.col("_x_events")))
-    duplicated = both & ((F.col("_s_events") > F.col("_x_events")) |
-                         ((F.col("_s_events") == F.col("_x_events")) & ~same_sums))  # fmt: skip
+    doubled = both & (F.col("_s_events") > F.col("_x_events"))  # an increment applied twice
+    wrong = both & (F.col("_s_events") == F.col("_x_events")) & ~same_sums  # the right count, another value
     row = (
         joined
         .agg(
             F.sum(F.col("_x_events").isNotNull().cast("int")).alias("expected"),
             F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(duplicated, 1).otherwise(0)).alias("duplicated"),
+            F.sum(F.when(doubled | wrong, 1).otherwise(0)).alias("duplicated"),
+            F.sum(F.when(wrong, 1).otherwise(0)).alias("wrong_values"),
             F.sum(F.when(F.col("_x_events").isNull(), F.col("n")).otherwise(0)).alias("unexpected"),
             F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
         )
         .first()
     )  # fmt: skip
-    side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
+    side, sink_side = _quarantine_side(source, quarantine), {**_sink_side(row), **_counted(row, "wrong_values")}
     both_values = [by, F.col("_x_events").alias("expected_events"), F.col("_s_events").alias("held_events"),
                    *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
                    *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums)]  # fmt: skip
     sink_side["samples"] = _samples(joined, sink_side, {
-        "lost": (lost, both_values), "duplicated": (duplicated, both_values),
+        "lost": (lost, both_values), "duplicated": (doubled, both_values), "wrong_values": (wrong, both_values),
         "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
     })  # fmt: skip
     return _counts(side, sink_side, superseded=_after_first(source, [by], list(COORDINATES)))
@@ -259,8 +262,10 @@ def _samples(rows: DataFrame, counted: dict[str, Any], kinds: dict[str, tuple[Co
     for kind, (condition, columns) in kinds.items():
         if counted.get(kind):
             picked = rows.where(condition).select(*columns)
-            found[kind] = [{name: _plain(value) for name, value in row.asDict().items()}
-                           for row in picked.orderBy(*picked.columns).limit(SAMPLES).collect()]  # fmt: skip
+            named = [{name: _plain(value) for name, value in row.asDict().items()}
+                     for row in picked.orderBy(*picked.columns).limit(SAMPLES).collect()]  # fmt: skip
+            if named:  # duplicated may count only wrong values, which are named under their own kind
+                found[kind] = named
     return found
 
 
@@ -299,6 +304,7 @@ def _counts(side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplica
         superseded=superseded,
         dropped_late=side["dropped"],
         quarantine_lost=side["lost"],
+        wrong_values=sink_side.get("wrong_values", 0),
         samples=_merged(side["samples"], sink_side["samples"]),
     )
 

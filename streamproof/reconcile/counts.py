@@ -19,6 +19,11 @@ from streamproof.config import COORDINATES, AnySinkSpec, DeltaSinkSpec, Postgres
 VALID = "_valid"
 DROPPED = "_dropped"  # a record that by configuration goes nowhere (a late record with dedup.late = "drop")
 LATE_FLAG = "_late"
+# A valid record of a batch the offset log no longer holds, older than the watermark of its first entry: whether it
+# was late cannot be recomputed (the quarantine table says, or with dedup.late = "drop" nothing does).
+MAYBE_LATE = "_maybe_late"
+# The terms which records were late decides, per dedup.late: their basis is the late records' basis.
+LATE_TERMS = {"quarantine": ("expected", "quarantined"), "drop": ("expected", "dropped_late")}
 SAMPLES = 20  # named records per kind of damage: enough to go and look, few enough to read (Jepsen's set checker)
 
 
@@ -39,10 +44,14 @@ class Counts:
     aggregated: int = 0
     pending: int = 0
     quarantine_lost: int = 0  # of ``lost``: invalid records missing from the quarantine table
+    # Of ``duplicated``: groups holding the right record count with other sums (or a null sum): a wrong value, not an
+    # increment applied twice, so no guarantee allows it. Counted in ``duplicated`` too, as DESIGN.md's report says.
+    wrong_values: int = 0
     # Sink rows of records the source no longer holds (retention deleted them after they were read): not compared.
     unavailable: int = 0
-    # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated" and "unexpected",
-    # each naming the record (coordinates), key, group or window, where it was ("in") and what was found.
+    # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated", "wrong_values" and
+    # "unexpected" (each kind named as its count), each naming the record (coordinates), key, group or window, where
+    # it was ("in") and what was found (a wrong value: the held and the expected values).
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
@@ -96,6 +105,18 @@ def unverifiable_without(lows: dict[tuple[str, int], int], check: Check, dedup: 
     gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
     return (f"the source no longer holds its first records ({gone}: retention deleted them), so what this sink holds "
             "cannot be recomputed")  # fmt: skip
+
+
+def unverifiable_maybe_late(maybe_late: int, first_logged: int) -> str:
+    """Why a sink whose rows do not name their records (a key's latest state, totals, windows) cannot be checked when
+    ``maybe_late`` records of the batches before the offset log's first entry may have been dropped as late.
+
+    >>> unverifiable_maybe_late(12, 20)[:40]
+    '12 records of batches 0-20 may have been'
+    """
+    return (f'{maybe_late:,} records of batches 0-{first_logged} may have been dropped as late (dedup.late = "drop" '
+            f"keeps no record of what it dropped, and the checkpoint's offset log starts at batch {first_logged}), "
+            "and what this sink holds depends on which were: it cannot be recomputed")  # fmt: skip
 
 
 def check_for(sink: AnySinkSpec) -> Check:

@@ -35,8 +35,17 @@ from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.generator import load_manifest
 from streamproof.kafka_client import require_topic
 from streamproof.reconcile.checker import compare, reconcile_windows
-from streamproof.reconcile.counts import DROPPED, LATE_FLAG, VALID, check_for, unverifiable_without
-from streamproof.reconcile.report import RECOMPUTED, Report
+from streamproof.reconcile.counts import (
+    DROPPED,
+    LATE_FLAG,
+    LATE_TERMS,
+    MAYBE_LATE,
+    VALID,
+    check_for,
+    unverifiable_maybe_late,
+    unverifiable_without,
+)
+from streamproof.reconcile.report import RECOMPUTED, Report, unlogged_late_basis
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark
@@ -50,31 +59,31 @@ def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> 
 
 
 def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quarantine: DataFrame | None) -> DataFrame:
-    """``source`` with a boolean ``_late``: the valid records the pipeline's stateful operators dropped as late.
+    """``source`` with a boolean ``_late``: the valid records the pipeline's stateful operators dropped as late, and a
+    boolean ``_maybe_late``: the records the offset log can no longer judge.
 
     Recomputed from the checkpoint's offset log: a record belongs to the batch whose offset range holds it,
     and is late when, against the watermark that batch judged late records by (the previous batch's, Spark's
     rule; :func:`streamproof.checkpoint.late_event_watermark_ms`), its event time (dedup) or its window's end
     (windows without dedup) is at or before it (:func:`streamproof.transform.late_condition`). Records no logged
-    batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100
-    batches; an at-most-once start wipes it), the quarantine table's ``late`` records are taken as the late ones.
+    batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100 batches;
+    an at-most-once start wipes it), the batches after its first entry are recomputed all the same; the records of
+    the batches before them (offsets below the first entry's end) are judged by that entry's own watermark, the
+    latest any of them can have used (a watermark never moves back): a record newer than it was not late; an older
+    one is ``_maybe_late``. With ``late = "quarantine"`` those are late when the quarantine table lists them so
+    (:func:`streamproof.reconcile.report.unlogged_late_basis`); with ``late = "drop"`` nothing says, and
+    :func:`verify_pipeline` asks each sink (:func:`maybe_late_resolved`).
 
     >>> late_flags(spark, spec, read_source(spark, spec, ["event_id", "event_time"]), None)  # doctest: +SKIP
     """
     transform = spec.transform
     assert transform.watermark is not None
     batches = logged_batches(spec.checkpoint_dir)
-    if late_basis(spec) != RECOMPUTED:
-        late_ones = (
-            quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
-            if quarantine is not None and "reason" in quarantine.columns
-            else source.select(*COORDINATES).limit(0)
-        )  # fmt: skip
-        flagged = source.join(late_ones.withColumn(LATE_FLAG, F.lit(True)), list(COORDINATES), "left")
-        return flagged.withColumn(LATE_FLAG, F.coalesce(F.col(LATE_FLAG), F.lit(False)))
+    first = batches[0] if batches else 0
+    unlogged = batch_end_offsets(spec.checkpoint_dir, first) if first else {}  # what the batches before it read
     ranges: list[tuple[str, int, int, int, int]] = []
-    previous: dict[str, dict[str, int]] = {}
-    for batch_id in batches:
+    previous = unlogged
+    for batch_id in batches[1:] if first else batches:
         watermark_ms = late_event_watermark_ms(spec.checkpoint_dir, batch_id)
         ends = batch_end_offsets(spec.checkpoint_dir, batch_id)
         for topic, partitions in ends.items():
@@ -90,23 +99,54 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     )  # fmt: skip
     late = F.col(VALID) & (F.col("_b_watermark") > 0) & behind_watermark(transform, F.col("_b_watermark"))
     joined = source.join(batch_ranges, in_batch, "left")
-    return joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
+    flagged = joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
         *(c for c in joined.columns if c.startswith("_b_"))
     )
+    bound = batch_watermark_ms(spec.checkpoint_dir, first) if first else 0
+    if not bound:  # the whole log is there, or no batch before it had a watermark: nothing to ask anyone
+        return flagged.withColumn(MAYBE_LATE, F.lit(False))
+    older = F.col(VALID) & _below(unlogged) & behind_watermark(transform, F.lit(bound))
+    flagged = flagged.withColumn(MAYBE_LATE, F.coalesce(older, F.lit(False)))
+    if transform.late == "drop":
+        return flagged
+    listed = (
+        quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
+        if quarantine is not None and "reason" in quarantine.columns
+        else source.select(*COORDINATES).limit(0)
+    ).withColumn("_listed_late", F.lit(True))  # fmt: skip
+    trusted = flagged.join(listed, list(COORDINATES), "left")
+    late_or_listed = F.col(LATE_FLAG) | (F.col(MAYBE_LATE) & F.col("_listed_late").isNotNull())
+    return trusted.withColumn(LATE_FLAG, late_or_listed).drop("_listed_late")
 
 
-def late_basis(spec: PipelineSpec) -> str:
-    """How :func:`late_flags` knows which records were late: ``recomputed`` from the offset log, or, when the log
-    no longer starts at batch 0, ``trusted: ...`` from the quarantine table the pipeline wrote.
+def _below(ends: dict[str, dict[str, int]]) -> Column:
+    """Records at offsets below ``ends`` (``{topic: {partition: offset}}``): read by the batches up to that entry."""
+    below = F.lit(False)
+    for topic, partitions in ends.items():
+        for partition, end in partitions.items():
+            below = below | ((F.col("_src_topic") == topic) & (F.col("_src_partition") == int(partition))
+                             & (F.col("_src_offset") < end))  # fmt: skip
+    return below
 
-    >>> late_basis(load_pipeline("orders.toml"))                                         # doctest: +SKIP
-    'recomputed'
-    """
-    batches = logged_batches(spec.checkpoint_dir)
-    if batches == list(range(len(batches))):
-        return RECOMPUTED
-    return (f"trusted: late records as the quarantine table lists them (the checkpoint's offset log starts at batch "
-            f"{batches[0]}, so the batches before it cannot be recomputed)")  # fmt: skip
+
+def maybe_late_resolved(source: DataFrame, held: DataFrame | None, identity: list[str] | None) -> tuple[DataFrame, int]:
+    """``source`` with each ``_maybe_late`` record (``late = "drop"``, a batch the offset log no longer holds) judged
+    by one sink: a record whose ``identity`` (dedup key or coordinates) the sink holds was delivered, or a record of
+    its key was, and stays valid; any other is counted as dropped, never as lost (it may have been dropped as late;
+    the report says it is not checked). ``identity`` None: a sink whose rows do not name records (a key's latest
+    state, totals, windows): every one is counted as dropped. Returns the source and how many were."""
+    if identity is None or held is None:
+        judged = source.withColumn("_unseen", F.col(MAYBE_LATE))
+    else:
+        present = held.select(*identity).distinct().withColumn("_held", F.lit(True))
+        judged = source.join(present, identity, "left").withColumn(
+            "_unseen", F.col(MAYBE_LATE) & F.col("_held").isNull()
+        )
+    unseen = judged.where("_unseen").count()
+    judged = judged.withColumn(VALID, F.col(VALID) & ~F.col("_unseen")).withColumn(
+        DROPPED, F.col(DROPPED) | F.col("_unseen")
+    )
+    return judged.drop("_unseen", "_held"), unseen
 
 
 def quarantine_reasons(quarantine: DataFrame | None) -> dict[str, int]:
@@ -142,12 +182,15 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late"), RECOMPUTED)
     if transform.watermark is not None:
         # Which records were late decides what is expected, quarantined and dropped.
-        basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), late_basis(spec))
         flagged = late_flags(spark, spec, source, quarantine_table)
         source = flagged.withColumn(VALID, F.col(VALID) & ~F.col(LATE_FLAG)).withColumn(
             DROPPED, F.col(LATE_FLAG) & F.lit(transform.late == "drop")
         )
     source = source.cache()
+    logged = logged_batches(spec.checkpoint_dir) if transform.watermark is not None else []
+    first_logged = logged[0] if logged else 0
+    maybe_late = source.where(F.col(MAYBE_LATE)).count() if first_logged else 0
+    late_terms = LATE_TERMS[transform.late]
     quarantine = (
         quarantine_table.select(*COORDINATES) if quarantine_table is not None
         else source.select(*COORDINATES).limit(0)
@@ -167,17 +210,32 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
             if gone is not None and held is not None and not unverifiable:
                 unavailable = held.where(gone).count()
                 held = held.where(~gone)
-            if aggregate is not None:
-                rows = held if held is not None else spark.createDataFrame([], _window_schema(source, aggregate))
-                counts = reconcile_windows(source, rows, quarantine, transform, _closed_through_ms(spec))
-                unit = "windows"
-            else:
-                counts = compare(check, source, held, quarantine, dedup_keys)
-                unit = check.unit
+            judged, unseen = source, 0
+            if maybe_late and transform.late == "drop":
+                named = aggregate is None and check.kind == "records"  # rows that name their records
+                identity = (list(dedup_keys) if dedup_keys else list(COORDINATES)) if named else None
+                judged, unseen = maybe_late_resolved(source, held, identity)
+                judged = judged.cache()
+                if not named:
+                    unverifiable = unverifiable or unverifiable_maybe_late(maybe_late, first_logged)
+            sink_basis = basis | dict.fromkeys(
+                late_terms, unlogged_late_basis(first_logged, transform.late, maybe_late, unseen)
+            ) if first_logged else dict(basis)  # fmt: skip
+            try:
+                if aggregate is not None:
+                    rows = held if held is not None else spark.createDataFrame([], _window_schema(judged, aggregate))
+                    counts = reconcile_windows(judged, rows, quarantine, transform, _closed_through_ms(spec))
+                    unit = "windows"
+                else:
+                    counts = compare(check, judged, held, quarantine, dedup_keys)
+                    unit = check.unit
+            finally:
+                if judged is not source:
+                    judged.unpersist()
             counts.unavailable = unavailable
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=reasons, generated=generated, basis=dict(basis), unverifiable=unverifiable,
+                quarantine_reasons=reasons, generated=generated, basis=sink_basis, unverifiable=unverifiable,
             ))  # fmt: skip
     finally:
         source.unpersist()

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -37,7 +37,14 @@ from streamproof.config import (
 )
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import secured_client_config
-from streamproof.reconcile.counts import Counts, check_for, source_gone, unverifiable_without
+from streamproof.reconcile.counts import (
+    LATE_TERMS,
+    Counts,
+    check_for,
+    source_gone,
+    unverifiable_maybe_late,
+    unverifiable_without,
+)
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.own_source import consume_topic, first_offsets_held, read_source
 from streamproof.reconcile.pure import (
@@ -50,7 +57,7 @@ from streamproof.reconcile.pure import (
     check_windows,
     window_of,
 )
-from streamproof.reconcile.report import RECOMPUTED, Report
+from streamproof.reconcile.report import RECOMPUTED, Report, unlogged_late_basis
 from streamproof.reconcile.stored import StoredFolder
 
 TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late")
@@ -63,6 +70,7 @@ COMPARED = (
     "sink_records",
     "lost",
     "duplicated",
+    "wrong_values",
     "unexpected",
     "unavailable",
 )
@@ -81,7 +89,12 @@ def _batch_ids(checkpoint: StoredFolder, log: str) -> list[int]:
 def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[tuple[Any, ...]]) -> str:
     """Mark the late records (no longer valid; dropped with ``dedup.late = "drop"``) from the offset log: a record
     of batch N is late when its event time (dedup) or window end (windows alone) is at or before batch N-1's
-    watermark. Returns the basis: ``recomputed``, or ``trusted: ...`` when the log no longer starts at batch 0.
+    watermark. When the log no longer starts at batch 0, the batches after its first entry are recomputed all the
+    same; a valid record of the batches before them (below the first entry's end offsets) newer than the first
+    entry's own watermark (the latest they can have used: a watermark never moves back) was not late; an older one
+    is late if the quarantine table lists it so (``late = "quarantine"``), or, with ``late = "drop"``, marked
+    ``maybe_late`` for each sink to judge (:func:`maybe_late_resolved`). Returns the basis before any sink is asked:
+    ``recomputed``, or what :func:`streamproof.reconcile.report.unlogged_late_basis` says.
 
     >>> flag_late(spec, source, quarantine_rows)                                          # doctest: +SKIP
     'recomputed'
@@ -90,21 +103,15 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     assert transform.watermark is not None
     checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
     batches = _batch_ids(checkpoint, "offsets")
-    drop = transform.late == "drop"
-    if batches != list(range(len(batches))):
-        late_at = {tuple(row[:3]) for row in quarantine if row[3] == "late"}
-        for record in source:
-            if record.at in late_at:
-                record.valid, record.dropped = False, drop
-        return f"trusted: late records as the quarantine table lists them (the offset log starts at batch {batches[0]})"
+    first = batches[0] if batches else 0
+    bound, unlogged = _offset_log(checkpoint, first) if first else (0, {})
     column = transform.watermark[0]
     size_us = (
         _window_us(transform.aggregate.window) if transform.aggregate is not None and transform.dedup is None else 0
     )
     ranges: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
-    previous: dict[str, dict[str, int]] = {}
-    watermark = 0
-    for batch_id in batches:
+    previous, watermark = unlogged, bound
+    for batch_id in batches[1:] if first else batches:
         late_watermark = watermark  # batch N's late records are judged by batch N-1's watermark
         watermark, ends = _offset_log(checkpoint, batch_id)
         for topic, partitions in ends.items():
@@ -112,17 +119,55 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
                 start = previous.get(topic, {}).get(partition, 0)
                 ranges.setdefault((topic, int(partition)), []).append((start, end, late_watermark))
         previous = ends
+    drop = transform.late == "drop"
+    listed_late = {tuple(row[:3]) for row in quarantine if row[3] == "late"}
+    maybe_late = 0
     for record in source:
         time = record.values.get(column)
         if not record.valid or time is None:
             continue
         behind = window_of(time, size_us)[1] if size_us else time
+        if record.at[2] < unlogged.get(record.at[0], {}).get(str(record.at[1]), 0):  # a batch no longer logged
+            if bound > 0 and behind <= EPOCH + timedelta(milliseconds=bound):
+                maybe_late += 1
+                if drop:
+                    record.maybe_late = True
+                elif record.at in listed_late:
+                    record.valid = False
+            continue
         for start, end, late_watermark in ranges.get(record.at[:2], []):
             if start <= record.at[2] < end:
                 if late_watermark > 0 and behind <= EPOCH + timedelta(milliseconds=late_watermark):
                     record.valid, record.dropped = False, drop
                 break
-    return RECOMPUTED
+    if not first:
+        return RECOMPUTED
+    return unlogged_late_basis(first, transform.late, maybe_late, maybe_late if drop else 0)
+
+
+def maybe_late_resolved(source: list[SourceRecord], held: set[tuple[Any, ...]] | None,
+                        key_columns: list[str] | None) -> tuple[list[SourceRecord], int]:  # fmt: skip
+    """The records with each ``maybe_late`` one (``late = "drop"``, a batch the offset log no longer holds) judged by
+    one sink: one whose identity (its ``key_columns`` values, else its coordinates) is ``held`` was delivered, or a
+    record of its key was, and stays valid; any other is counted as dropped, never as lost (it may have been dropped
+    as late; the report says it is not checked). ``held`` None: a sink whose rows do not name records (a key's latest
+    state, totals, windows): every one is counted as dropped. Returns the records and how many were.
+
+    >>> maybe = SourceRecord(("t", 0, 0), True, maybe_late=True, values={"id": "e1"})
+    >>> [(r.valid, r.dropped) for r in maybe_late_resolved([maybe], {("e1",)}, ["id"])[0]]
+    [(True, False)]
+    >>> maybe_late_resolved([maybe], set(), ["id"])[1]
+    1
+    """
+    judged, unseen = [], 0
+    for record in source:
+        if record.maybe_late:
+            identity = tuple(record.values.get(c) for c in key_columns) if key_columns else record.at
+            if held is None or None in identity or identity not in held:  # a null key matches no row (as a join)
+                record = replace(record, valid=False, dropped=True)
+                unseen += 1
+        judged.append(record)
+    return judged, unseen
 
 
 def closed_through_ms(spec: PipelineSpec) -> int:
@@ -281,8 +326,10 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     quarantine_table = StoredFolder.at(spec.quarantine_path, "the quarantine table")
     quarantine_rows = read_delta(quarantine_table, [*COORDINATES, "reason"]) or []
     basis = dict.fromkeys(TERMS, RECOMPUTED)
+    late_terms = LATE_TERMS[transform.late]
     if transform.watermark is not None:
-        basis |= dict.fromkeys(("expected", "quarantined", "dropped_late"), flag_late(spec, source, quarantine_rows))
+        basis |= dict.fromkeys(late_terms, flag_late(spec, source, quarantine_rows))
+    maybe_late = sum(1 for record in source if record.maybe_late)
     lows = first_offsets_held(spec)
     quarantine = [tuple(row[:3]) for row in quarantine_rows if not source_gone(lows, *row[:3])]
     reasons: dict[str, int] = {}
@@ -290,13 +337,38 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
         reasons[row[3]] = reasons.get(row[3], 0) + 1
     reports = []
     for sink in spec.sink_specs:
-        counts, unit = _judge(spec, sink, source, quarantine, lows)
         unverifiable = unverifiable_without(lows, check_for(sink), transform.dedup is not None,
                                             transform.aggregate is not None)  # fmt: skip
+        judged, sink_basis = source, dict(basis)
+        if maybe_late:  # late = "drop", and the offset log no longer holds the batches of some older records
+            judged, sink_basis, unverifiable = maybe_late_judged(spec, sink, source, basis, unverifiable)
+        counts, unit = _judge(spec, sink, judged, quarantine, lows)
         reports.append(Report(pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, unit=unit,
-                              quarantine_reasons=dict(sorted(reasons.items())), basis=dict(basis),
+                              quarantine_reasons=dict(sorted(reasons.items())), basis=sink_basis,
                               unverifiable=unverifiable, **asdict(counts)))  # fmt: skip
     return reports
+
+
+def maybe_late_judged(spec: PipelineSpec, sink: Any, source: list[SourceRecord], basis: dict[str, str],
+                       unverifiable: str) -> tuple[list[SourceRecord], dict[str, str], str]:  # fmt: skip
+    """The records, the basis and why the counts cannot be trusted (``unverifiable``, kept when already set), for
+    one sink whose ``maybe_late`` records its own rows judge (:func:`maybe_late_resolved`).
+
+    >>> judged, basis, why = maybe_late_judged(spec, spec.sink_specs[0], source, basis, "")  # doctest: +SKIP
+    """
+    transform = spec.transform
+    dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
+    maybe_late = sum(1 for record in source if record.maybe_late)
+    first = _batch_ids(StoredFolder.at(spec.checkpoint_dir, "the checkpoint"), "offsets")[0]
+    named = transform.aggregate is None and check_for(sink).kind == "records"  # rows that name their records
+    held = None
+    if named:
+        held = {tuple(row) for row in read_sink(spec, sink, dedup_keys or list(COORDINATES))}
+    judged, unseen = maybe_late_resolved(source, held, dedup_keys)
+    if not named:
+        unverifiable = unverifiable or unverifiable_maybe_late(maybe_late, first)
+    late_basis = unlogged_late_basis(first, transform.late, maybe_late, unseen)
+    return judged, basis | dict.fromkeys(LATE_TERMS[transform.late], late_basis), unverifiable
 
 
 def disagreements(spark_reports: list[Report], independent_reports: list[Report]) -> list[str]:

@@ -38,6 +38,9 @@ class SourceRecord:
     at: Coordinates
     valid: bool
     dropped: bool = False  # expected nowhere (late, with dedup.late = "drop")
+    # With dedup.late = "drop": in a batch the offset log no longer holds, older than the watermark of its first
+    # entry, so whether it was late cannot be recomputed (each sink's rows judge it: independent.maybe_late_resolved).
+    maybe_late: bool = False
     values: dict[str, Any] = field(default_factory=dict)
 
 
@@ -51,6 +54,11 @@ def exact(value: Any) -> Decimal | None:
         return None
     number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     return number.quantize(EXACT, rounding=ROUND_HALF_UP)
+
+
+def _text(value: Decimal | None) -> str | None:
+    """An exact sum as the report names it: text (JSON keeps it exact), a null as null."""
+    return None if value is None else str(value)
 
 
 def _sample(kind_rows: dict[str, list[dict[str, Any]]], kind: str, row: dict[str, Any]) -> None:
@@ -122,7 +130,7 @@ def _counts(side: dict[str, Any], sink: dict[str, Any], **terms: int) -> Counts:
         lost=sink["lost"] + side["lost"], duplicated=sink["duplicated"] + side["duplicated"],
         unexpected=sink["unexpected"] + side["unexpected"], superseded=terms.get("superseded", 0),
         dropped_late=side["dropped"], aggregated=terms.get("aggregated", 0), pending=terms.get("pending", 0),
-        quarantine_lost=side["lost"], samples=samples,
+        quarantine_lost=side["lost"], wrong_values=sink.get("wrong_values", 0), samples=samples,
     )  # fmt: skip
 
 
@@ -218,11 +226,13 @@ def _ordered(rank: tuple[bool, Any, Coordinates]) -> tuple[bool, Any, Coordinate
 def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, dict[str, Any]]],
                  quarantine: Iterable[Coordinates], by: str, sums: list[str]) -> Counts:  # fmt: skip
     """One row per ``by`` group holding the exact sums of ``sums`` and the record count; ``sink`` holds each row's
-    (group, events, {column: sum}).
+    (group, events, {column: sum}). A null value counts as 0 in the expected sums; a held null sum is compared as
+    null, so it is a wrong value (counted in ``duplicated`` and in ``wrong_values``), named with both values.
 
     >>> source = [SourceRecord(("t", 0, i), True, values={"c": "c1", "amount": 0.1}) for i in (0, 1)]
-    >>> check_totals(source, [("c1", 2, {"amount": Decimal("0.3")})], [], "c", ["amount"]).duplicated
-    1
+    >>> counts = check_totals(source, [("c1", 2, {"amount": Decimal("0.3")})], [], "c", ["amount"])
+    >>> counts.duplicated, counts.wrong_values, counts.samples["wrong_values"][0]["held_amount"]
+    (1, 1, '0.3000000000')
     """
     expected: dict[Any, list[Any]] = {}
     for record in source:
@@ -233,28 +243,36 @@ def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, 
                 totals[index] += exact(record.values.get(column)) or Decimal(0)
     held: dict[Any, list[Any]] = {}
     for group, events, values in sink:
-        totals = held.setdefault(group, [0, 0, *(Decimal(0) for _ in sums)])
+        # A held sum is null until a row of the group holds a value (as SQL's sum): a null total is never right.
+        totals = held.setdefault(group, [0, 0, *(None for _ in sums)])
         totals[0] += 1
         totals[1] += int(events)
         for index, column in enumerate(sums, 2):
-            totals[index] += exact(values.get(column)) or Decimal(0)
-    counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "unexpected": 0,
-                               "sink_records": sum(totals[0] for totals in held.values()), "samples": {}}  # fmt: skip
+            value = exact(values.get(column))
+            if value is not None:
+                totals[index] = value if totals[index] is None else totals[index] + value
+    counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "wrong_values": 0,
+                               "unexpected": 0, "sink_records": sum(totals[0] for totals in held.values()),
+                               "samples": {}}  # fmt: skip
     found = []
     for group in expected.keys() | held.keys():
         want, got = expected.get(group), held.get(group)
         both = {"expected_events": want[0] if want else None, "held_events": got[1] if got else None,
-                **{f"expected_{c}": str(want[i]) if want else None for i, c in enumerate(sums, 1)},
-                **{f"held_{c}": str(got[i]) if got else None for i, c in enumerate(sums, 2)}}  # fmt: skip
+                **{f"expected_{c}": _text(want[i]) if want else None for i, c in enumerate(sums, 1)},
+                **{f"held_{c}": _text(got[i]) if got else None for i, c in enumerate(sums, 2)}}  # fmt: skip
         if want is None:
             counted["unexpected"] += got[0] if got else 0
             found.append(("unexpected", group, {by: group, "rows": got[0] if got else 0, **both}))
         elif got is None or got[1] < want[0]:
             counted["lost"] += 1
             found.append(("lost", group, {by: group, **both}))
-        elif got[1] > want[0] or got[2:] != want[1:]:
+        elif got[1] > want[0]:  # more records than the source has: an increment applied twice
             counted["duplicated"] += 1
             found.append(("duplicated", group, {by: group, **both}))
+        elif got[2:] != want[1:]:  # the right count, another (or a null) sum: a wrong value, counted in duplicated
+            counted["duplicated"] += 1
+            counted["wrong_values"] += 1
+            found.append(("wrong_values", group, {by: group, **both}))
     counted["samples"] = _pick(found)
     superseded = _after_first(source, lambda r: r.values.get(by))
     return _counts(_quarantine_side(source, quarantine), counted, superseded=superseded)

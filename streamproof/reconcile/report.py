@@ -10,10 +10,12 @@ Example::
     ('damaged', True, True)
 
 The verdict is three-valued: ``ok`` (nothing lost, doubled or unexpected, and every source record accounted for),
-``damaged`` (something was), or ``unknown`` (no damage found, but the identity does not add up, so the counts
-cannot be trusted either way: :attr:`Report.reasons` says why). ``verify`` exits 0, 1 and 3 for them. ``basis``
-says per term whether it was ``recomputed`` from the source and the checkpoint or ``trusted`` from something the
-pipeline wrote (the quarantine table's late records, when the offset log no longer reaches back to batch 0).
+``damaged`` (something was), or ``unknown`` (no damage found, but the identity does not add up, or a term could
+not be checked, so the counts cannot be trusted either way: :attr:`Report.reasons` says why). ``verify`` exits 0,
+1 and 3 for them. ``basis`` says per term whether it was ``recomputed`` from the source and the checkpoint,
+``trusted: ...`` from something the pipeline wrote (the quarantine table's late records, when the offset log no
+longer reaches back to batch 0), or ``unknown: ...``: nothing durable says, so it was not checked (the records
+``dedup.late = "drop"`` may have dropped in batches the offset log no longer holds; :func:`unlogged_late_basis`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from streamproof.reconcile.counts import Counts
 
 OK, DAMAGED, UNKNOWN = "ok", "damaged", "unknown"
 RECOMPUTED = "recomputed"
+TRUSTED, UNCHECKED = "trusted: ", "unknown: "  # the prefixes of a basis that is not recomputed
 VERDICT_EXIT_CODES = {OK: 0, DAMAGED: 1, UNKNOWN: 3}  # of ``streamproof verify``
 
 
@@ -53,12 +56,13 @@ class Report(Counts):
 
     @property
     def verdict(self) -> str:
-        """``ok``, ``damaged`` or ``unknown`` (no damage found but the identity fails: see :attr:`reasons`)."""
+        """``ok``, ``damaged`` or ``unknown`` (no damage found but the identity fails, or a term could not be
+        checked: see :attr:`reasons`)."""
         if self.unverifiable:
             return UNKNOWN
         if self.damaged:
             return DAMAGED
-        return OK if self.identity_holds else UNKNOWN
+        return OK if self.identity_holds and not self.unchecked else UNKNOWN
 
     @property
     def ok(self) -> bool:
@@ -67,7 +71,13 @@ class Report(Counts):
     @property
     def trusted(self) -> dict[str, str]:
         """The terms taken on trust from something the pipeline wrote, with what they trusted."""
-        return {term: how.removeprefix("trusted: ") for term, how in self.basis.items() if how != RECOMPUTED}
+        return {term: how.removeprefix(TRUSTED) for term, how in self.basis.items()
+                if how != RECOMPUTED and not how.startswith(UNCHECKED)}  # fmt: skip
+
+    @property
+    def unchecked(self) -> dict[str, str]:
+        """The terms nothing durable could check, with why: the verdict is then ``unknown`` unless damage was found."""
+        return {term: how.removeprefix(UNCHECKED) for term, how in self.basis.items() if how.startswith(UNCHECKED)}
 
     @property
     def reasons(self) -> list[str]:
@@ -83,6 +93,7 @@ class Report(Counts):
                 "(a record read twice, or a term miscounted)"
             )
         reasons += [f"{term} trusted: {what}" for term, what in self.trusted.items()]
+        reasons += [f"{term} not checked: {what}" for term, what in self.unchecked.items()]
         return reasons
 
     @property
@@ -111,11 +122,13 @@ class Report(Counts):
         """Whether the damage found is within what the guarantee promises.
 
         exactly-once allows none; at-least-once allows duplicates, never loss; at-most-once allows loss,
-        never duplicates. Unexpected rows are never allowed.
+        never duplicates. Unexpected rows are never allowed, nor wrong values (counted in ``duplicated``, but no
+        replay or skipped batch makes a total with the right record count and another sum).
         """
         wiring = wiring_for(self.guarantee)
-        allowed = wiring.allows(lost=self.lost, duplicated=self.duplicated, unexpected=self.unexpected)
-        return allowed and self.identity_holds
+        doubled = self.duplicated - self.wrong_values
+        allowed = wiring.allows(lost=self.lost, duplicated=doubled, unexpected=self.unexpected)
+        return allowed and not self.wrong_values and self.identity_holds
 
     @property
     def identity_holds(self) -> bool:
@@ -157,3 +170,30 @@ def worst_verdict(reports: list[Report]) -> str:
     """
     verdicts = {report.verdict for report in reports}
     return next((v for v in (DAMAGED, UNKNOWN) if v in verdicts), OK)
+
+
+def unlogged_late_basis(first_logged: int, late: str, possibly_late: int, unseen: int) -> str:
+    """How the late records of the batches the offset log no longer holds (0 to ``first_logged``: Spark keeps the
+    last 100) are known; the batches after it are recomputed. Their watermarks are gone, but Spark's watermark never
+    moves back, so none of them judged late records by a later one than ``first_logged``'s own: a record of theirs
+    newer than it was not late. Of the ``possibly_late`` older ones, the quarantine table lists which were late
+    (``late = "quarantine"``); with ``late = "drop"`` nothing does: the ``unseen`` ones the sink does not hold were
+    dropped or lost, which cannot be told, so that term is ``unknown`` (counted as dropped, never as lost).
+
+    >>> unlogged_late_basis(20, "drop", 0, 0)
+    'recomputed'
+    >>> unlogged_late_basis(20, "drop", 130, 0).startswith(TRUSTED), unlogged_late_basis(20, "drop", 130, 9)[:14]
+    (True, 'unknown: 9 rec')
+    """
+    if not possibly_late:
+        return RECOMPUTED
+    older = f"records of batches 0-{first_logged} older than batch {first_logged}'s watermark"
+    why = (f"the checkpoint's offset log starts at batch {first_logged}, so the watermarks those batches judged late "
+           "records by are gone")  # fmt: skip
+    if late == "quarantine":
+        return f"{TRUSTED}which of the {possibly_late:,} {older} were late, as the quarantine table lists them ({why})"
+    if unseen:
+        return (f"{UNCHECKED}{unseen:,} {older} are not in the sink: dropped as late or lost, which cannot be told "
+                f'(dedup.late = "drop" keeps no record of what it dropped, and {why}); counted as dropped, not '
+                "checked")  # fmt: skip
+    return f"{TRUSTED}the sink holds the {possibly_late:,} {older} (which may have been dropped as late) ({why})"

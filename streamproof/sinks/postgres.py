@@ -15,7 +15,8 @@ succeeded, a ``*`` ledger row marks the batch complete (a batch without it is pa
 
 Modes: ``append`` (``INSERT``), ``upsert`` (``INSERT .. ON CONFLICT (key) DO UPDATE`` only by a newer
 record of the key: by ``order_by``, then topic, partition, offset), ``accumulate`` (per-``by`` running
-totals, ``total = total + EXCLUDED.total``, which only the ledger keeps from counting a replay twice).
+totals, ``total = total + EXCLUDED.total``, which only the ledger keeps from counting a replay twice; a null
+value adds 0, so a total is never NULL).
 Without the ledger (at-least-once, at-most-once) the same statements run unkeyed.
 
 Table and column names are validated identifiers (:mod:`streamproof.config`) and quoted; values only
@@ -172,8 +173,12 @@ class PartitionWriter:
         spec, target = self.spec, self.target
         if spec.mode == "accumulate":
             by, sums = quoted(str(spec.by)), [quoted(column) for column in spec.sum]
-            totals = ", ".join(f"sum({column})" for column in sums)
-            updates = ", ".join(f"{c} = t.{c} + EXCLUDED.{c}" for c in [*sums, '"events"'])
+            # A null value adds 0 (as the checkers expect): sum() of a batch whose values are all null is NULL, and
+            # NULL + x stays NULL, so a NULL batch total would poison the running total for good. A NULL an older
+            # version left in the table counts as 0 too.
+            totals = ", ".join(f"coalesce(sum({column}), 0)" for column in sums)
+            updates = ", ".join([*(f"{c} = coalesce(t.{c}, 0) + EXCLUDED.{c}" for c in sums),
+                                 '"events" = t."events" + EXCLUDED."events"'])  # fmt: skip
             return (
                 f"INSERT INTO {target} AS t ({by}, {', '.join(sums)}, events) "
                 f"SELECT {by}, {totals}, count(*) FROM _streamproof_stage GROUP BY {by} ORDER BY {by} "
