@@ -130,6 +130,19 @@ class MatrixCell:
             return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
         return getattr(self, self.expected) > 0 and self.lost == 0
 
+    @property
+    def why_not_as_expected(self) -> str:
+        """Why the cell is not as expected, in a few words ("" when it is)."""
+        if self.as_expected:
+            return ""
+        if self.missed:
+            return f"its fault left no evidence ({'; '.join(self.missed)})"
+        if self.identity_gap:
+            return f"{self.identity_gap:,} records the reconciliation could not account for"
+        counts = f"lost {self.lost:,}, duplicated {self.duplicated:,}, unexpected {self.unexpected:,}"
+        blind = " (a fault that left no damage: a blind harness?)" if self.outcome == "clean" else ""
+        return f"expected {self.expected}, showed {self.outcome}: {counts}{blind}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
@@ -139,6 +152,24 @@ class MatrixCell:
             "trusted": self.trusted, "identity_gap": self.identity_gap, "seconds": round(self.seconds, 1),
             "timeline": [asdict(event) for event in self.timeline],
         }  # fmt: skip
+
+
+def cells_not_as_expected(cells: Iterable[MatrixCell]) -> list[str]:
+    """The matrix's verdict: one line per cell that did not show what its guarantee predicts, saying which and why;
+    the matrix passes only when there is none. Every cell counts, not only exactly-once's: an at-least-once or
+    at-most-once cell whose fault left no evidence, or no damage, is a blind harness, and proves nothing.
+
+    >>> def cell(guarantee, expected, **counts):
+    ...     return MatrixCell(guarantee, "delta", "after-sink-commit", **{"lost": 0, "duplicated": 0, "unexpected": 0,
+    ...                       **counts}, crashes=[], restart_s=None, expected=expected, seconds=1.0)
+    >>> cells_not_as_expected([cell("exactly-once", "clean"), cell("at-least-once", "duplicated", duplicated=40)])
+    []
+    >>> cells_not_as_expected([cell("at-least-once", "duplicated")])  # doctest: +NORMALIZE_WHITESPACE
+    ['at-least-once x after-sink-commit [delta]: expected duplicated, showed clean: lost 0, duplicated 0,
+      unexpected 0 (a fault that left no damage: a blind harness?)']
+    """
+    return [f"{cell.guarantee} x {cell.point} [{cell.sink}]: {cell.why_not_as_expected}" for cell in cells
+            if not cell.as_expected]  # fmt: skip
 
 
 def upstream_shares(spec: PipelineSpec, duplicates: float | None, late: float | None) -> dict[str, float]:
