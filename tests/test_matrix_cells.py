@@ -1,6 +1,7 @@
 """The proof matrix's decisions, without Spark: which cells fail the matrix (every cell must be as expected, the
 weaker guarantees' too: a cell that shows none of its damage is a blind harness) and the exit code of
-``prove --matrix`` (cells constructed as a run would give them)."""
+``prove --matrix`` (cells constructed as a run would give them); in a fan-out, which faults each sink's row is
+credited with (a kill inside one sink's write is that sink's alone) and the damage each row must show."""
 
 from __future__ import annotations
 
@@ -12,7 +13,19 @@ from typer.testing import CliRunner
 
 import streamproof.cli.pipeline as cli_pipeline
 from streamproof.cli import app
-from streamproof.harness.matrix import MatrixCell, cells_not_as_expected
+from streamproof.config import parse_pipeline
+from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
+from streamproof.guarantees import GUARANTEES
+from streamproof.harness.crashes import Crash, HarnessResult, runs_of
+from streamproof.harness.matrix import (
+    MatrixCell,
+    _cells,
+    batches_of_cell,
+    cells_not_as_expected,
+    credited,
+    damage_to,
+    worst_damage,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -111,3 +124,72 @@ def test_prove_matrix_exits_1_when_a_weaker_guarantees_cell_is_not_as_expected(
         assert failed == [f"matrix failed: 1 of 2 cells not as expected: {cells_not_as_expected(cells)[0]}"]
     else:
         assert failed == []
+
+
+# A fan-out: its sinks written one after the other in this order in every batch.
+FAN_OUT = parse_pipeline("""
+name = "fan"
+source = { kind = "kafka", topic = "t" }
+transform = { schema = "id STRING" }
+sinks = [{ label = "delta", kind = "delta", path = "/t/delta" }, { label = "files", kind = "files", path = "/t/files" },
+         { label = "copy", kind = "delta", path = "/t/copy" }]
+""")
+LABELS = ["delta", "files", "copy"]
+
+
+def test_a_fan_outs_mid_sink_write_cell_kills_each_sink_in_turn_a_run_each() -> None:
+    cells = {(guarantee, point): armed for guarantee, point, armed in _cells(FAN_OUT, GUARANTEES, None, None)}
+    for guarantee in GUARANTEES:
+        assert cells[(guarantee, MID_SINK_WRITE)] == [f"{MID_SINK_WRITE}:{label}" for label in LABELS]
+        for point in (BEFORE_SINK_WRITE, AFTER_SINK_COMMIT, AFTER_CHECKPOINT_COMMIT):  # every sink at once
+            assert cells[(guarantee, point)] == [point]
+    assert runs_of(cells[("at-least-once", MID_SINK_WRITE)]) == [[f"{MID_SINK_WRITE}:{label}"] for label in LABELS]
+    # Enough batches for a run per sink: at-most-once replays nothing, so each of its runs takes two fresh batches.
+    assert [batches_of_cell(guarantee, len(LABELS)) for guarantee in GUARANTEES] == [5, 5, 7]
+    # A point that names its sink stays as given; one sink needs no label.
+    assert _cells(FAN_OUT, ["exactly-once"], ["mid-sink-write:files"], None) == [
+        ("exactly-once", "mid-sink-write:files", ["mid-sink-write:files"])
+    ]
+    one_sink = FAN_OUT.model_copy(update={"sinks": FAN_OUT.sinks[:1]})
+    assert _cells(one_sink, ["exactly-once"], [MID_SINK_WRITE], None) == [
+        ("exactly-once", MID_SINK_WRITE, [MID_SINK_WRITE])
+    ]
+
+
+def crash(where: str, batch_id: int, run: int) -> Crash:
+    return Crash(where, batch_id, 10.0, run, restarted_in_s=float(run), facts={"write_started": [where]})
+
+
+def test_each_sinks_row_carries_only_the_faults_that_hit_it() -> None:
+    result = HarnessResult(
+        crashes=[crash(f"{MID_SINK_WRITE}:{label}", run, run) for run, label in enumerate(LABELS, start=1)],
+        missed=["mid-sink-write: the write of files had not started; log: run-2.log"],
+        missed_at=[f"{MID_SINK_WRITE}:files"],
+    )
+    for label in LABELS:
+        crashes, missed = credited(result, label, LABELS)
+        assert [c.point for c in crashes] == [f"{MID_SINK_WRITE}:{label}"]
+        assert missed == (result.missed if label == "files" else [])
+    # Points that are not inside one sink's write hit every sink of the batch; an unnamed write point, the first.
+    every = HarnessResult(crashes=[crash(AFTER_SINK_COMMIT, 1, 1), crash(BEFORE_SINK_WRITE, 2, 2),
+                                   crash(MID_SINK_WRITE, 3, 3)])  # fmt: skip
+    assert [len(credited(every, label, LABELS)[0]) for label in LABELS] == [3, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "expected"),
+    [
+        # delta is written before files' and copy's killed writes: they replay it; copy's own write never began
+        # when delta's or files' was killed.
+        ("at-least-once", {"delta": "duplicated", "files": "duplicated", "copy": "clean"}),
+        ("at-most-once", {"delta": "lost", "files": "lost", "copy": "lost"}),
+        ("exactly-once", {"delta": "clean", "files": "clean", "copy": "clean"}),
+    ],
+)
+def test_each_sinks_row_expects_the_damage_every_crash_of_its_cell_left_in_it(
+    guarantee: str, expected: dict[str, str]
+) -> None:
+    armed = [f"{MID_SINK_WRITE}:{label}" for label in LABELS]
+    got = {label: worst_damage(damage_to(label, where, LABELS, guarantee, has_invalid_records=False) for where in armed)
+           for label in LABELS}  # fmt: skip
+    assert got == expected

@@ -102,6 +102,7 @@ class HarnessResult:
     batch_seconds: float = 0.0
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
     missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
+    missed_at: list[str] = field(default_factory=list)  # where each of ``missed`` was armed (``point[:sink]``)
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -218,6 +219,12 @@ class Harness:
             TimelineEvent(self._t(crash.killed_monotonic), run.number, "kill", crash.batch_id, crash.point)
         )
 
+    def miss(self, where: str, line: str) -> None:
+        """A fault armed at ``where`` left no evidence of happening: ``line`` says why (the proof fails)."""
+        self.result.missed.append(line)
+        self.result.missed_at.append(where)
+        self.emit(f"MISSED {line}")
+
     def drain(self) -> None:
         """Run the pipeline unarmed until it exits 0 (it drains the source: available-now)."""
         run = self.start()
@@ -300,8 +307,7 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
             if missing := crash_happened(point, crash.facts, sink or labels[0]):
-                harness.result.missed.append(f"{missing}; log: {run.child.log_path}")
-                emit(f"MISSED {harness.result.missed[-1]}")
+                harness.miss(where, f"{missing}; log: {run.child.log_path}")
         if not drained:
             harness.drain()
     finally:
@@ -377,17 +383,15 @@ def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, clust
     harness.result.timeline.append(TimelineEvent(harness._t(time.monotonic()), run.number, "exit", label=str(code)))
     for batch, crash in crashes.items():
         if not crash.killed_monotonic:
-            harness.result.missed.append(f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
-                                         f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
-            harness.emit(f"MISSED {harness.result.missed[-1]}")
+            harness.miss(crash.point, f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
+                                      f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
             continue
         point, sink = split[batch]
         crash.facts.update(pipeline_exit=code, **write_attempts(event_logs, batch, sink))
         harness.emit(f"{crash.point} in batch {batch} (run {run.number}): {crash.facts}")
         if missed := fault_happened(point, crash.facts):
-            harness.result.missed.append(f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
-                                         f"{run.child.log_path}, {event_logs}")  # fmt: skip
-            harness.emit(f"MISSED {harness.result.missed[-1]}")
+            harness.miss(crash.point, f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
+                                      f"{run.child.log_path}, {event_logs}")  # fmt: skip
     return drain and code == 0
 
 
