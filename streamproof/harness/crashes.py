@@ -15,8 +15,8 @@ until one run drains the source and exits 0; the caller then reconciles with the
   ``after``-th committed batch, then sleeps ``phase`` times that batch's duration and kills:
   a uniformly random point of a batch being written. The moments are printed, to replay a failure.
 
-A kill that cannot be delivered (the pipeline drained first) is an error, never a silent pass: a harness
-that skips its faults proves nothing.
+A kill that cannot be delivered (the pipeline drained first, even a moment before the SIGKILL: a killed run must
+end by SIGKILL) is an error, never a silent pass: a harness that skips its faults proves nothing.
 
 Example::
 
@@ -219,6 +219,18 @@ class Harness:
             TimelineEvent(self._t(crash.killed_monotonic), run.number, "kill", crash.batch_id, crash.point)
         )
 
+    def kill(self, run: HarnessRun, what: str) -> float:
+        """SIGKILL the run's process tree and check that the kill landed: the run must end by SIGKILL. One that had
+        ended on its own just before (drained, or failed) was not killed, and proved nothing: that is ``what`` missed,
+        an error with its exit code and log. Returns the moment of the kill (monotonic)."""
+        killed_at = run.child.kill_tree()
+        code = run.child.process.returncode
+        if code != -signal.SIGKILL:
+            hint = " (it drained first: use more data or a smaller source.max_offsets_per_trigger)" if code == 0 else ""
+            raise PipelineError(f"{what} missed: run {run.number} exited with code {code} instead of dying by SIGKILL"
+                                f"{hint}; log: {run.child.log_path}")  # fmt: skip
+        return killed_at
+
     def miss(self, where: str, line: str) -> None:
         """A fault armed at ``where`` left no evidence of happening: ``line`` says why (the proof fails)."""
         self.result.missed.append(line)
@@ -416,7 +428,7 @@ def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir
                     f"kill {number}/{kills} missed: run {run.number} drained {delay:.2f} s after batch "
                     f"{waited.batch_id}; use more data or a smaller source.max_offsets_per_trigger"
                 )
-            killed_at = run.child.kill_tree()
+            killed_at = harness.kill(run, f"kill {number}/{kills}")
             harness.forward_remaining(run)
             in_flight = run.committed[-1][1].batch_id + 1
             emit(
