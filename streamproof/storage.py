@@ -33,6 +33,21 @@ from typing import Any
 from streamproof.errors import PipelineError
 
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# Hadoop's exceptions (by class, or a superclass) for a path that is not there, and for one that may not be read.
+NOT_FOUND = frozenset({"java.io.FileNotFoundException", "org.apache.hadoop.fs.PathNotFoundException"})
+DENIED = frozenset({
+    "org.apache.hadoop.security.AccessControlException", "org.apache.hadoop.fs.PathAccessDeniedException",
+    "java.nio.file.AccessDeniedException",
+})  # fmt: skip
+
+
+def java_classes(exception: Any) -> list[str]:
+    """The class names of a Java exception (a Py4J object): its own class first, then each superclass."""
+    names, cls = [], exception.getClass()
+    while cls is not None:
+        names.append(str(cls.getName()))
+        cls = cls.getSuperclass()
+    return names
 
 
 class Location:
@@ -129,16 +144,45 @@ class Location:
         return sorted(str(status.getPath().getName()) for status in self._fs.listStatus(self._jpath))
 
     def read_text(self) -> str:
-        """The file as UTF-8 text (undecodable bytes replaced); ``FileNotFoundError`` when it does not exist."""
+        """The file as UTF-8 text (undecodable bytes replaced); errors as :meth:`read_bytes`."""
         if not self.is_remote:
             return self.path.read_text(encoding="utf-8", errors="replace")
-        if not self._fs.exists(self._jpath):
-            raise FileNotFoundError(self.text)
-        stream = self._fs.open(self._jpath)
+        return self.read_bytes().decode("utf-8", "replace")
+
+    def read_bytes(self) -> bytes:
+        """The file's bytes. The same errors on every store: ``FileNotFoundError`` only when it does not exist (also
+        when it is deleted while being opened), ``IsADirectoryError`` for a folder, ``PermissionError``, or another
+        ``OSError`` for a file that exists and cannot be read."""
+        if not self.is_remote:
+            return self.path.read_bytes()
+        from py4j.protocol import Py4JJavaError
+
         try:
-            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode("utf-8", "replace")
-        finally:
-            stream.close()
+            stream = self._fs.open(self._jpath)
+            try:
+                return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            finally:
+                stream.close()
+        except Py4JJavaError as error:
+            raise self._os_error(error) from error
+
+    def _os_error(self, error: Any) -> BaseException:
+        """Python's error for the Java exception Hadoop raised reading this file (``error``, a Py4JJavaError), told by
+        its class as :meth:`read_bytes` says; one that is no I/O error is ``error`` itself."""
+        from py4j.protocol import Py4JJavaError
+
+        exception = error.java_exception
+        classes = java_classes(exception)
+        message = f"{self}: {classes[0]}: {(str(exception.getMessage() or '').splitlines() or [''])[0]}"
+        if not NOT_FOUND.isdisjoint(classes):
+            try:  # HDFS says "not found" of a folder too ("Path is not a file")
+                folder = bool(self._fs.getFileStatus(self._jpath).isDirectory())
+            except Py4JJavaError:
+                folder = False  # gone by now
+            return IsADirectoryError(message) if folder else FileNotFoundError(message)
+        if not DENIED.isdisjoint(classes):
+            return PermissionError(message)
+        return OSError(message) if "java.io.IOException" in classes else error
 
     # ------------------------------------------------------------------------------------------------ writing
 
@@ -155,9 +199,17 @@ class Location:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(text, encoding="utf-8")
             return
+        self.write_bytes(text.encode("utf-8"))
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write the file whole, byte for byte (replacing it), its folder created if needed."""
+        if not self.is_remote:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(data)
+            return
         stream = self._fs.create(self._jpath, True)
         try:
-            stream.write(bytearray(text.encode("utf-8")))
+            stream.write(bytearray(data))
         finally:
             stream.close()
 
@@ -222,9 +274,23 @@ class Location:
             raise PipelineError(f"{self._fs.getScheme()}: could not rename {self} to {target} (does it exist?)")
 
     def copy_tree(self, target: Location, *, skip: tuple[str, ...] = ()) -> None:
-        """Copy this folder to ``target`` (which must not exist), leaving out the names in ``skip``."""
+        """Copy this folder to ``target`` (which must not exist) byte for byte, leaving out the names in ``skip`` at
+        every depth. Byte for byte matters: a checkpoint's state store holds binary files (LZ4-compressed .delta and
+        .snapshot files, RocksDB's), which a copy through text would corrupt.
+
+        >>> import tempfile
+        >>> folder = Location(tempfile.mkdtemp())
+        >>> (folder / "state" / "1.delta").write_bytes(bytes(range(256)))
+        >>> (folder / "lock").write_text("4242")
+        >>> folder.copy_tree(folder / "copy", skip=("lock",))
+        >>> (folder / "copy" / "state" / "1.delta").read_bytes() == bytes(range(256)), (folder / "copy").names()
+        (True, ['state'])
+        """
         if not self.is_remote and not target.is_remote:
             shutil.copytree(self.path, target.path, ignore=shutil.ignore_patterns(*skip))
+            return
+        if self.is_remote and target.is_remote and not skip:  # the whole tree within Hadoop: one call
+            self._hadoop_copy(target)
             return
         target.mkdir()
         for name in self.names():
@@ -232,8 +298,20 @@ class Location:
                 continue
             if (self / name).is_dir():
                 (self / name).copy_tree(target / name, skip=skip)
-            else:
-                (target / name).write_text((self / name).read_text())
+            elif self.is_remote and target.is_remote:
+                (self / name)._hadoop_copy(target / name)
+            else:  # between a local path and a URI: through this process
+                (target / name).write_bytes((self / name).read_bytes())
+
+    def _hadoop_copy(self, target: Location) -> None:
+        """Copy this file or folder (its whole tree) to ``target``, which must not exist, byte for byte, with Hadoop's
+        own copy (``FileUtil.copy``: the bytes stream from one FileSystem to the other inside the JVM)."""
+        if target.exists():  # FileUtil would copy a folder into it rather than to it
+            raise PipelineError(f"cannot copy {self} to {target}: it exists already")
+        copied = self._jvm.org.apache.hadoop.fs.FileUtil.copy(self._fs, self._jpath, target._fs, target._jpath, False,
+                                                              self._conf)  # fmt: skip
+        if not copied:
+            raise PipelineError(f"{self._fs.getScheme()}: could not copy {self} to {target}")
 
     # ---------------------------------------------------------------------------------------- Hadoop's side
 

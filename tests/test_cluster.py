@@ -12,7 +12,8 @@ CI does not (the 25-minute budget).
 Expected: the run survives each; each fault's evidence in Spark's own event log (an attempt lost with its
 executor, a speculative attempt, an attempt failed against the dead DataNode) and in the harness's record (the
 DataNode back); every sink 0 lost / 0 duplicated / 0 unexpected; the independent checker agrees.
-Then the checkpoint commands on hdfs://: show, backup and restore, the refusal of a lost checkpoint, recover.
+Then the checkpoint commands on hdfs://: show, backup and restore (byte for byte, a binary file too), the refusal
+of a lost checkpoint, recover.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, run_cli
-from streamproof.checkpoint.folder import backup, restore
+from streamproof.checkpoint.folder import RunLock, backup, restore
 from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.config import dump_pipeline, load_pipeline
@@ -144,6 +145,19 @@ def test_each_fault_left_its_evidence(proven: Any) -> None:
     assert all(fact["pipeline_exit"] == 0 for fact in facts.values()), facts  # the run survived each of them
 
 
+def tree_bytes(folder: Location, skip: str = "") -> dict[str, bytes]:
+    """Every file under ``folder`` (but ``skip``), by its path inside it, with its bytes."""
+    files: dict[str, bytes] = {}
+    for name in folder.names():
+        if name == skip:
+            continue
+        if (folder / name).is_dir():
+            files |= {f"{name}/{path}": data for path, data in tree_bytes(folder / name, skip).items()}
+        else:
+            files[name] = (folder / name).read_bytes()
+    return files
+
+
 def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker, tmp_path: Path) -> None:
     """show, backup and restore, the refusal of a lost checkpoint, recover, a run after it, verify, maintain: on
     hdfs:// paths. The commands run with a local Spark (they need no cluster, only Hadoop's FileSystem); show and
@@ -160,12 +174,20 @@ def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker
     committed = committed_batches(checkpoint)
     assert committed and shown.stdout.count("yes") >= min(len(committed), 20), shown.stdout
 
+    # This pipeline keeps no state: a binary file stands for a state store's (LZ4 .delta/.snapshot, RocksDB), every
+    # byte value once, which a copy through text would corrupt.
+    (checkpoint / "binary-check" / "256-bytes.bin").write_bytes(bytes(range(256)))
+    original = tree_bytes(checkpoint, skip=RunLock.NAME)
     copy = backup(checkpoint, Location(f"{checkpoint}-backup"))
     assert copy.is_remote and committed_batches(copy) == committed
+    backed_up = tree_bytes(copy)
+    assert backed_up["binary-check/256-bytes.bin"] == bytes(range(256))
+    assert backed_up == original, sorted(path for path in original if backed_up.get(path) != original[path])
     checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
     with pytest.raises(PipelineError, match="the checkpoint was lost"):  # as `run` refuses it (a JVM start saved)
         refuse_if_checkpoint_lost(spark, spec, open_sinks(spec))
     assert restore(checkpoint, copy) is None and committed_batches(checkpoint) == committed
+    assert tree_bytes(checkpoint) == original  # restored byte for byte
 
     checkpoint.delete(recursive=True)
     rebuilt = recover(spark, spec)

@@ -1,19 +1,23 @@
 """The checkpoint's run lock: one live process at a time on a pipeline, stale locks taken over exactly once.
 
 Real processes (no Spark): a holder that is alive, dead, or exited and not yet reaped; one on another host; and many
-processes that find the same stale lock at the same moment.
+processes that find the same stale lock at the same moment. A lock file that exists but cannot be read is refused,
+never taken over; on HDFS (Hadoop's FileSystem stood in for, no JVM) only a file that is not there means no holder.
 """
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from py4j.protocol import Py4JJavaError
 
 from streamproof.checkpoint.folder import Holder, RunLock
 from streamproof.errors import PipelineError
@@ -93,3 +97,142 @@ def test_many_processes_finding_one_stale_lock_at_once_leave_exactly_one_holder(
             process.join(30)
         winners = [pid for pid, won in outcomes if won]
         assert len(winners) == 1, f"trial {trial}: {len(winners)} processes hold the lock"
+
+
+UNREADABLE = "the run lock exists but {problem} after 5 reads in 0.2 s; it is not taken over: if no pipeline runs on "
+
+
+@pytest.mark.parametrize(
+    ("case", "problem"),
+    [
+        ("folder", "cannot be read (Is a directory)"),  # what a read of a folder raises, on every store
+        ("io-error", "cannot be read (Input/output error)"),
+        ("empty", "names no process ('')"),  # half-created, and it stays so
+    ],
+)
+def test_a_lock_file_that_exists_but_cannot_be_read_is_refused_in_one_line_and_never_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, problem: str
+) -> None:
+    monkeypatch.setattr(RunLock, "READ_PAUSE_S", 0.05)
+    lock = tmp_path / RunLock.NAME
+    if case == "folder":
+        lock.mkdir()
+    else:
+        lock.write_text("" if case == "empty" else "4242@elsewhere")  # its content is never read (io-error)
+    if case == "io-error":
+        read_text = Location.read_text
+
+        def failing(self: Location) -> str:
+            if self.name == RunLock.NAME:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return read_text(self)
+
+        monkeypatch.setattr(Location, "read_text", failing)
+    before = lock.read_text() if lock.is_file() else None
+    with pytest.raises(PipelineError) as refused:
+        RunLock(Location(tmp_path)).__enter__()
+    assert str(refused.value) == f"{lock}: {UNREADABLE.format(problem=problem)}{tmp_path}, delete it"
+    assert lock.exists() and (lock.is_dir() if case == "folder" else lock.read_text() == before)
+    with pytest.raises(PipelineError, match="the run lock exists but"):  # a backup or restore is refused alike
+        RunLock(Location(tmp_path)).holder()
+
+
+def test_a_lock_file_being_written_is_read_again_and_its_live_holder_refused(tmp_path: Path) -> None:
+    lock = tmp_path / RunLock.NAME
+    lock.write_text("")  # as a writer that creates, then writes, leaves it for a moment
+    live = subprocess.Popen(["sleep", "60"])
+    writer = threading.Timer(0.3, lambda: lock.write_text(f"{live.pid}@{socket.gethostname()}"))
+    try:
+        writer.start()
+        holder = RunLock(Location(tmp_path)).try_acquire()
+        assert holder == Holder(live.pid, socket.gethostname())
+        assert lock.read_text() == f"{live.pid}@{socket.gethostname()}"
+    finally:
+        writer.join()
+        live.kill()
+        live.wait()
+
+
+class _JavaError(Py4JJavaError):
+    def __str__(self) -> str:  # the real one asks the JVM for the Java trace
+        return f"Py4JJavaError: {self.java_exception.getClass().getName()}"
+
+
+class _JavaClass:
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def getName(self) -> str:  # noqa: N802 - Java's name
+        return self.names[0]
+
+    def getSuperclass(self) -> _JavaClass | None:  # noqa: N802 - Java's name
+        return _JavaClass(self.names[1:]) if len(self.names) > 1 else None
+
+
+class _JavaException:
+    """A Java exception as Py4J hands it over: its class (and superclasses) and message."""
+
+    _target_id = "o1"
+
+    def __init__(self, *names: str, message: str = "") -> None:
+        self.names = [*names, "java.lang.Exception", "java.lang.Throwable", "java.lang.Object"]
+        self.message = message
+
+    def getClass(self) -> _JavaClass:  # noqa: N802 - Java's name
+        return _JavaClass(self.names)
+
+    def getMessage(self) -> str:  # noqa: N802 - Java's name
+        return self.message
+
+
+NOT_FOUND = ("java.io.FileNotFoundException", "java.io.IOException")
+
+
+class _FileSystem:
+    """Hadoop's FileSystem as a remote run lock meets it: the file exists when asked, then fails on open."""
+
+    def __init__(self, raises: _JavaException, folder: bool = False) -> None:
+        self.raises, self.folder = raises, folder
+
+    def exists(self, path: object) -> bool:
+        return True
+
+    def open(self, path: object) -> object:
+        raise _JavaError("An error occurred while calling o7.open", self.raises)
+
+    def getFileStatus(self, path: object) -> object:  # noqa: N802 - Java's name
+        if not self.folder:
+            raise _JavaError("An error occurred while calling o7.getFileStatus", _JavaException(*NOT_FOUND))
+        return type("Status", (), {"isDirectory": lambda self: True})()
+
+
+def _remote(fs: _FileSystem) -> Location:
+    location = Location(f"hdfs://namenode:9000/checkpoints/orders/{RunLock.NAME}")
+    location.__dict__.update(_fs=fs, _jpath=object(), _jvm=object())  # Hadoop's side, without a JVM
+    return location
+
+
+@pytest.mark.parametrize(
+    ("raised", "folder", "python"),
+    [
+        (_JavaException(*NOT_FOUND, message="File does not exist: /checkpoints/orders/x"), False, FileNotFoundError),
+        (_JavaException(*NOT_FOUND, message="Path is not a file: /checkpoints/orders/x"), True, IsADirectoryError),
+        (_JavaException("org.apache.hadoop.security.AccessControlException", "java.io.IOException"), False,
+         PermissionError),
+        (_JavaException("java.io.EOFException", "java.io.IOException"), False, OSError),
+    ],
+)  # fmt: skip
+def test_a_remote_read_raises_pythons_error_for_hadoops(raised: _JavaException, folder: bool, python: type) -> None:
+    with pytest.raises(python) as error:
+        _remote(_FileSystem(raised, folder)).read_text()
+    assert type(error.value) is python
+    assert str(error.value).startswith(f"hdfs://namenode:9000/checkpoints/orders/{RunLock.NAME}: {raised.names[0]}")
+
+
+def test_a_remote_lock_deleted_between_exists_and_open_means_no_holder() -> None:
+    lock = _remote(_FileSystem(_JavaException(*NOT_FOUND, message="File does not exist")))
+    run_lock = RunLock(lock.parent)
+    run_lock.path = lock
+    assert run_lock.holder() is None
+    with pytest.raises(_JavaError):  # an error that is not of I/O stays what it is
+        _remote(_FileSystem(_JavaException("java.lang.IllegalStateException"))).read_text()

@@ -135,10 +135,11 @@ def process_state(pid: int) -> str | None:
 class RunLock:
     """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a second run, a backup or a
     restore is refused while the process that holds it is alive (a stale file, left by a killed run, is taken
-    over). The file is created only if absent (atomically, on HDFS too), so two starts at the same moment cannot
-    both hold it; taking over a stale one happens under a lock of this host, one process at a time, so two that
-    find it stale together cannot both take it. A holder's liveness is checked on this machine: a lock held from
-    another host is refused until its file is removed.
+    over; one that exists but cannot be read is refused, never taken over). The file is created only if absent
+    (atomically, on HDFS too), so two starts at the same moment cannot both hold it; taking over a stale one happens
+    under a lock of this host, one process at a time, so two that find it stale together cannot both take it. A
+    holder's liveness is checked on this machine: a lock held from another host is refused until its file is
+    removed.
 
     Example::
 
@@ -149,19 +150,43 @@ class RunLock:
     """
 
     NAME = "_streamproof_run.pid"
+    READS = 5  # an unreadable lock file is read this many times, READ_PAUSE_S apart, before it is refused
+    READ_PAUSE_S = 0.2
 
     def __init__(self, checkpoint: Location) -> None:
         self.path = checkpoint / self.NAME
 
     def holder(self) -> Holder | None:
-        """The live process (other than this one) holding the lock, else None."""
-        try:
-            holder = Holder.parse(self.path.read_text())
-        except OSError:
-            return None
+        """The live process (other than this one) holding the lock, else None (:meth:`_written_holder`: a lock file
+        that exists but cannot be read is refused, never taken for "no holder")."""
+        holder = self._written_holder()
         if holder is None or holder == Holder.me() or not holder.alive():
             return None
         return holder
+
+    def _written_holder(self) -> Holder | None:
+        """The process the lock file names; None only when the file does not exist. A file that exists but cannot
+        be read (permissions, an I/O error, a folder in its place) or names no process (being written) is read again
+        for a moment, then refused in one line naming it: taking it over could delete the lock of a live run."""
+        problem = ""
+        for attempt in range(self.READS):
+            if attempt:
+                time.sleep(self.READ_PAUSE_S)
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                return None
+            except OSError as error:
+                problem = f"cannot be read ({error.strerror or error})"
+                continue
+            if (holder := Holder.parse(text)) is not None:
+                return holder
+            problem = f"names no process ({text.strip()[:40]!r})"
+        raise PipelineError(
+            f"{self.path}: the run lock exists but {problem} after {self.READS} reads in "
+            f"{(self.READS - 1) * self.READ_PAUSE_S:.1f} s; it is not taken over: if no pipeline runs on "
+            f"{self.path.parent}, delete it"
+        )
 
     def try_acquire(self) -> Holder | None:
         """Take the lock, taking over a stale one; returns None when taken, else the live process that holds it."""
@@ -170,11 +195,11 @@ class RunLock:
             if self.path.create_new(mine):
                 return None
             with _host_mutex(self.path):
-                if not self.path.exists():
+                written = self._written_holder()
+                if written is None:
                     continue  # released in between: try to create it again
-                holder = self.holder()
-                if holder is not None:
-                    return holder
+                if written != Holder.me() and written.alive():
+                    return written
                 # Stale: its process is gone. The file exists, so no start can create it, and no other process
                 # deletes it while this one holds the mutex: what is deleted is the stale file, never a fresh one.
                 self.path.delete()

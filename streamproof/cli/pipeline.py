@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
@@ -33,7 +34,7 @@ from streamproof.faults import POINTS
 from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
 from streamproof.generator import generate as produce
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
-from streamproof.harness.matrix import run_matrix, upstream_shares
+from streamproof.harness.matrix import cells_not_as_expected, run_matrix, upstream_shares
 from streamproof.harness.proof import prove_pipeline
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
@@ -271,7 +272,8 @@ def prove(
     """Crash the pipeline (SIGKILL of its process group; on a cluster, of its machines too), restart it until
     drained, reconcile.
 
-    Exit 1 when an exactly-once run loses or duplicates anything, or a fault of the machines left no evidence.
+    Exit 1 when an exactly-once run loses or duplicates anything, or a fault left no evidence; with --matrix, when
+    any cell is not as expected (a weaker guarantee's cell that shows none of its damage is a blind harness).
     """
     chosen = [bool(matrix), crash_at is not None, random_kills is not None]
     if sum(chosen) > 1:
@@ -314,9 +316,14 @@ def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int,
                        duplicates=upstream["duplicates"], late=upstream["late"], cluster=cluster)  # fmt: skip
     console.print(matrix_table(cells))
     console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
-    write_output(json_file, json.dumps({"command": command, "cells": [cell.to_dict() for cell in cells]}, indent=2))
+    failures = cells_not_as_expected(cells)
+    document = {"command": command, "cells": [cell.to_dict() for cell in cells], "ok": not failures,
+                "not_as_expected": failures}  # fmt: skip
+    write_output(json_file, json.dumps(document, indent=2))
     write_output(html_file, matrix_html(cells, command))
-    if any(cell.exactly_once and cell.outcome != "clean" for cell in cells):
+    if failures:
+        console.print(f"[bold red]matrix failed[/]: {len(failures)} of {len(cells)} cells not as expected: "
+                      + escape("; ".join(failures)))  # fmt: skip
         raise typer.Exit(1)
 
 

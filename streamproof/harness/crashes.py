@@ -15,8 +15,8 @@ until one run drains the source and exits 0; the caller then reconciles with the
   ``after``-th committed batch, then sleeps ``phase`` times that batch's duration and kills:
   a uniformly random point of a batch being written. The moments are printed, to replay a failure.
 
-A kill that cannot be delivered (the pipeline drained first) is an error, never a silent pass: a harness
-that skips its faults proves nothing.
+A kill that cannot be delivered (the pipeline drained first, even a moment before the SIGKILL: a killed run must
+end by SIGKILL) is an error, never a silent pass: a harness that skips its faults proves nothing.
 
 Example::
 
@@ -102,6 +102,7 @@ class HarnessResult:
     batch_seconds: float = 0.0
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
     missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
+    missed_at: list[str] = field(default_factory=list)  # where each of ``missed`` was armed (``point[:sink]``)
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -218,6 +219,24 @@ class Harness:
             TimelineEvent(self._t(crash.killed_monotonic), run.number, "kill", crash.batch_id, crash.point)
         )
 
+    def kill(self, run: HarnessRun, what: str) -> float:
+        """SIGKILL the run's process tree and check that the kill landed: the run must end by SIGKILL. One that had
+        ended on its own just before (drained, or failed) was not killed, and proved nothing: that is ``what`` missed,
+        an error with its exit code and log. Returns the moment of the kill (monotonic)."""
+        killed_at = run.child.kill_tree()
+        code = run.child.process.returncode
+        if code != -signal.SIGKILL:
+            hint = " (it drained first: use more data or a smaller source.max_offsets_per_trigger)" if code == 0 else ""
+            raise PipelineError(f"{what} missed: run {run.number} exited with code {code} instead of dying by SIGKILL"
+                                f"{hint}; log: {run.child.log_path}")  # fmt: skip
+        return killed_at
+
+    def miss(self, where: str, line: str) -> None:
+        """A fault armed at ``where`` left no evidence of happening: ``line`` says why (the proof fails)."""
+        self.result.missed.append(line)
+        self.result.missed_at.append(where)
+        self.emit(f"MISSED {line}")
+
     def drain(self) -> None:
         """Run the pipeline unarmed until it exits 0 (it drains the source: available-now)."""
         run = self.start()
@@ -300,8 +319,7 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
             if missing := crash_happened(point, crash.facts, sink or labels[0]):
-                harness.result.missed.append(f"{missing}; log: {run.child.log_path}")
-                emit(f"MISSED {harness.result.missed[-1]}")
+                harness.miss(where, f"{missing}; log: {run.child.log_path}")
         if not drained:
             harness.drain()
     finally:
@@ -377,17 +395,15 @@ def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, clust
     harness.result.timeline.append(TimelineEvent(harness._t(time.monotonic()), run.number, "exit", label=str(code)))
     for batch, crash in crashes.items():
         if not crash.killed_monotonic:
-            harness.result.missed.append(f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
-                                         f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
-            harness.emit(f"MISSED {harness.result.missed[-1]}")
+            harness.miss(crash.point, f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
+                                      f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
             continue
         point, sink = split[batch]
         crash.facts.update(pipeline_exit=code, **write_attempts(event_logs, batch, sink))
         harness.emit(f"{crash.point} in batch {batch} (run {run.number}): {crash.facts}")
         if missed := fault_happened(point, crash.facts):
-            harness.result.missed.append(f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
-                                         f"{run.child.log_path}, {event_logs}")  # fmt: skip
-            harness.emit(f"MISSED {harness.result.missed[-1]}")
+            harness.miss(crash.point, f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
+                                      f"{run.child.log_path}, {event_logs}")  # fmt: skip
     return drain and code == 0
 
 
@@ -412,7 +428,7 @@ def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir
                     f"kill {number}/{kills} missed: run {run.number} drained {delay:.2f} s after batch "
                     f"{waited.batch_id}; use more data or a smaller source.max_offsets_per_trigger"
                 )
-            killed_at = run.child.kill_tree()
+            killed_at = harness.kill(run, f"kill {number}/{kills}")
             harness.forward_remaining(run)
             in_flight = run.committed[-1][1].batch_id + 1
             emit(

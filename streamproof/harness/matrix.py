@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from streamproof.errors import ConfigError
 from streamproof.generator import generate
 from streamproof.guarantees import GUARANTEES, wiring_for
 from streamproof.harness.cluster import ClusterFaults
-from streamproof.harness.crashes import Emit, TimelineEvent, run_with_crashes
+from streamproof.harness.crashes import Crash, Emit, HarnessResult, TimelineEvent, run_with_crashes
 from streamproof.harness.evidence import evidence_text
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.counts import check_for
@@ -75,6 +75,65 @@ def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, ch
     if wiring.may_lose and point == faults.MID_SINK_WRITE:
         return "may-lose" if partial_writes_visible else "lost"
     return "clean"
+
+
+def fault_hits(where: str, sink: str, labels: Sequence[str]) -> bool:
+    """Whether a fault armed at ``where`` hit ``sink``'s write, in a pipeline writing the sinks ``labels`` in that
+    order: a point inside one sink's write (``mid-sink-write``, a fault of the machines) hits the sink it names
+    (``point:label``), or the first when it names none (as :func:`streamproof.faults.mid_write_armed` arms it); any
+    other (before the writes, after their commit, after the checkpoint's, a random kill) hits every sink of the batch.
+
+    >>> [fault_hits(where, "pg", ["delta", "pg"]) for where in ("mid-sink-write", "mid-sink-write:pg",
+    ...                                                         "after-sink-commit", "worker-loss:delta")]
+    [False, True, True, False]
+    """
+    point, _, named = where.partition(":")
+    return point not in faults.WRITE_POINTS or (named or labels[0]) == sink
+
+
+def damage_to(sink: str, where: str, labels: Sequence[str], guarantee: str, *, has_invalid_records: bool,
+              check: str = "records", partial_writes_visible: bool = False) -> str:  # fmt: skip
+    """The damage a crash armed at ``where`` must leave in ``sink`` (:func:`expected_damage`), the sinks of a batch
+    being written one after the other in the order of ``labels``. A kill in another sink's write is, to a sink
+    written before that one, a kill after its commit; to one written after it, a kill in a write that never began
+    (the quarantine committed, nothing of this sink written, so nothing partial).
+
+    >>> how = {"has_invalid_records": False}
+    >>> [damage_to(sink, "mid-sink-write:pg", ["delta", "pg", "kafka"], "at-least-once", **how)
+    ...  for sink in ("delta", "pg", "kafka")]
+    ['duplicated', 'clean', 'clean']
+    >>> [damage_to(sink, "mid-sink-write:pg", ["delta", "pg", "kafka"], "at-most-once", **how)
+    ...  for sink in ("delta", "pg", "kafka")]
+    ['clean', 'lost', 'lost']
+    """
+    point, _, named = where.partition(":")
+    if point == faults.MID_SINK_WRITE and not fault_hits(where, sink, labels):
+        written_before = labels.index(sink) < labels.index(named or labels[0])
+        return expected_damage(guarantee, faults.AFTER_SINK_COMMIT if written_before else faults.MID_SINK_WRITE,
+                               has_invalid_records=has_invalid_records, check=check)  # fmt: skip
+    return expected_damage(guarantee, point, has_invalid_records=has_invalid_records, check=check,
+                           partial_writes_visible=partial_writes_visible)  # fmt: skip
+
+
+def worst_damage(damages: Iterable[str]) -> str:
+    """The damage several crashes must leave together: a certain damage over a possible one over none (a guarantee
+    may lose or duplicate, never both).
+
+    >>> worst_damage(["clean", "may-duplicate", "duplicated"]), worst_damage(["clean", "may-lose"]), worst_damage([])
+    ('duplicated', 'may-lose', 'clean')
+    """
+    damages = set(damages)
+    return next((damage for damage in ("lost", "duplicated", "may-lose", "may-duplicate") if damage in damages),
+                "clean")  # fmt: skip
+
+
+def credited(result: HarnessResult, sink: str, labels: Sequence[str]) -> tuple[list[Crash], list[str]]:
+    """The crashes, and the faults missed, that a sink's row of a cell carries: those that hit it
+    (:func:`fault_hits`); in a fan-out, a fault inside one sink's write is that sink's alone."""
+    crashes = [crash for crash in result.crashes if fault_hits(crash.point, sink, labels)]
+    missed = [line for where, line in zip(result.missed_at, result.missed, strict=True)
+              if fault_hits(where, sink, labels)]  # fmt: skip
+    return crashes, missed
 
 
 @dataclass
@@ -130,6 +189,19 @@ class MatrixCell:
             return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
         return getattr(self, self.expected) > 0 and self.lost == 0
 
+    @property
+    def why_not_as_expected(self) -> str:
+        """Why the cell is not as expected, in a few words ("" when it is)."""
+        if self.as_expected:
+            return ""
+        if self.missed:
+            return f"its fault left no evidence ({'; '.join(self.missed)})"
+        if self.identity_gap:
+            return f"{self.identity_gap:,} records the reconciliation could not account for"
+        counts = f"lost {self.lost:,}, duplicated {self.duplicated:,}, unexpected {self.unexpected:,}"
+        blind = " (a fault that left no damage: a blind harness?)" if self.outcome == "clean" else ""
+        return f"expected {self.expected}, showed {self.outcome}: {counts}{blind}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
@@ -139,6 +211,38 @@ class MatrixCell:
             "trusted": self.trusted, "identity_gap": self.identity_gap, "seconds": round(self.seconds, 1),
             "timeline": [asdict(event) for event in self.timeline],
         }  # fmt: skip
+
+
+def batches_of_cell(guarantee: str, faults_armed: int) -> int:
+    """The batches a cell's data is cut into, so that each armed fault finds a fresh batch: one before the first
+    fault, one per fault (a restart replays the killed batch first; a fault of the machines or each sink of a fan-out
+    has one of its own), one to drain. A guarantee that marks a batch done before writing it replays nothing and
+    numbers each run's batches from 0, its fault in the second: each crash takes two fresh batches.
+
+    >>> batches_of_cell("exactly-once", 1), batches_of_cell("exactly-once", 3), batches_of_cell("at-most-once", 3)
+    (3, 5, 7)
+    """
+    if wiring_for(guarantee).progress_before_write:
+        return 2 * faults_armed + 1
+    return faults_armed + 2
+
+
+def cells_not_as_expected(cells: Iterable[MatrixCell]) -> list[str]:
+    """The matrix's verdict: one line per cell that did not show what its guarantee predicts, saying which and why;
+    the matrix passes only when there is none. Every cell counts, not only exactly-once's: an at-least-once or
+    at-most-once cell whose fault left no evidence, or no damage, is a blind harness, and proves nothing.
+
+    >>> def cell(guarantee, expected, **counts):
+    ...     return MatrixCell(guarantee, "delta", "after-sink-commit", **{"lost": 0, "duplicated": 0, "unexpected": 0,
+    ...                       **counts}, crashes=[], restart_s=None, expected=expected, seconds=1.0)
+    >>> cells_not_as_expected([cell("exactly-once", "clean"), cell("at-least-once", "duplicated", duplicated=40)])
+    []
+    >>> cells_not_as_expected([cell("at-least-once", "duplicated")])  # doctest: +NORMALIZE_WHITESPACE
+    ['at-least-once x after-sink-commit [delta]: expected duplicated, showed clean: lost 0, duplicated 0,
+      unexpected 0 (a fault that left no damage: a blind harness?)']
+    """
+    return [f"{cell.guarantee} x {cell.point} [{cell.sink}]: {cell.why_not_as_expected}" for cell in cells
+            if not cell.as_expected]  # fmt: skip
 
 
 def upstream_shares(spec: PipelineSpec, duplicates: float | None, late: float | None) -> dict[str, float]:
@@ -190,7 +294,11 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`); on a cluster,
     also exactly-once x each fault of the machines (:data:`cluster_points`), which the pipeline must survive.
 
-    One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run).
+    One cell per sink of the pipeline (a fan-out pipeline gives one cell per sink for each run), each carrying the
+    crashes that hit that sink (:func:`credited`: a fan-out's ``mid-sink-write`` is armed in each sink in turn, a run
+    each) and expecting the damage all the cell's crashes leave in it (:func:`damage_to`). A sink that no fault of
+    the cell hit (a fault of the machines that only some sinks meet) is a row under exactly-once, which allows no
+    damage anywhere, and only a line otherwise.
     """
     spec = load_pipeline(pipeline_file)
     if spec.source.kind != "kafka":
@@ -210,8 +318,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     avro = avro_contract(with_subject_pinned(spec))  # the registry asked once for every cell's data
     cells = []
     for guarantee, point, armed in _cells(spec, guarantees, points, cluster):
-        # A batch before the first fault, one per fault (a fault of the machines hits each sink in turn), one after.
-        max_offsets = max(100, -(-count // (len(armed) + 2)))
+        max_offsets = max(100, -(-count // batches_of_cell(guarantee, len(armed))))
         started = time.monotonic()
         name = f"{guarantee}-{point}"
         emit(f"── cell {name} ──")
@@ -225,17 +332,26 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster)
         cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
         reports = verify_pipeline(spark, cell_pipeline)
-        restarts = harness.restart_seconds
-        for sink, report in zip(open_sinks(cell_pipeline), reports, strict=True):
+        sinks = open_sinks(cell_pipeline)
+        labels = [sink.name for sink in sinks]
+        for sink, report in zip(sinks, reports, strict=True):
+            crashes, missed = credited(harness, sink.name, labels)
+            if not crashes and not missed and not wiring_for(guarantee).exactly_once:
+                emit(f"   {name} [{report.sink}]: no fault of this cell hit it (lost {report.lost}, duplicated "
+                     f"{report.duplicated}, unexpected {report.unexpected}): not a cell")  # fmt: skip
+                continue
+            restarts = [crash.restarted_in_s for crash in crashes if crash.restarted_in_s is not None]
+            expected = worst_damage(
+                damage_to(sink.name, where, labels, guarantee, has_invalid_records=malformed > 0,
+                          check=check_for(sink.spec).kind, partial_writes_visible=sink.partial_writes_visible)
+                for where in armed
+            )  # fmt: skip
             cell = MatrixCell(
                 guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
                 duplicated=report.duplicated, unexpected=report.unexpected,
-                crashes=[crash.to_dict() for crash in harness.crashes],
-                restart_s=round(restarts[0], 2) if restarts else None,
-                expected=expected_damage(guarantee, point, has_invalid_records=malformed > 0,
-                                         check=check_for(sink.spec).kind,
-                                         partial_writes_visible=sink.partial_writes_visible),
-                seconds=time.monotonic() - started, timeline=harness.timeline, missed=harness.missed,
+                crashes=[crash.to_dict() for crash in crashes],
+                restart_s=round(restarts[0], 2) if restarts else None, expected=expected,
+                seconds=time.monotonic() - started, timeline=harness.timeline, missed=missed,
                 trusted=[reason for reason in report.reasons if " trusted: " in reason],
                 identity_gap=report.identity_gap,
             )  # fmt: skip
@@ -272,9 +388,26 @@ def faulted_sinks(spec: PipelineSpec, point: str) -> list[str]:
 def _cells(spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] | None,
            cluster: ClusterFaults | None) -> list[tuple[str, str, list[str]]]:  # fmt: skip
     """The cells to run, each as (guarantee, point, the points armed in its runs): each guarantee at each named
-    point (or ``points``); exactly-once at each fault of the machines, put into every sink's write in turn."""
+    point (or ``points``), a point inside a sink's write (``mid-sink-write``) put into every sink's write of a fan-out
+    in turn, a run each; exactly-once at each fault of the machines, put into every sink's write in turn.
+
+    >>> spec = parse_pipeline('''name = "p"
+    ... source = { kind = "kafka", topic = "t" }
+    ... transform = { schema = "id STRING" }
+    ... sinks = [{ label = "a", kind = "files", path = "/a" }, { label = "b", kind = "files", path = "/b" }]''')
+    >>> for cell in _cells(spec, ["at-least-once"], ["mid-sink-write", "after-sink-commit"], None):
+    ...     print(cell)
+    ('at-least-once', 'mid-sink-write', ['mid-sink-write:a', 'mid-sink-write:b'])
+    ('at-least-once', 'after-sink-commit', ['after-sink-commit'])
+    """
     named = list(points) if points is not None else list(faults.NAMED_POINTS)
-    cells = [(guarantee, point, [point]) for guarantee in guarantees for point in named
+    labels = [sink.name for sink in spec.sink_specs]
+
+    def each_sink(point: str) -> list[str]:  # a point of one sink's write, unless the point names its sink
+        in_a_write = faults.split_point(point)[0] in faults.WRITE_POINTS and ":" not in point
+        return [f"{point}:{label}" for label in labels] if in_a_write and len(labels) > 1 else [point]
+
+    cells = [(guarantee, point, each_sink(point)) for guarantee in guarantees for point in named
              if faults.split_point(point)[0] not in faults.CLUSTER_POINTS]  # fmt: skip
     machines = [point for point in named if faults.split_point(point)[0] in faults.CLUSTER_POINTS]
     if points is None:
