@@ -304,6 +304,25 @@ class QuarantineMark:
             ) from None
 
 
+def aside(checkpoint: Location, why: str) -> Location:
+    """A free sibling name to keep a checkpoint aside under: ``<name>.<why>-<time>``, numbered when one of that second
+    exists already (two restores in one second must not collide).
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> first = aside(checkpoint, "replaced"); first.mkdir()
+    >>> second = aside(checkpoint, "replaced")
+    >>> first.name.startswith("orders.replaced-"), second.name == first.name + "-2"
+    (True, True)
+    """
+    base = checkpoint.with_name(f"{checkpoint.name}.{why}-{time.strftime('%Y%m%dT%H%M%S')}")
+    candidate, number = base, 1
+    while candidate.exists():
+        number += 1
+        candidate = base.with_name(f"{base.name}-{number}")
+    return candidate
+
+
 def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
     holder = RunLock(Location(checkpoint)).holder()
     if holder is not None:
@@ -332,16 +351,19 @@ def backup(checkpoint: Checkpoint, target: Checkpoint | None = None) -> Location
 def restore(checkpoint: Checkpoint, source: Checkpoint) -> Location | None:
     """Replace the checkpoint by the backup ``source``; the current one is kept aside (returned).
 
-    Restoring an older backup is safe with streamproof's sinks: the batches the sinks hold beyond it are
-    replayed with the same ids and offsets, and each keyed sink skips them.
+    An older backup of an exactly-once pipeline is replayed through on the next run: every batch its sinks hold
+    beyond it runs again with the ids and end offsets the sinks recorded, and each sink skips what it holds (the
+    replay rule, :mod:`streamproof.sinks.base`); a backup of another history is refused in one line. Tried as an
+    operator does it by ``tests/test_replay_through.py`` (restore two batches back, new records since: every sink
+    0/0/0 by both checkers) and composed with kills, restarts and other restores by ``tests/test_nemesis.py``.
     """
     checkpoint, source = Location(checkpoint), Location(source)
     if not (source / "offsets").is_dir():
         raise PipelineError(f"{source}: not a checkpoint backup (no offsets/ folder)")
     refuse_while_running(checkpoint, "restore")
-    aside = None
+    kept = None
     if checkpoint.exists():
-        aside = checkpoint.with_name(f"{checkpoint.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
-        checkpoint.rename(aside)
+        kept = aside(checkpoint, "replaced")
+        checkpoint.rename(kept)
     source.copy_tree(checkpoint)
-    return aside
+    return kept

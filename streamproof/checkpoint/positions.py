@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import QuarantineMark, refuse_while_running
+from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
 from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
@@ -230,8 +230,8 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     _refuse_if_a_table_cannot_be_read_back(spec, lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    aside = checkpoint.with_name(f"{checkpoint.name}.before-rewind-{stamp}")
-    checkpoint.copy_tree(aside)
+    kept = aside(checkpoint, "before-rewind")
+    checkpoint.copy_tree(kept)
     # A lost version Delta had written a checkpoint of: that checkpoint (and the pointer to it) stays in the log and
     # makes every read and write of the table fail; set aside, the table reads again at its last commit.
     stranded = [
@@ -250,13 +250,13 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         replay(spec)
         if not (checkpoint / "commits" / str(batch)).exists():
             raise PipelineError(f"the replay of batch {batch} did not commit; the checkpoint before the rewind is "
-                                f"kept as {aside}")  # fmt: skip
+                                f"kept as {kept}")  # fmt: skip
     behind = ", ".join(f"{lag.sink.name} (from batch {lag.holds_through + 1})" for lag in lags)
     removed = f"; removed {len(strays)} stray checksum file(s) of lost log entries ({', '.join(strays)})" if (
         strays) else ""  # fmt: skip
     moved = f"; set aside {len(stranded)} file(s) of lost Delta versions ({', '.join(stranded)})" if stranded else ""
     return (f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
-            f"them by their keys; the checkpoint before the rewind is kept as {aside}{removed}{moved}")  # fmt: skip
+            f"them by their keys; the checkpoint before the rewind is kept as {kept}{removed}{moved}")  # fmt: skip
 
 
 def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind]) -> None:

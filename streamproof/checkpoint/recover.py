@@ -13,11 +13,10 @@ Example::
 from __future__ import annotations
 
 import json
-import time
 
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import refuse_while_running
+from streamproof.checkpoint.folder import aside, refuse_while_running
 from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
@@ -115,20 +114,20 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             f"no sink recorded the end offsets of batch(es) {missing} (a Parquet folder does not): restore a "
             "checkpoint backup instead"
         )
-    aside = None
+    kept = None
     if checkpoint.exists() and not is_empty(checkpoint):
-        aside = checkpoint.with_name(f"{checkpoint.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
-        checkpoint.rename(aside)
+        kept = aside(checkpoint, "damaged")
+        checkpoint.rename(kept)
     elif checkpoint.exists():  # only streamproof's own files (run counter): not worth keeping
         checkpoint.delete(recursive=True)
     entries = {batch: recorded[batch] for batch in needed}
     rebuild(checkpoint, entries, committed_through=low, confs=recorded_confs(spark))
     resume = f"re-runs batch {high} with the offsets recorded by the sinks ahead" if high > low else (
         f"continues with batch {high + 1}")  # fmt: skip
-    kept = f"; the damaged checkpoint is kept as {aside}" if aside else ""
+    kept_text = f"; the damaged checkpoint is kept as {kept}" if kept else ""
     return (
         f"rebuilt {checkpoint} from the sinks' records (each sink's last batch: {positions}); the next run {resume}, "
-        f"from offsets {json.dumps(recorded[low] if low >= 0 else recorded[high])}{kept}"
+        f"from offsets {json.dumps(recorded[low] if low >= 0 else recorded[high])}{kept_text}"
     )
 
 
