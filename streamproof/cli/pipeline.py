@@ -35,7 +35,9 @@ from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
 from streamproof.generator import generate as produce
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.harness.matrix import cells_not_as_expected, run_matrix, upstream_shares
+from streamproof.harness.nemesis import Daemons, parse_sequence
 from streamproof.harness.proof import prove_pipeline
+from streamproof.harness.search import replay, search
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
 from streamproof.reconcile import reports_document, verify_pipeline
@@ -251,7 +253,21 @@ def prove(
         ),
     ] = None,
     random_kills: Annotated[int | None, typer.Option(min=0, help="SIGKILLs at seeded random moments.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the kill moments and of the matrix data.")] = 1,
+    nemesis: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Steps of composed faults and operator actions (kills, restarts, backups, restores, "
+            "lost checkpoint or commits) on a live stream, then both checkers; a failure shrinks.",
+        ),
+    ] = None,
+    nemesis_replay: Annotated[
+        str | None, typer.Option("--nemesis-replay", help="Replay one nemesis sequence as printed by a failed run.")
+    ] = None,
+    shrink_minutes: Annotated[
+        float, typer.Option(min=0, help="How long a failing nemesis sequence may be shrunk.")
+    ] = 60.0,
+    seed: Annotated[int, typer.Option(help="Seed of the kill moments, the nemesis and the matrix data.")] = 1,
     count: Annotated[int, typer.Option(min=100, help="Events per matrix cell.")] = 50_000,
     malformed: Annotated[
         float, typer.Option(callback=fraction("--malformed"), help="Malformed share of the matrix data.")
@@ -273,11 +289,14 @@ def prove(
     drained, reconcile.
 
     Exit 1 when an exactly-once run loses or duplicates anything, or a fault left no evidence; with --matrix, when
-    any cell is not as expected (a weaker guarantee's cell that shows none of its damage is a blind harness).
+    any cell is not as expected (a weaker guarantee's cell that shows none of its damage is a blind harness); with
+    --nemesis, when a sequence ends in damage or in a refusal the docs do not list (its shortest form is printed to
+    replay).
     """
-    chosen = [bool(matrix), crash_at is not None, random_kills is not None]
+    chosen = [bool(matrix), crash_at is not None, random_kills is not None, nemesis is not None,
+              nemesis_replay is not None]  # fmt: skip
     if sum(chosen) > 1:
-        raise ConfigError("choose one of --matrix, --crash-at, --random-kills")
+        raise ConfigError("choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay")
     spec = load_pipeline(pipeline)
     state = state_path(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -287,6 +306,9 @@ def prove(
         pipeline.parent.mkdir(parents=True, exist_ok=True)
         pipeline.write_text(dump_pipeline(spec))
     command = "streamproof prove " + " ".join(sys.argv[2:])
+    if nemesis is not None or nemesis_replay is not None:
+        _prove_nemesis(pipeline, spec, state, state / "nemesis" / stamp, nemesis, nemesis_replay, seed, shrink_minutes)
+        return
     if matrix:
         _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
                       upstream_shares(spec, duplicates, late), cluster_faults(state))  # fmt: skip
@@ -325,6 +347,29 @@ def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int,
         console.print(f"[bold red]matrix failed[/]: {len(failures)} of {len(cells)} cells not as expected: "
                       + escape("; ".join(failures)))  # fmt: skip
         raise typer.Exit(1)
+
+
+def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Path, steps: int | None,
+                   sequence: str | None, seed: int, shrink_minutes: float) -> None:  # fmt: skip
+    spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
+    daemons = Daemons.started_under(state, spec)
+    restartable = [name for name, daemon in (("Kafka", daemons.broker), ("PostgreSQL", daemons.postgres)) if daemon]
+    console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
+                  f"its pipelines under {workdir}", markup=False)  # fmt: skip
+    if sequence is not None:
+        outcome = replay(pipeline, parse_sequence(sequence), spark=spark, workdir=workdir, daemons=daemons,
+                         emit=emit_plain)  # fmt: skip
+    else:
+        assert steps is not None
+        outcome = search(pipeline, steps=steps, seed=seed, spark=spark, workdir=workdir, daemons=daemons,
+                         emit=emit_plain, shrink_minutes=shrink_minutes)  # fmt: skip
+    if outcome.ok:
+        console.print(f"nemesis: OK, every sink 0 lost / 0 duplicated / 0 unexpected by both checkers after "
+                      f"{outcome.sequence}", markup=False)  # fmt: skip
+        return
+    console.print(f"nemesis: FAILED: {outcome.failure}", markup=False)
+    console.print(f"replay it: streamproof prove {pipeline} --nemesis-replay '{outcome.sequence}'", markup=False)
+    raise typer.Exit(1)
 
 
 @app.command()

@@ -1,0 +1,405 @@
+"""The nemesis: a sequence of composed faults and operator actions on a live stream, then both checkers on every
+sink (``streamproof prove PIPELINE --nemesis STEPS``; the sequences come from :mod:`streamproof.harness.search`).
+
+Each step is one thing a user or the world does (Jepsen's nemesis, on streamproof's own commands):
+
+=================  ==============================================================================================
+``kill@A:P``       a run SIGKILLed (its whole process tree) ``P`` of a batch's duration after its ``A``-th batch
+``term@A``         a run stopped by SIGTERM after its ``A``-th batch (it finishes the batch in flight, exits 0)
+``drain``          a run to the end of the topic (``run --available-now``)
+``standby@A``      a run and a warm standby beside it; the run SIGKILLed after its ``A``-th batch, the standby takes
+                   over and drains
+``broker@A``       the Kafka broker stopped for 3 s after a run's ``A``-th batch; the run rides it out
+``postgres@A``     PostgreSQL stopped for 3 s after a run's ``A``-th batch; the run rides it out
+``backup``         ``checkpoint backup`` of the stopped pipeline
+``restore:I``      ``checkpoint restore`` of backup ``I`` (0: the oldest; taken modulo the backups there are)
+``lose-checkpoint`` the checkpoint deleted; the run refuses; ``checkpoint recover``
+``lose-commits:N`` a Delta sink's newest ``N`` commits of the pipeline gone (its storage went backwards); the run
+                   refuses, or replays what it lost; ``checkpoint rewind`` when it refuses
+=================  ==============================================================================================
+
+Every step that runs the pipeline first produces new records into the topic (a live stream). After each step the
+pipeline has carried on, or refused with a line the docs list for the state the step left (a lost checkpoint:
+``checkpoint recover``; a sink behind: ``checkpoint rewind``), and the nemesis applies that repair; any other
+refusal, or a run that fails, ends the sequence as a failure. At the end the topic is drained and every sink must be
+0 lost / 0 duplicated / 0 unexpected by Spark's checker and by the independent one, which must agree.
+
+A sequence is written as its steps joined by ``,`` after the seed of its data, e.g.
+``data=7,kill@2:0.41,backup,drain,restore:0,drain``: :func:`parse_sequence` reads it back, so a failing sequence is
+replayed exactly (``--nemesis-replay``); the moment of a kill within a batch stays approximate, and each step
+prints what really happened.
+
+Example::
+
+    >>> parse_sequence("data=7,kill@2:0.41,restore:0").steps
+    [Step(action='kill', after=2, phase=0.41, index=0), Step(action='restore', after=1, phase=0.0, index=0)]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from streamproof.avro import avro_contract, with_subject_pinned
+from streamproof.checkpoint.log import committed_batches
+from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec, PostgresSinkSpec, dump_pipeline, load_pipeline
+from streamproof.errors import ConfigError, log_tail
+from streamproof.generator import generate
+from streamproof.harness.child import PipelineChild
+from streamproof.harness.crashes import Emit
+from streamproof.harness.matrix import cell_spec, upstream_shares
+from streamproof.infra import KafkaBroker, PostgresServer
+from streamproof.pipeline.events import STANDBY
+from streamproof.reconcile import verify_pipeline
+from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
+from streamproof.storage import Location
+
+ACTIONS = ("kill", "term", "drain", "standby", "broker", "postgres", "backup", "restore", "lose-checkpoint",
+           "lose-commits")  # fmt: skip
+RUNS = ("kill", "term", "drain", "standby", "broker", "postgres")  # the steps that run the pipeline
+OUTAGE_S = 3.0
+# The refusals the docs list, by the damage a step left, and the command that repairs each.
+REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
+_STEP = re.compile(r"(?P<action>[a-z-]+)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of the nemesis (the module's table), with its parameters.
+
+    >>> Step("kill", after=2, phase=0.41).encode(), Step("lose-commits", index=2).encode()
+    ('kill@2:0.41', 'lose-commits:2')
+    """
+
+    action: str
+    after: int = 1  # batches of the run before the fault (run steps)
+    phase: float = 0.0  # kill: the fraction of a batch's duration waited after them
+    index: int = 0  # restore: which backup; lose-commits: how many commits
+
+    def encode(self) -> str:
+        if self.action == "kill":
+            return f"kill@{self.after}:{self.phase:.2f}"
+        if self.action in ("term", "standby", "broker", "postgres"):
+            return f"{self.action}@{self.after}"
+        if self.action in ("restore", "lose-commits"):
+            return f"{self.action}:{self.index}"
+        return self.action
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """The seed of the data and the steps: what replays a nemesis run."""
+
+    data_seed: int
+    steps: list[Step]
+
+    def encode(self) -> str:
+        return ",".join([f"data={self.data_seed}", *(step.encode() for step in self.steps)])
+
+
+def parse_sequence(text: str) -> Sequence:
+    """A sequence as :meth:`Sequence.encode` writes it; one clear line for a step it cannot read.
+
+    >>> parse_sequence("data=3,term@2,lose-checkpoint").encode()
+    'data=3,term@2,lose-checkpoint'
+    """
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    seed = 1
+    if parts and parts[0].startswith("data="):
+        seed = int(parts.pop(0)[5:])
+    steps = []
+    for part in parts:
+        match = _STEP.fullmatch(part)
+        if match is None or match["action"] not in ACTIONS:
+            raise ConfigError(f"--nemesis-replay: {part!r} is not a step; expected one of {', '.join(ACTIONS)} "
+                              "(e.g. kill@2:0.41, term@1, restore:0, lose-commits:1)")  # fmt: skip
+        steps.append(Step(match["action"], int(match["after"] or 1), float(match["phase"] or 0.0),
+                          int(match["index"] or 0)))  # fmt: skip
+    return Sequence(seed, steps)
+
+
+class NemesisFailure(AssertionError):
+    """A sequence ended in damage, a refusal the docs do not list for the state it met, or a failed run."""
+
+
+@dataclass
+class Daemons:
+    """The servers the nemesis may restart: only those streamproof started (``infra up``, or a test's fixtures)."""
+
+    broker: KafkaBroker | None = None
+    postgres: PostgresServer | None = None
+
+    @classmethod
+    def started_under(cls, state_dir: Path, spec: PipelineSpec) -> Daemons:
+        """The broker and PostgreSQL of ``streamproof infra up`` under ``state_dir``, when the pipeline uses them."""
+        broker = None
+        saved = state_dir / "kafka" / "broker.json"
+        if saved.exists():
+            ports = json.loads(saved.read_text())
+            candidate = KafkaBroker(state_dir, port=int(ports["port"]), controller_port=int(ports["controller_port"]))
+            uses = getattr(spec.source, "bootstrap_servers", "").split(",")
+            broker = candidate if candidate.running() and candidate.bootstrap_servers in uses else None
+        server = PostgresServer(state_dir)
+        ports = {sink.port for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)}
+        postgres = server if server.home.exists() and server.running() and server.port in ports else None
+        return cls(broker, postgres)
+
+
+@dataclass
+class Nemesis:
+    """Runs steps on one pipeline of its own (exactly-once, its own topic, checkpoint and sinks under ``workdir``,
+    as a matrix cell), and judges the end. ``history`` holds what each step really did."""
+
+    pipeline_file: Path
+    workdir: Path
+    spark: SparkSession
+    daemons: Daemons
+    data_seed: int
+    emit: Emit = print
+    label: str = "r"  # tells apart the topics of the sequences of one search
+    records_per_step: int = 4_000
+    batch: int = 1_000
+    history: list[str] = field(default_factory=list)
+    backups: list[Path] = field(default_factory=list)
+    runs: int = 0
+    produced: int = 0
+
+    def __post_init__(self) -> None:
+        spec = load_pipeline(self.pipeline_file)
+        if spec.source.kind != "kafka":
+            raise ConfigError(f"--nemesis produces its records into Kafka and needs a kafka source, not "
+                              f"{spec.source.kind}")  # fmt: skip
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.topic = f"{spec.source.topic}-nemesis-{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
+        self.spec = cell_spec(spec, "exactly-once", self.topic, self.workdir, self.batch)
+        self.cell_file = self.workdir / "pipeline.toml"
+        self.cell_file.write_text(dump_pipeline(self.spec))
+        self.shares = upstream_shares(spec, None, None)
+        self.avro = avro_contract(with_subject_pinned(spec))
+        self.checkpoint = Path(str(self.spec.checkpoint_dir))
+
+    # ------------------------------------------------------------------------------------------ the steps
+
+    def can(self, action: str) -> bool:
+        """Whether ``action`` applies now (a backup needs a checkpoint, a restore a backup, ...)."""
+        has_batches = bool(committed_batches(self.spec.checkpoint_dir))
+        return {
+            "broker": self.daemons.broker is not None,
+            "postgres": self.daemons.postgres is not None,
+            "backup": has_batches, "lose-checkpoint": has_batches,
+            "restore": bool(self.backups),
+            "lose-commits": has_batches and self._delta_sink() is not None,
+        }.get(action, True)  # fmt: skip
+
+    def apply(self, step: Step) -> None:
+        """Run one step to its end (repairs included); :class:`NemesisFailure` when the pipeline misbehaved."""
+        if not self.can(step.action):
+            self._say(step, "not applicable now: skipped")
+            return
+        try:
+            if step.action in RUNS:
+                self._produce()
+            getattr(self, "_" + step.action.replace("-", "_"))(step)
+        except NemesisFailure:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever broke, the sequence failed and is to be replayed
+            raise NemesisFailure(f"{step.encode()}: {type(error).__name__}: {first_line(error)}") from error
+
+    def _kill(self, step: Step) -> None:
+        child = self._start()
+        if not self._after_batches(child, step.after):
+            return self._ended(step, child, "the run ended before its batches: no kill")
+        last = child.batches()[-1][1]
+        time.sleep(step.phase * max(last.duration_s, 0.2))
+        child.kill_tree()
+        code = child.wait(60)
+        landed = code == -signal.SIGKILL
+        self._say(step, f"SIGKILL {'in batch ' + str(last.batch_id + 1) if landed else 'missed'} (run {self.runs}, "
+                        f"exit {code})")  # fmt: skip
+        child.close()
+        if not landed:
+            self._judge_exit(step, child, code)
+
+    def _term(self, step: Step) -> None:
+        child = self._start()
+        if self._after_batches(child, step.after):
+            child.terminate()
+        self._ended(step, child, "SIGTERM")
+
+    def _drain(self, step: Step) -> None:
+        self._ended(step, self._start(), "drained")
+
+    def _standby(self, step: Step) -> None:
+        holder = self._start(available_now=False)
+        try:
+            standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby",
+                                    standby=True)  # fmt: skip
+            holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
+            standby.wait_for(lambda: any("waiting for pid" in text for text in standby.notices(STANDBY))
+                             or standby.process.poll() is not None, 300, "the standby warm and waiting")  # fmt: skip
+            self._after_batches(holder, step.after)
+        finally:
+            holder.kill_tree()
+            holder.close()
+        self._ended(step, standby, f"holder SIGKILLed after {len(holder.batches())} batches; the standby took over")
+
+    def _broker(self, step: Step) -> None:
+        assert self.daemons.broker is not None
+        self._outage(step, self.daemons.broker.down, self.daemons.broker.up)
+
+    def _postgres(self, step: Step) -> None:
+        assert self.daemons.postgres is not None
+        self._outage(step, self.daemons.postgres.down, self.daemons.postgres.up)
+
+    def _outage(self, step: Step, down: object, up: object) -> None:
+        child = self._start()
+        reached = self._after_batches(child, step.after)
+        if reached:
+            down()  # type: ignore[operator]
+            time.sleep(OUTAGE_S)
+            up()  # type: ignore[operator]
+        self._ended(step, child, f"{step.action} stopped {OUTAGE_S:.0f} s" if reached else "no outage: run ended")
+
+    def _backup(self, step: Step) -> None:
+        target = self.workdir / "backups" / f"backup-{len(self.backups)}"
+        self._cli(step, "checkpoint", "backup", str(self.cell_file), "--to", str(target))
+        self.backups.append(target)
+        self._say(step, f"backup {len(self.backups) - 1} at batch {committed_batches(self.spec.checkpoint_dir)[-1]}")
+
+    def _restore(self, step: Step) -> None:
+        which = step.index % len(self.backups)
+        self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.backups[which]))
+        aside = sorted(self.checkpoint.parent.glob(f"{self.checkpoint.name}.replaced-*"))
+        for folder in aside:  # the replaced checkpoint, which restore keeps aside: not needed here
+            shutil.rmtree(folder, ignore_errors=True)
+        self._say(step, f"restored backup {which} (checkpoint at batch {committed_batches(self.checkpoint)[-1]})")
+
+    def _lose_checkpoint(self, step: Step) -> None:
+        shutil.rmtree(self.checkpoint)
+        self._say(step, "checkpoint deleted")
+        self._expect_refusal(step, "checkpoint-lost")
+
+    def _lose_commits(self, step: Step) -> None:
+        table = self._delta_sink()
+        assert table is not None
+        count = max(1, step.index)
+        log = table / "_delta_log"
+        gone: list[int] = []
+        for version in range(latest_version(table), -1, -1):
+            if len(gone) == count:
+                break
+            text = commit_file(table, version).read_text()
+            if pipeline_commit(text, self.spec.name) is None:
+                break  # only the pipeline's own trailing commits (a Delta checkpoint of them would strand the log)
+            for name in (f"{version:020d}.json", f".{version:020d}.json.crc", f"{version:020d}.crc",
+                         f".{version:020d}.crc.crc"):  # fmt: skip
+                (log / name).delete()
+            gone.append(version)
+        self._say(step, f"{table}: commits {gone} gone")
+        if gone:
+            self._expect_refusal(step, "sink-behind", carry_on_allowed=True)
+
+    # ------------------------------------------------------------------------------------------ the runs
+
+    def _produce(self) -> None:
+        self.produced += 1
+        assert isinstance(self.spec.source, KafkaSource)
+        generate(self.spec.source.bootstrap_servers, self.topic, self.records_per_step, partitions=4,
+                 malformed=0.005, seed=self.data_seed * 1000 + self.produced, avro=self.avro,
+                 duplicates=self.shares["duplicates"], late=self.shares["late"])  # fmt: skip
+
+    def _start(self, *, available_now: bool = True) -> PipelineChild:
+        self.runs += 1
+        return PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}",
+                             available_now=available_now)  # fmt: skip
+
+    @staticmethod
+    def _after_batches(child: PipelineChild, count: int) -> bool:
+        """Wait for the run's ``count``-th batch; False when the run ended first."""
+        deadline = time.monotonic() + 600
+        while len(child.batches()) < count:
+            if child.process.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _ended(self, step: Step, child: PipelineChild, what: str) -> None:
+        code = child.wait(900)
+        child.close()
+        self._say(step, f"{what}: {len(child.batches())} batches, exit {code} (run {self.runs})")
+        self._judge_exit(step, child, code)
+
+    def _judge_exit(self, step: Step, child: PipelineChild, code: int) -> None:
+        if code == 0:
+            return
+        line = _error_line(child.log_path)
+        raise NemesisFailure(f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
+                             f"for: {line or log_tail(child.log_path)}")  # fmt: skip
+
+    def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
+        """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
+        repair it names is then applied and must succeed."""
+        child = self._start()
+        code = child.wait(900)
+        child.close()
+        line = _error_line(child.log_path) or ""
+        repair = REPAIRS[damage]
+        if code == 0 and carry_on_allowed:
+            self._say(step, f"run {self.runs} carried on (replayed what the sink lost): exit 0")
+            return
+        if code != 2 or f"streamproof {repair}" not in line:
+            raise NemesisFailure(f"{step.encode()}: after {damage}, run {self.runs} exited {code} without the refusal "
+                                 f"naming `{repair}`: {line or log_tail(child.log_path)}")  # fmt: skip
+        self._say(step, f"refused ({line[:100]}...); {repair}")
+        self._cli(step, *repair.split(), str(self.cell_file))
+
+    def _cli(self, step: Step, *args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "streamproof", *args], capture_output=True, text=True,
+                              timeout=1800)  # fmt: skip
+        if done.returncode != 0:
+            raise NemesisFailure(f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
+                                 f"{(done.stderr or done.stdout).strip()[-600:]}")  # fmt: skip
+
+    def _delta_sink(self) -> Location | None:
+        tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
+        return tables[0] if tables and not tables[0].is_remote else None
+
+    def _say(self, step: Step, what: str) -> None:
+        line = f"step {len(self.history) + 1} {step.encode()}: {what}"
+        self.history.append(line)
+        self.emit(line)
+
+    # ------------------------------------------------------------------------------------------ the end
+
+    def finish(self) -> list[str]:
+        """Drain, then both checkers on every sink: the problems found (empty: every sink 0/0/0, checkers agree)."""
+        self.apply(Step("drain"))
+        reports = verify_pipeline(self.spark, self.spec)
+        problems = [f"{report.sink}: lost {report.lost}, duplicated {report.duplicated}, unexpected "
+                    f"{report.unexpected} ({report.verdict})" for report in reports if not report.ok]  # fmt: skip
+        problems += disagreements(reports, verify_independently(self.spec))
+        totals = ", ".join(f"{report.sink} {report.sink_records:,} rows" for report in reports)
+        self.emit(
+            f"end: {self.produced * self.records_per_step:,} records produced; {totals}; "
+            + ("every sink 0/0/0, both checkers agree" if not problems else "; ".join(problems))
+        )
+        return problems
+
+
+def _error_line(log: Path) -> str | None:
+    """The CLI's one-line error of a run (``error: ...``), if it printed one."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line for line in reversed(lines) if line.startswith("error: ")), None)

@@ -1,0 +1,109 @@
+"""The nemesis: composed faults and operator actions on a live stream, then both checkers on every sink.
+
+Without a JVM: a sequence is written and read back exactly (what a failing run prints to replay it), and a step it
+cannot read is one line naming it.
+
+Integration (real Kafka, Spark, Delta, PostgreSQL; every kill a SIGKILL of the run's process tree): a small nemesis
+drawn from a seed on a pipeline with a Delta table and a PostgreSQL table, the broker and PostgreSQL restartable.
+Expected: every step carries on or refuses with the line the docs list for it (and is repaired), and at the end
+every sink is 0 lost / 0 duplicated / 0 unexpected by both checkers. Then the old "first batch of a run only" replay
+rule planted into the pipeline's processes (a ``sitecustomize`` on their path): replaying a backup restored two
+batches behind ends in duplicates, which the nemesis reports with the sequence to replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamproof.errors import ConfigError
+from streamproof.harness.nemesis import Daemons, Sequence, Step, parse_sequence
+from streamproof.harness.search import replay, search
+from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+
+# The old rule: a sink decides the first keyed batch of a run from what it holds and writes every later one.
+FIRST_BATCH_ONLY = '''
+import streamproof.sinks.base as base
+
+_decide = base.Sink.replay_check
+
+
+def _first_batch_only(self, batch):
+    if getattr(self, "_planted_decided", False) and batch.keyed:
+        return False
+    self._planted_decided = True
+    return _decide(self, batch)
+
+
+base.Sink.replay_check = _first_batch_only
+'''
+
+
+def test_a_sequence_is_written_and_read_back_exactly() -> None:
+    sequence = Sequence(17, [Step("kill", 2, 0.41), Step("backup"), Step("term", 3), Step("restore", index=1),
+                             Step("lose-checkpoint"), Step("lose-commits", index=2), Step("broker", 1)])  # fmt: skip
+    text = sequence.encode()
+    assert text == "data=17,kill@2:0.41,backup,term@3,restore:1,lose-checkpoint,lose-commits:2,broker@1"
+    assert parse_sequence(text) == sequence
+    with pytest.raises(ConfigError, match=r"--nemesis-replay: 'explode@2' is not a step; expected one of kill, "):
+        parse_sequence("data=1,explode@2")
+
+
+def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "pipeline.toml"
+    path.write_text(f"""
+name = "nemesis"
+checkpoint = "{workdir}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "nemesis"
+[transform]
+schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
+required = ["event_id", "order_id", "customer_id"]
+quarantine = "{workdir}/quarantine"
+[[sinks]]
+label = "delta"
+kind = "delta"
+path = "{workdir}/orders"
+[[sinks]]
+label = "pg"
+kind = "postgres"
+port = {postgres.port}
+password = "${{{PG_PASSWORD_ENV}}}"
+table = "nemesis_orders"
+[retry]
+backoff = "1 second"
+""")
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.crash
+def test_a_small_nemesis_ends_clean_and_a_planted_replay_bug_is_found(
+    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    pipeline_file = _pipeline(tmp_path, kafka_broker, streamproof_postgres)
+    daemons = Daemons(kafka_broker, streamproof_postgres)
+    lines: list[str] = []
+    outcome = search(pipeline_file, steps=4, seed=11, spark=spark, workdir=tmp_path / "search", daemons=daemons,
+                     emit=lines.append, shrink_minutes=0)  # fmt: skip
+    print("\n".join(lines))
+    assert outcome.ok, (outcome.failure, outcome.sequence)
+    assert len(outcome.history) >= 5 and outcome.sequence.count(",") == 4  # four steps, then the drain
+    assert lines[-1].startswith("nemesis: 1 sequence(s) in ")
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "sitecustomize.py").write_text(FIRST_BATCH_ONLY)
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    lines.clear()
+    found = replay(pipeline_file, parse_sequence("data=5,term@3,backup,drain,restore:0"), spark=spark,
+                   workdir=tmp_path / "replay", daemons=daemons, emit=lines.append)  # fmt: skip
+    print("\n".join(lines))
+    assert not found.ok and "delta: lost 0, duplicated " in str(found.failure), found.failure
+    assert found.sequence == "data=5,term@3,backup,drain,restore:0"
