@@ -10,8 +10,10 @@ here: each sink kind and mode is killed mid-write and after its commit in test_s
 PostgreSQL totals and Kafka sinks are among ``all_sinks.toml``'s), ``orders_dedup_to_delta.toml`` and
 ``customer_windows_to_delta.toml`` (test_dedup.py runs them through the crash matrix), ``all_sinks.toml``
 (its six sinks are those of test_sinks_exactly_once.py), ``orders_silver_from_bronze.toml`` (its source is a
-Delta table: test_delta_source.py runs the same pipeline through a crash) and ``orders_to_delta_cluster.toml``
-(it needs a cluster and HDFS: test_cluster.py runs it through the cluster's faults).
+Delta table: test_delta_source.py runs the same pipeline through a crash), ``orders_to_delta_cluster.toml``
+(it needs a cluster and HDFS: test_cluster.py runs it through the cluster's faults) and ``every_sink_kind.toml``
+(the long nemesis runs' pipeline: its Delta append, PostgreSQL totals, Kafka and Parquet sinks are those of
+test_replay_through.py, its Delta MERGE that of test_sinks_exactly_once.py).
 ``orders_partitioned_to_delta.toml`` runs once, SIGKILLed in the middle of each partitioned write (append, MERGE),
 then compacted per partition.
 """
@@ -42,6 +44,7 @@ ALREADY_RUN = (
     "orders_silver_from_bronze.toml",
     "orders_to_delta_cluster.toml",
     "orders_partitioned_to_delta.toml",  # test_partitioned_example_survives_kills_...
+    "every_sink_kind.toml",  # the long nemesis runs' pipeline (see the module docstring)
 )
 EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.toml") if path.name not in ALREADY_RUN)
 

@@ -52,7 +52,7 @@ from pyspark.sql import SparkSession
 from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec, PostgresSinkSpec, dump_pipeline, load_pipeline
-from streamproof.errors import ConfigError, log_tail
+from streamproof.errors import ConfigError, first_line, log_tail
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import Emit
@@ -173,6 +173,7 @@ class Nemesis:
     backups: list[Path] = field(default_factory=list)
     runs: int = 0
     produced: int = 0
+    steps_applied: int = 0
 
     def __post_init__(self) -> None:
         spec = load_pipeline(self.pipeline_file)
@@ -203,6 +204,7 @@ class Nemesis:
 
     def apply(self, step: Step) -> None:
         """Run one step to its end (repairs included); :class:`NemesisFailure` when the pipeline misbehaved."""
+        self.steps_applied += 1
         if not self.can(step.action):
             self._say(step, "not applicable now: skipped")
             return
@@ -375,7 +377,7 @@ class Nemesis:
         return tables[0] if tables and not tables[0].is_remote else None
 
     def _say(self, step: Step, what: str) -> None:
-        line = f"step {len(self.history) + 1} {step.encode()}: {what}"
+        line = f"step {self.steps_applied} {step.encode()}: {what}"
         self.history.append(line)
         self.emit(line)
 

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,10 +25,12 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 from pyspark.sql import SparkSession
 
+from streamproof.errors import first_line
 from streamproof.harness.crashes import Emit
 from streamproof.harness.nemesis import Daemons, Nemesis, NemesisFailure, Sequence, Step
 
@@ -92,8 +93,12 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
         print_blob=False,
     )  # fmt: skip
     started = time.monotonic()
-    with contextlib.suppress(NemesisFailure):  # the shortest failing sequence is in ``outcome``
+    try:
         run_state_machine_as_test(machine, settings=nemesis_settings)
+    except NemesisFailure:
+        pass  # the shortest failing sequence is in ``outcome``
+    except Flaky as flaky:  # a shorter try failed, its rerun did not (a kill's moment is approximate): say so
+        emit(f"Hypothesis: the shortest failing sequence did not fail again when rerun ({first_line(flaky)})")
     outcome.examples = examples[0]
     emit(f"nemesis: {examples[0]} sequence(s) in {time.monotonic() - started:.0f} s")
     return outcome
