@@ -280,6 +280,33 @@ path = "{tmp_path}/orders"
     assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
 
 
+def test_recover_refuses_a_pipeline_whose_state_only_the_checkpoint_holds(tmp_path: Path) -> None:
+    """Dedup's (and windows') state lives in the checkpoint alone: a checkpoint rebuilt from the sinks' records would
+    start it empty (resent records seen before pass again), and its one-source offset log was refused by Spark's
+    query, which reads the topic twice. Refused in one line, naming restore."""
+    from streamproof.config import parse_pipeline
+
+    spec = parse_pipeline(f"""
+name = "stateful"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "stateful"
+[transform]
+schema = "event_id STRING, event_time TIMESTAMP"
+quarantine = "{tmp_path}/quarantine"
+dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 hour" }}
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    with pytest.raises(PipelineError) as refusal:
+        recover(None, spec)  # type: ignore[arg-type]  # refused before a session is needed
+    message = str(refusal.value)
+    assert message.startswith("checkpoint recover rebuilds the offset and commit logs from the sinks' records, not the "
+                              "state of dedup or windows") and "checkpoint restore" in message, message  # fmt: skip
+
+
 def test_a_damaged_log_gets_a_diagnosis_and_the_way_out(tmp_path: Path) -> None:
     """A log entry deleted by hand with Hadoop's hidden checksum left beside it (Spark would blame "multiple
     streaming queries"), and a commit with no offsets entry: each refused in one line naming the files."""

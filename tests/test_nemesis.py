@@ -4,11 +4,13 @@ Without a JVM: a sequence is written and read back exactly (what a failing run p
 cannot read is one line naming it.
 
 Integration (real Kafka, Spark, Delta, PostgreSQL; every kill a SIGKILL of the run's process tree): a small nemesis
-of three steps drawn from a seed on a pipeline with a Delta table and a PostgreSQL table, the broker and PostgreSQL restartable.
+of three steps drawn from a seed on a pipeline with a Delta table and a PostgreSQL table, the broker and PostgreSQL
+restartable.
 Expected: every step carries on or refuses with the line the docs list for it (and is repaired), and at the end
 every sink is 0 lost / 0 duplicated / 0 unexpected by both checkers. Then the old "first batch of a run only" replay
-rule planted into the pipeline's processes (a ``sitecustomize`` on their path): replaying a backup restored two
-batches behind ends in duplicates, which the nemesis reports with the sequence to replay.
+rule planted into the pipeline's processes (a ``sitecustomize`` on their path), on the same pipeline deduplicating
+(so the batches the sinks hold beyond a restored backup run again): replaying a backup restored two batches behind
+ends in duplicates, which the nemesis reports with the sequence to replay.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from streamproof.harness.nemesis import Daemons, Sequence, Step, parse_sequence
 from streamproof.harness.search import replay, search
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 
-# The old rule: a sink decides the first keyed batch of a run from what it holds and writes every later one.
+# The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
 FIRST_BATCH_ONLY = '''
 import streamproof.sinks.base as base
 
@@ -31,9 +33,11 @@ _decide = base.Sink.replay_check
 
 
 def _first_batch_only(self, batch):
-    if getattr(self, "_planted_decided", False) and batch.keyed:
+    first = getattr(self, "_planted_first", None)
+    if first is None:
+        self._planted_first = first = batch.batch_id
+    if batch.keyed and batch.batch_id != first:
         return False
-    self._planted_decided = True
     return _decide(self, batch)
 
 
@@ -51,9 +55,20 @@ def test_a_sequence_is_written_and_read_back_exactly() -> None:
         parse_sequence("data=1,explode@2")
 
 
-def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer) -> Path:
+def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, dedup: bool = False) -> Path:
+    """Delta and PostgreSQL sinks; or, deduplicating, the Delta sink alone (a per-partition sink such as PostgreSQL
+    takes one Kafka split per task, which dedup's shuffle does not keep)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "pipeline.toml"
+    path = workdir / f"pipeline{'-dedup' if dedup else ''}.toml"
+    state = 'dedup = { columns = ["event_id"], watermark = "event_time", delay = "1 hour" }' if dedup else ""
+    pg = "" if dedup else f"""
+[[sinks]]
+label = "pg"
+kind = "postgres"
+port = {postgres.port}
+password = "${{{PG_PASSWORD_ENV}}}"
+table = "nemesis_orders"
+"""
     path.write_text(f"""
 name = "nemesis"
 checkpoint = "{workdir}/checkpoint"
@@ -65,16 +80,12 @@ topic = "nemesis"
 schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
 required = ["event_id", "order_id", "customer_id"]
 quarantine = "{workdir}/quarantine"
+{state}
 [[sinks]]
 label = "delta"
 kind = "delta"
 path = "{workdir}/orders"
-[[sinks]]
-label = "pg"
-kind = "postgres"
-port = {postgres.port}
-password = "${{{PG_PASSWORD_ENV}}}"
-table = "nemesis_orders"
+{pg}
 [retry]
 backoff = "1 second"
 """)
@@ -102,7 +113,9 @@ def test_a_small_nemesis_ends_clean_and_a_planted_replay_bug_is_found(
     (planted / "sitecustomize.py").write_text(FIRST_BATCH_ONLY)
     monkeypatch.setenv("PYTHONPATH", str(planted))
     lines.clear()
-    found = replay(pipeline_file, parse_sequence("data=5,term@2,backup,drain,restore:0"), spark=spark,
+    # A deduplicating pipeline: its held batches run again (its state must see them), so the rule decides each.
+    stateful_file = _pipeline(tmp_path / "stateful", kafka_broker, streamproof_postgres, dedup=True)
+    found = replay(stateful_file, parse_sequence("data=5,term@2,backup,drain,restore:0"), spark=spark,
                    workdir=tmp_path / "replay", daemons=daemons, emit=lines.append)  # fmt: skip
     print("\n".join(lines))
     assert not found.ok and "delta: lost 0, duplicated " in str(found.failure), found.failure

@@ -174,7 +174,8 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
     anew: write ``offsets/<batch_id>`` as Spark would, after the committed batch before it. Spark then runs exactly
     that range. The entry keeps the one before it's session confs, and carries the watermark Spark would give the
     batch on a restart (the larger of the one before it's and the one its commit passes on), so a stateful
-    pipeline judges late records as the batch's first run did.
+    pipeline judges late records as the batch's first run did; one offsets line per source of the entry before it
+    (a pipeline with dedup or windows reads its topic twice, one line each).
 
     >>> import tempfile
     >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
@@ -187,15 +188,37 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
     before = batch_id - 1
     if before not in committed_batches(folder) or batch_id in logged_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be planned only right after batch {before} committed")
-    header, metadata_line = (folder / "offsets" / str(before)).read_text().splitlines()[:2]
+    header, metadata_line, *source_lines = (folder / "offsets" / str(before)).read_text().splitlines()
+    if len(set(source_lines)) != 1:  # dedup and windows read the topic twice (two branches): one position, twice
+        raise PipelineError(f"{folder}: offsets/{before} holds positions of different sources; batch {batch_id} "
+                            "cannot be planned from one source's offsets")  # fmt: skip
     metadata = json.loads(metadata_line)
     committed = (folder / "commits" / str(before)).read_text().splitlines()
     passed_on = json.loads(committed[1]).get("nextBatchWatermarkMs", 0) if len(committed) > 1 else 0
     metadata["batchWatermarkMs"] = max(int(metadata.get("batchWatermarkMs", 0)), int(passed_on))
     metadata["batchTimestampMs"] = int(time.time() * 1000)
     compact = {"separators": (",", ":")}
-    entry = f"{header}\n{json.dumps(metadata, **compact)}\n{json.dumps(end_offsets, **compact)}"  # type: ignore[arg-type]
+    sources = "\n".join([json.dumps(end_offsets, **compact)] * len(source_lines))  # type: ignore[arg-type]
+    entry = f"{header}\n{json.dumps(metadata, **compact)}\n{sources}"  # type: ignore[arg-type]
     (folder / "offsets" / str(batch_id)).replace_with_text(entry)
+
+
+def commit_batch(checkpoint: Checkpoint, batch_id: int) -> None:
+    """Mark the logged batch ``batch_id`` done without running it (``commits/<batch_id>``), as Spark would after it
+    ran; for a stateless pipeline's batch that every sink holds (:func:`streamproof.checkpoint.positions.held_beyond`),
+    which running it again would only skip.
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> rebuild(checkpoint, {0: {"orders": {"0": 10}}}, committed_through=0)
+    >>> log_batch(checkpoint, 1, {"orders": {"0": 25}}); commit_batch(checkpoint, 1)
+    >>> next_batch_to_run(checkpoint)
+    2
+    """
+    folder = Location(checkpoint)
+    if batch_id not in logged_batches(folder) or batch_id in committed_batches(folder):
+        raise PipelineError(f"{folder}: batch {batch_id} can be marked done only once it is logged, and once")
+    (folder / "commits" / str(batch_id)).replace_with_text('v1\n{"nextBatchWatermarkMs":0}')
 
 
 def rebuild(

@@ -124,28 +124,66 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
         )
 
 
-def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> dict[int, Offsets]:
-    """The batches after the checkpoint's last committed one that the sinks (or the quarantine table) hold, each with
-    the end offsets the first sink holding it recorded: what a run replays with those offsets, one batch at a time
+@dataclass(frozen=True)
+class HeldBeyond:
+    """What the sinks hold beyond the checkpoint's last committed batch (:func:`held_beyond`).
+
+    ``offsets``: each such batch with the end offsets the first sink holding it recorded, in order; ``everywhere``:
+    the first of them that every sink holds completely with those offsets, the batch before the first one ending
+    where the checkpoint's last committed batch ends, and the pipeline stateless, so that running them again would
+    only skip them.
+    """
+
+    offsets: dict[int, Offsets]
+    everywhere: tuple[int, ...] = ()
+
+
+def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
+    """The batches after the checkpoint's last committed one that the sinks (or the quarantine table) hold, with the
+    end offsets they recorded: what a run replays with those offsets, one batch at a time
     (:func:`streamproof.checkpoint.log.log_batch`), before Spark plans anything itself. Without that, a checkpoint
     behind its sinks (an older backup restored) has Spark plan those batches anew, and with more records in the
-    source by then their ranges differ from the ones the sinks hold.
+    source by then their ranges differ from the ones the sinks hold. The batches every sink holds, of a stateless
+    pipeline, need not run at all (``everywhere``): each sink would skip them.
 
     Exactly-once pipelines on a Kafka source only (a file or Delta source's position is its own log in the
     checkpoint, which a restored backup lacks for those batches: there the replay rule refuses what differs).
 
-    >>> held_beyond(load_pipeline("orders.toml"), open_sinks(spec))                   # doctest: +SKIP
+    >>> held_beyond(load_pipeline("orders.toml"), open_sinks(spec)).offsets           # doctest: +SKIP
     {2: {'orders': {'0': 5012, '1': 4988}}, 3: {'orders': {'0': 7490, '1': 7510}}}
     """
     committed = committed_batches(spec.checkpoint_dir)
     if not committed or not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
-        return {}
-    held: dict[int, Offsets] = {}
-    for sink in [*sinks, quarantine_table(spec)]:
-        for batch_id, commit in sink.held_from(committed[-1] + 1).items():
-            if commit.end_offsets is not None and commit.complete:
-                held.setdefault(batch_id, commit.end_offsets)
-    return dict(sorted(held.items()))
+        return HeldBeyond({})
+    last = committed[-1]
+    by_sink = [sink.held_from(last) for sink in sinks]
+    offsets: dict[int, Offsets] = {}
+    for held in [*by_sink, quarantine_table(spec).held_from(last + 1)]:
+        for batch_id, commit in held.items():
+            if batch_id > last and commit.end_offsets is not None and commit.complete:
+                offsets.setdefault(batch_id, commit.end_offsets)
+    if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
+        return HeldBeyond(dict(sorted(offsets.items())))
+    ends_at = _offsets_or_none(spec, last)
+    if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):
+        return HeldBeyond(dict(sorted(offsets.items())))  # another history: the replay rule refuses it when run
+    everywhere = []
+    for batch_id in range(last + 1, max(offsets, default=last) + 1):
+        held_everywhere = all(
+            batch_id in held and held[batch_id].complete and held[batch_id].end_offsets == offsets.get(batch_id)
+            for held in by_sink
+        )
+        if not held_everywhere:
+            break
+        everywhere.append(batch_id)
+    return HeldBeyond(dict(sorted(offsets.items())), tuple(everywhere))
+
+
+def _offsets_or_none(spec: PipelineSpec, batch_id: int) -> Offsets | None:
+    try:
+        return batch_end_offsets(spec.checkpoint_dir, batch_id)
+    except PipelineError:
+        return None
 
 
 def refuse_if_source_behind(spec: PipelineSpec) -> None:

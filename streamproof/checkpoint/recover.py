@@ -78,6 +78,12 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             f"checkpoint recover applies to exactly-once pipelines (their sinks record the offsets of each batch); "
             f"a {spec.guarantee} pipeline restarts from source.starting_offsets with a fresh checkpoint"
         )
+    if spec.transform.watermark is not None:
+        raise PipelineError(
+            "checkpoint recover rebuilds the offset and commit logs from the sinks' records, not the state of dedup "
+            "or windows, which only the checkpoint holds (resent records seen before would pass again): restore a "
+            f"checkpoint backup (`streamproof checkpoint restore {spec._source_name} --from BACKUP`) instead"
+        )
     checkpoint = spec.checkpoint_dir
     refuse_while_running(checkpoint, "recover")
     if not is_empty(checkpoint) and _is_readable(checkpoint):

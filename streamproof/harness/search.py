@@ -180,6 +180,16 @@ def _machine(open_nemesis: Callable[[int], Nemesis],
         def lose_commits(self, count: int) -> None:
             self._step(Step("lose-commits", index=count))
 
+        @precondition(lambda self: self._can("executor"))
+        @rule()
+        def executor(self) -> None:
+            self._step(Step("executor"))
+
+        @precondition(lambda self: self._can("datanode"))
+        @rule()
+        def datanode(self) -> None:
+            self._step(Step("datanode"))
+
         def teardown(self) -> None:
             if self.nemesis is None or self.failed:
                 return
