@@ -82,7 +82,7 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
             return
         outcome.sequence, outcome.failure, outcome.history = sequence, failure, list(nemesis.history)
 
-    machine = _machine(open_nemesis, record)
+    machine = _machine(open_nemesis, record, daemons)
     machine._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]  # what @seed(seed) sets
     # Each try of a shorter failing sequence reruns it from scratch for minutes: Hypothesis's own bound on shrinking
     # (5 minutes) would stop after one or two. The nemesis's bound is the caller's.
@@ -104,8 +104,8 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
     return outcome
 
 
-def _machine(open_nemesis: Callable[[int], Nemesis],
-             record: Callable[[Nemesis, list[Step], str | None], None]) -> type[RuleBasedStateMachine]:  # fmt: skip
+def _machine(open_nemesis: Callable[[int], Nemesis], record: Callable[[Nemesis, list[Step], str | None], None],
+             daemons: Daemons) -> type[RuleBasedStateMachine]:  # fmt: skip
     """The state machine class, bound to one search (Hypothesis builds a new instance per sequence)."""
 
     class NemesisMachine(RuleBasedStateMachine):
@@ -114,14 +114,22 @@ def _machine(open_nemesis: Callable[[int], Nemesis],
             self.nemesis: Nemesis | None = None
             self.steps: list[Step] = []
             self.failed = False
+            self.data_seed = 1  # set by start(), which Hypothesis runs first
 
         @initialize(data_seed=st.integers(min_value=0, max_value=2**31 - 1))
         def start(self, data_seed: int) -> None:
             # Hypothesis first runs the simplest sequence there is (the first rule, repeated): not a random one.
             assume(data_seed != 0)
-            self.nemesis = open_nemesis(data_seed)
+            self.data_seed = data_seed
+
+        def _opened(self) -> Nemesis:
+            # Opened at the first step: Hypothesis also tries sequences of no step at all, which cost nothing then.
+            if self.nemesis is None:
+                self.nemesis = open_nemesis(self.data_seed)
+            return self.nemesis
 
         def _step(self, step: Step) -> None:
+            self._opened()
             assert self.nemesis is not None
             self.steps.append(step)
             try:
@@ -132,7 +140,11 @@ def _machine(open_nemesis: Callable[[int], Nemesis],
                 raise
 
         def _can(self, action: str) -> bool:
-            return self.nemesis is not None and self.nemesis.can(action)
+            if self.nemesis is None:  # nothing run yet (rules are drawn before a step runs, and may not run)
+                return action in ("kill", "term", "drain", "standby") or (
+                    action == "broker" and daemons.broker is not None) or (
+                    action == "postgres" and daemons.postgres is not None)  # fmt: skip
+            return self.nemesis.can(action)
 
         @rule(after=st.integers(1, 3), phase=st.floats(0.0, 1.0, allow_nan=False))
         def kill(self, after: int, phase: float) -> None:
@@ -191,7 +203,7 @@ def _machine(open_nemesis: Callable[[int], Nemesis],
             self._step(Step("datanode"))
 
         def teardown(self) -> None:
-            if self.nemesis is None or self.failed:
+            if self.nemesis is None or self.failed or not self.steps:
                 return
             try:
                 problems = self.nemesis.finish()
