@@ -117,8 +117,8 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
     missing = [batch for batch in needed if batch not in recorded]
     if missing:
         raise PipelineError(
-            f"no sink recorded the end offsets of batch(es) {missing} (a Parquet folder does not): restore a "
-            "checkpoint backup instead"
+            f"no sink recorded the end offsets of batch(es) {missing} (a Parquet folder keeps them for its last 100 "
+            "batches only): restore a checkpoint backup instead"
         )
     kept = None
     if checkpoint.exists() and not is_empty(checkpoint):
