@@ -280,6 +280,53 @@ path = "{tmp_path}/orders"
     assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
 
 
+def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not_behind(tmp_path: Path) -> None:
+    """Storage lost the table's newest commit, of a batch the checkpoint has not committed (a restored checkpoint, a
+    kill after the sink's commit), while the Delta checkpoint written at that version stayed: the sink is not behind
+    the checkpoint, yet Delta would fail every read with a JVM error. The start stops in one line naming rewind, and
+    rewind sets the stranded files aside (nothing to replay: the next run re-runs the batch)."""
+    import json
+
+    from streamproof.config import parse_pipeline
+
+    spec = parse_pipeline(f"""
+name = "stranded"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "stranded"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    log = tmp_path / "orders" / "_delta_log"
+    log.mkdir(parents=True)
+    for batch_id in range(2):  # versions 0-1: batches 0-1; version 2 (batch 2) lost, its checkpoint kept
+        record = {"streamproof": {"pipeline": "stranded", "batch_id": batch_id, "end_offsets": {"t": {"0": batch_id}}}}
+        actions = [{"txn": {"appId": "streamproof/stranded", "version": batch_id}},
+                   {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
+        (log / f"{batch_id:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+    (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
+    (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
+    (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
+    for batch_id in range(2):
+        (tmp_path / "checkpoint" / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    with pytest.raises(PipelineError) as refusal:
+        refuse_if_sink_behind(None, spec, open_sinks(spec))
+    message = str(refusal.value)
+    assert message.startswith(f"sink delta ({tmp_path / 'orders'}) has files of versions past its last commit "
+                              "(version 1) in its log: ") and "checkpoint rewind" in message, message  # fmt: skip
+    from streamproof.checkpoint.positions import rewind
+
+    done = rewind(spec, lambda _: None)
+    assert done.startswith(f"every sink holds every batch {tmp_path / 'checkpoint'} committed; set aside 2 file(s)")
+    assert sorted(path.name for path in log.iterdir()) == [f"{0:020d}.json", f"{1:020d}.json"]
+    refuse_if_sink_behind(None, spec, open_sinks(spec))  # readable again: nothing to refuse
+
+
 def test_recover_refuses_a_pipeline_whose_state_only_the_checkpoint_holds(tmp_path: Path) -> None:
     """Dedup's (and windows') state lives in the checkpoint alone: a checkpoint rebuilt from the sinks' records would
     start it empty (resent records seen before pass again), and its one-source offset log was refused by Spark's

@@ -35,7 +35,7 @@ from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Offsets, Sink
 from streamproof.sinks.delta import DeltaSink
-from streamproof.sinks.delta_log import log_past_its_commits, set_aside_stranded
+from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
@@ -122,16 +122,43 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
             f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"
         )
+    for table in _stranded_logs(spark, spec, sinks):
+        shown = ", ".join(table.past.stranded[:3]) + (f" and {len(table.past.stranded) - 3} more"
+                                                      if len(table.past.stranded) > 3 else "")  # fmt: skip
+        raise PipelineError(
+            f"{table.what} ({table.sink.location}) has files of versions past its last commit (version "
+            f"{table.past.last_commit}) in its log: {shown} (its storage lost commits Delta had written a checkpoint "
+            "or a checksum of, and Delta cannot read the table so); set them aside, and replay what it lost if "
+            f"anything, with `streamproof checkpoint rewind {spec._source_name}`"
+        )
+
+
+@dataclass(frozen=True)
+class StrandedLog:
+    """A Delta table of the pipeline whose log holds files past its last commit file (:func:`log_past_its_commits`)."""
+
+    sink: DeltaSink
+    what: str
+    past: LogPastItsCommits
+
+
+def _stranded_logs(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[StrandedLog]:
+    tables = [(sink, f"sink {sink.name}") for sink in sinks if isinstance(sink, DeltaSink)]
+    tables.append((quarantine_table(spec), "the quarantine table"))
+    return [StrandedLog(sink, what, past) for sink, what in tables
+            if (spark is not None or not sink.needs_spark_for_commits())
+            and (past := log_past_its_commits(sink.path)) is not None]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class HeldBeyond:
     """What the sinks hold beyond the checkpoint's last committed batch (:func:`held_beyond`).
 
-    ``offsets``: each such batch with the end offsets the first sink holding it recorded, in order; ``everywhere``:
-    the first of them that every sink holds completely with those offsets, the batch before the first one ending
-    where the checkpoint's last committed batch ends, and the pipeline stateless, so that running them again would
-    only skip them.
+    ``offsets``: each such batch with the end offsets a sink holding it recorded (one holding it completely first),
+    in order; ``everywhere``: the first of them that every sink holds completely with those offsets, whose records
+    for the quarantine table are there too (held by it, or none), the batch before the first one ending where the
+    checkpoint's last committed batch ends, and the pipeline stateless, so that running them again would only skip
+    them.
     """
 
     offsets: dict[int, Offsets]
@@ -157,26 +184,43 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
         return HeldBeyond({})
     last = committed[-1]
     by_sink = [sink.held_from(last) for sink in sinks]
+    quarantine = quarantine_table(spec).held_from(last + 1)
     offsets: dict[int, Offsets] = {}
-    for held in [*by_sink, quarantine_table(spec).held_from(last + 1)]:
-        for batch_id, commit in held.items():
-            if batch_id > last and commit.end_offsets is not None and commit.complete:
-                offsets.setdefault(batch_id, commit.end_offsets)
+    # A batch some sink holds completely takes its offsets; one held only in part (some PostgreSQL or Kafka shares
+    # committed before a kill) takes those its shares recorded: either way it runs with the range it was written with.
+    for complete in (True, False):
+        for held in [*by_sink, quarantine]:
+            for batch_id, commit in held.items():
+                if batch_id > last and commit.end_offsets is not None and commit.complete == complete:
+                    offsets.setdefault(batch_id, commit.end_offsets)
+    gaps = sorted(set(range(last + 1, max(offsets, default=last) + 1)) - set(offsets))
+    if gaps:
+        raise PipelineError(
+            f"the sinks of pipeline {spec.name!r} hold batches {sorted(offsets)} beyond the checkpoint's last "
+            f"committed batch {last} but none holds batch(es) {gaps}, whose offsets are then unknown: restore the "
+            "checkpoint backup the sinks were written with, or rebuild it from their records (move it aside, then "
+            f"`streamproof checkpoint recover {spec._source_name}`)"
+        )
+    offsets = dict(sorted(offsets.items()))
     if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
-        return HeldBeyond(dict(sorted(offsets.items())))
+        return HeldBeyond(offsets)
     ends_at = _offsets_or_none(spec, last)
     if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):
-        return HeldBeyond(dict(sorted(offsets.items())))  # another history: the replay rule refuses it when run
+        return HeldBeyond(offsets)  # another history: the replay rule refuses it when run
     everywhere = []
-    for batch_id in range(last + 1, max(offsets, default=last) + 1):
+    for batch_id, end_offsets in offsets.items():
         held_everywhere = all(
-            batch_id in held and held[batch_id].complete and held[batch_id].end_offsets == offsets.get(batch_id)
+            batch_id in held and held[batch_id].complete and held[batch_id].end_offsets == end_offsets
             for held in by_sink
         )
-        if not held_everywhere:
+        # Nothing of it left for the quarantine table: it holds the batch, or the batch had no record for it.
+        quarantine_done = batch_id in quarantine or any(
+            batch_id in held and held[batch_id].quarantined == 0 for held in by_sink
+        )
+        if not (held_everywhere and quarantine_done):
             break
         everywhere.append(batch_id)
-    return HeldBeyond(dict(sorted(offsets.items())), tuple(everywhere))
+    return HeldBeyond(offsets, tuple(everywhere))
 
 
 def _offsets_or_none(spec: PipelineSpec, batch_id: int) -> Offsets | None:
@@ -249,8 +293,17 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         )
     checkpoint = spec.checkpoint_dir
     refuse_while_running(checkpoint, "rewind")
-    lags = sinks_behind(spark, spec, open_sinks(spec))
+    sinks = open_sinks(spec)
+    lags = sinks_behind(spark, spec, sinks)
     if not lags:
+        readable = [table for table in _stranded_logs(spark, spec, sinks) if not table.past.needs]
+        when = time.strftime("%Y%m%dT%H%M%S")
+        put_aside = [path for table in readable for path in set_aside_stranded(
+            table.past, table.sink.path / "_streamproof_set_aside" / f"rewind-{when}")]  # fmt: skip
+        if put_aside:
+            return (f"every sink holds every batch {checkpoint} committed; set aside {len(put_aside)} file(s) of lost "
+                    f"Delta versions ({', '.join(put_aside)}): the next run replays what the checkpoint has not "
+                    "committed")  # fmt: skip
         return f"every sink holds every batch {checkpoint} committed: nothing to rewind"
     low = min(lag.holds_through for lag in lags)
     logged = set(logged_batches(checkpoint))

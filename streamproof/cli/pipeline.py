@@ -363,6 +363,9 @@ def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Pat
         assert steps is not None
         outcome = search(pipeline, steps=steps, seed=seed, spark=spark, workdir=workdir, daemons=daemons,
                          emit=emit_plain, shrink_minutes=shrink_minutes)  # fmt: skip
+    if outcome.ok and not outcome.sequence:
+        console.print("nemesis: UNKNOWN: no sequence ran (nothing was checked)", markup=False)
+        raise typer.Exit(3)
     if outcome.ok:
         console.print(f"nemesis: OK, every sink 0 lost / 0 duplicated / 0 unexpected by both checkers after "
                       f"{outcome.sequence}", markup=False)  # fmt: skip

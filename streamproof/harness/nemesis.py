@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +184,7 @@ class Nemesis:
     runs: int = 0
     produced: int = 0
     steps_applied: int = 0
+    _children: list[PipelineChild] = field(default_factory=list)  # the runs of the step in progress
 
     def __post_init__(self) -> None:
         spec = load_pipeline(self.pipeline_file)
@@ -230,6 +232,10 @@ class Nemesis:
             raise
         except Exception as error:  # noqa: BLE001 - whatever broke, the sequence failed and is to be replayed
             raise NemesisFailure(f"{step.encode()}: {type(error).__name__}: {first_line(error)}") from error
+        finally:
+            for child in self._children:  # a step that failed midway leaves no process behind, nor its scratch
+                child.close()
+            self._children.clear()
 
     def _kill(self, step: Step) -> None:
         child = self._start()
@@ -257,16 +263,16 @@ class Nemesis:
 
     def _standby(self, step: Step) -> None:
         holder = self._start(available_now=False)
-        try:
-            standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby",
-                                    standby=True)  # fmt: skip
-            holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
-            standby.wait_for(lambda: any("waiting for pid" in text for text in standby.notices(STANDBY))
-                             or standby.process.poll() is not None, 300, "the standby warm and waiting")  # fmt: skip
-            self._after_batches(holder, step.after)
-        finally:
-            holder.kill_tree()
-            holder.close()
+        standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby", standby=True)
+        self._children.append(standby)
+        holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
+        standby.wait_for(lambda: any("waiting for pid" in text for text in standby.notices(STANDBY))
+                         or standby.process.poll() is not None, 300, "the standby warm and waiting")  # fmt: skip
+        self._after_batches(holder, step.after)
+        if holder.process.poll() is not None:  # it ended before the kill: judged as any run
+            self._judge_exit(step, holder, holder.wait(60))
+        holder.kill_tree()
+        holder.close()
         self._ended(step, standby, f"holder SIGKILLed after {len(holder.batches())} batches; the standby took over")
 
     def _broker(self, step: Step) -> None:
@@ -277,13 +283,15 @@ class Nemesis:
         assert self.daemons.postgres is not None
         self._outage(step, self.daemons.postgres.down, self.daemons.postgres.up)
 
-    def _outage(self, step: Step, down: object, up: object) -> None:
+    def _outage(self, step: Step, down: Callable[[], object], up: Callable[[], object]) -> None:
         child = self._start()
         reached = self._after_batches(child, step.after)
         if reached:
-            down()  # type: ignore[operator]
-            time.sleep(OUTAGE_S)
-            up()  # type: ignore[operator]
+            try:
+                down()
+                time.sleep(OUTAGE_S)
+            finally:
+                up()  # a server left down would fail every later step, and every shorter sequence tried
         self._ended(step, child, f"{step.action} stopped {OUTAGE_S:.0f} s" if reached else "no outage: run ended")
 
     def _executor(self, step: Step) -> None:
@@ -333,7 +341,7 @@ class Nemesis:
                 break
             text = commit_file(table, version).read_text()
             if pipeline_commit(text, self.spec.name) is None:
-                break  # only the pipeline's own trailing commits (a Delta checkpoint of them would strand the log)
+                break  # only the pipeline's own trailing commits (a Delta checkpoint of one stays: the start says so)
             for name in (f"{version:020d}.json", f".{version:020d}.json.crc", f"{version:020d}.crc",
                          f".{version:020d}.crc.crc"):  # fmt: skip
                 (log / name).delete()
@@ -353,8 +361,10 @@ class Nemesis:
 
     def _start(self, *, available_now: bool = True) -> PipelineChild:
         self.runs += 1
-        return PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}",
-                             available_now=available_now)  # fmt: skip
+        child = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}",
+                              available_now=available_now)  # fmt: skip
+        self._children.append(child)
+        return child
 
     @staticmethod
     def _after_batches(child: PipelineChild, count: int) -> bool:

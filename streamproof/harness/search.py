@@ -86,7 +86,7 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
     machine._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]  # what @seed(seed) sets
     # Each try of a shorter failing sequence reruns it from scratch for minutes: Hypothesis's own bound on shrinking
     # (5 minutes) would stop after one or two. The nemesis's bound is the caller's.
-    engine.MAX_SHRINKING_SECONDS = int(shrink_minutes * 60)
+    hypothesis_bound, engine.MAX_SHRINKING_SECONDS = engine.MAX_SHRINKING_SECONDS, int(shrink_minutes * 60)
     nemesis_settings = settings(  # the first step of each sequence is its initialisation (its data seed)
         max_examples=1, stateful_step_count=steps + 1, deadline=None, database=None, derandomize=False,
         phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
@@ -99,6 +99,8 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
         pass  # the shortest failing sequence is in ``outcome``
     except Flaky as flaky:  # a shorter try failed, its rerun did not (a kill's moment is approximate): say so
         emit(f"Hypothesis: the shortest failing sequence did not fail again when rerun ({first_line(flaky)})")
+    finally:
+        engine.MAX_SHRINKING_SECONDS = hypothesis_bound
     outcome.examples = examples[0]
     emit(f"nemesis: {examples[0]} sequence(s) in {time.monotonic() - started:.0f} s")
     return outcome

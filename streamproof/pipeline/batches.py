@@ -167,7 +167,7 @@ class BatchWriter:
             quarantined = counts["invalid"] + (late_count if quarantine_late else 0)
             start_offsets = batch_start_offsets(self.spec.checkpoint_dir, batch_id)
             batch = Batch(self.spec.name, batch_id, end_offsets, self.wiring.idempotent_sink, counts["kept"],
-                          start_offsets=start_offsets)  # fmt: skip
+                          start_offsets=start_offsets, quarantined=quarantined)  # fmt: skip
             if batch.keyed:  # every sink's replay rule before anything is written: a refusal leaves no sink changed
                 for sink in [*self.sinks, *([self.quarantine] if quarantined else [])]:
                     sink.replay_check(batch)

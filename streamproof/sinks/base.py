@@ -65,10 +65,14 @@ class Batch:
     # Crash harness only: the fault a sink writing from Python tasks meets at its mid-write point
     # (``mid-sink-write``: the pipeline is killed; ``speculation``: the first attempt is held back).
     task_fault: str | None = None
+    # Records of the batch bound for the quarantine table (None: not counted). Recorded with the commit, so that a
+    # batch a sink holds is known to need nothing more of the quarantine table (a restored checkpoint passing it by).
+    quarantined: int | None = None
 
     def commit_record(self) -> dict[str, Any]:
         """What every commit of the batch records beside the data (Delta userMetadata, ledger, marker)."""
-        return {"pipeline": self.pipeline, "batch_id": self.batch_id, "end_offsets": self.end_offsets}
+        record = {"pipeline": self.pipeline, "batch_id": self.batch_id, "end_offsets": self.end_offsets}
+        return record if self.quarantined is None else {**record, "quarantined": self.quarantined}
 
     def commit_metadata(self) -> str:
         # Key order kept as Spark logged it: a rebuilt checkpoint must list partitions in the same order.
@@ -91,6 +95,7 @@ class SinkCommit:
     end_offsets: Offsets | None  # None where the sink's log does not record offsets
     keyed: bool  # written with the batch key (so a replay of it is skipped)
     complete: bool = True  # False: only some partitions of the batch committed (per-partition sinks)
+    quarantined: int | None = None  # the batch's records bound for quarantine, where the commit records them
 
 
 class Sink(ABC):
@@ -121,8 +126,18 @@ class Sink(ABC):
         if not batch.keyed:
             return False
         if self._held is None:
-            self._held = HeldBatches(self.held_from(batch.batch_id - 1))
+            held = self.held_from(batch.batch_id - 1)
+            self._held = HeldBatches(held, known_from=self.known_from(held))
         return replay_decision(self._held, batch, self.location)
+
+    def known_from(self, held: dict[int, SinkCommit]) -> int | None:
+        """The oldest batch the sink can vouch for among ``held`` (None: every batch it ever held is in its records).
+        A sink whose records of old batches go away says where they still start.
+
+        >>> sink.known_from({4: commit, 5: commit})                                        # doctest: +SKIP
+        4
+        """
+        return None
 
     def note_written(self, batch: Batch) -> None:
         """Carry a batch this run committed to the sink (it now holds it), so the next decision needs no read."""
@@ -230,14 +245,18 @@ class HeldBatches:
 
     commits: dict[int, SinkCommit]
     through: int = -1
+    # The oldest batch the sink can still vouch for (None: all it ever held): a sink whose records of old batches go
+    # away (Kafka's compacted marker topic) cannot tell whether it holds a batch older than that.
+    known_from: int | None = None
 
     def __post_init__(self) -> None:
         self.commits = {batch: commit for batch, commit in self.commits.items() if commit.keyed}
         self.through = max([self.through, *self.commits], default=-1)
 
     def add(self, commit: SinkCommit) -> None:
-        self.commits[commit.batch_id] = commit
-        self.through = max(self.through, commit.batch_id)
+        if commit.keyed:
+            self.commits[commit.batch_id] = commit
+            self.through = max(self.through, commit.batch_id)
 
 
 def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
@@ -277,6 +296,12 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
             f"{where} holds batch {batch.batch_id - 1} of pipeline {batch.pipeline!r} ending at "
             f"{json.dumps(before.end_offsets)} but the checkpoint starts batch {batch.batch_id} at "
             f"{json.dumps(batch.start_offsets)}: the checkpoint is not the one the sink was written with{_REPAIR}"
+        )
+    if commit is None and held.known_from is not None and batch.batch_id < held.known_from:
+        raise PipelineError(
+            f"{where} no longer records the batches of pipeline {batch.pipeline!r} before batch {held.known_from} "
+            f"(its records of them were compacted away), so whether it holds batch {batch.batch_id} cannot be "
+            f"checked{_REPAIR}"
         )
     if commit is None and batch.batch_id < held.through:
         raise PipelineError(

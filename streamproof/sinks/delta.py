@@ -53,11 +53,11 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False,
-                 partition_by: Sequence[str] = ()) -> bool:  # fmt: skip
+                 partition_by: Sequence[str] = ()) -> None:  # fmt: skip
     """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``; with
     ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``);
-    ``partition_by``: the table's partition columns (a new table is created with them). Returns True: whether Delta
-    skipped a keyed replay is not told by its writer."""
+    ``partition_by``: the table's partition columns (a new table is created with them). Delta's writer skips a keyed
+    batch whose version is not above the appId's (its own check, a rebuild of the table state)."""
     writer = frame.write.format("delta").mode("append").option("userMetadata", batch.commit_metadata())
     if partition_by:
         writer = writer.partitionBy(*partition_by)
@@ -66,7 +66,6 @@ def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: boo
     if batch.keyed:
         writer = writer.option("txnAppId", app_id(batch.pipeline)).option("txnVersion", batch.batch_id)
     writer.save(path)
-    return True
 
 
 def start_transaction(spark: SparkSession, path: str) -> Any:
@@ -276,27 +275,33 @@ class DeltaSink(FolderSink):
         return self._read_held(first_batch, latest_version(self.path), None)
 
     def _read_held(self, first_batch: int, version: int, txn: Any) -> dict[int, SinkCommit]:
+        self._log_read_through = version
+        if version < 0:
+            return {}  # no table yet
+        if first_batch < 0 and txn_version(txn or self._transaction(), self.pipeline.name) < 0:
+            return {}  # a pipeline's first batch into a table it never wrote: no reason to read the table's log
         found = batches_back_to(self.path, self.pipeline.name, version, first_batch)
         if not found.complete:
             self._refuse_unless_nothing_beyond(found.commits, first_batch, txn)
-        self._log_read_through = version
         return found.commits
 
+    def _transaction(self) -> Any:
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise PipelineError(f"{self.path}: the table's state is read through Spark, and no session runs here")
+        return start_transaction(spark, str(self.path))
+
     def _refuse_unless_nothing_beyond(self, found: dict[int, SinkCommit], first_batch: int, txn: Any) -> None:
-        """The commit files ran out (cleaned up behind a Delta checkpoint) before a batch older than ``first_batch``
-        (the one before the batch to decide): with none of the pipeline's found, Delta's own state says whether the
-        table holds any after it (its appId's version is the last batch written); holding some whose commits are
-        gone, a replay of them cannot be checked."""
-        if txn is None:
-            spark = SparkSession.getActiveSession()
-            assert spark is not None, "a Delta table's state is read in the pipeline's Spark session"
-            txn = start_transaction(spark, str(self.path))
-        through = txn_version(txn, self.pipeline.name)
+        """The commit files ran out (cleaned up behind a Delta checkpoint) before the commit of ``first_batch`` (the
+        one before the batch to decide) or of an older one: with none of the pipeline's found, Delta's own state says
+        whether the table holds any after it (its appId's version is the last batch written); holding some whose
+        commits are gone, a replay of them cannot be checked."""
+        through = txn_version(txn or self._transaction(), self.pipeline.name)
         if not found and through <= first_batch:  # the batch before the run's first may be held: its end is unchecked
             return
         raise PipelineError(
             f"{self.path} holds batches of pipeline {self.pipeline.name!r} up to {max([through, *found])}, and the "
-            f"commit files of those from batch {first_batch + 1} on are cleaned up (Delta's log retention), so "
+            f"commit files of some from batch {first_batch + 1} on are cleaned up (Delta's log retention), so "
             "whether a replay of them matches cannot be checked: restore a checkpoint backup no older than the "
             "table's log retention, or rebuild the checkpoint from the sinks' records (move it aside, then "
             "`streamproof checkpoint recover PIPELINE`)"

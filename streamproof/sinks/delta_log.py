@@ -70,7 +70,7 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
     if record is None:
         return None
     batch_id = int(record["batch_id"])
-    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions)
+    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions, quarantined=record.get("quarantined"))
 
 
 def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
@@ -111,8 +111,9 @@ def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: in
 
     Bounded by what it looks for, not by the table's age: streamproof writes a batch only when its id is higher than
     every batch of the pipeline the table holds (:func:`streamproof.sinks.base.replay_decision`), so the pipeline's
-    batch ids grow along the log, and the scan stops at the first commit of a batch older than ``first_batch``.
-    Commits of other writers (OPTIMIZE, another pipeline) are read past.
+    batch ids grow along the log, and the scan stops at the commit of ``first_batch`` or of an older batch. Commits
+    of other writers (OPTIMIZE, another pipeline) are read past; for a pipeline's first batch (``first_batch`` 0 or
+    less) the caller asks Delta's own state first, rather than reading a foreign table's whole log.
     """
     found = BatchesFound()
     for version in range(newest, oldest - 1, -1):
@@ -128,6 +129,8 @@ def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: in
         if commit.batch_id < first_batch:
             return found
         found.commits.setdefault(commit.batch_id, commit)  # the newest commit of a batch id is what a reader sees
+        if commit.batch_id == first_batch:
+            return found  # every older commit holds an older batch: nothing more to look for
     return found
 
 

@@ -94,8 +94,11 @@ class FilesSink(FolderSink):
             return {}
         records = self.path / BATCHES_DIR
         kept = {int(name[:-5]) for name in records.names() if name.endswith(".json") and name[:-5].isdigit()}
-        return {batch: SinkCommit(batch, _end_offsets(records, batch) if batch in kept else None, True)
-                for batch in range(max(first_batch, 0), latest + 1)}  # fmt: skip
+        held = {}
+        for batch in range(max(first_batch, 0), latest + 1):
+            record = _record(records, batch) if batch in kept else {}
+            held[batch] = SinkCommit(batch, record.get("end_offsets"), True, quarantined=record.get("quarantined"))
+        return held
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not any(name.endswith(".parquet") for name in self.path.names()):
@@ -103,8 +106,10 @@ class FilesSink(FolderSink):
         return spark.read.parquet(str(self.path))
 
 
-def _end_offsets(records: Location, batch_id: int) -> dict[str, dict[str, int]] | None:
+def _record(records: Location, batch_id: int) -> dict[str, Any]:
+    """A batch's commit record (empty when it is gone or unreadable)."""
     try:
-        return json.loads((records / f"{batch_id}.json").read_text())["end_offsets"]  # type: ignore[no-any-return]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
+        record = json.loads((records / f"{batch_id}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}

@@ -248,6 +248,7 @@ class KafkaSink(Sink):
         super().__init__(pipeline, spec)
         self._fenced = False
         self._recorded_ends: tuple[int, dict[str, int]] | None = None  # the last complete batch's output ends
+        self._marked: list[int] = []  # every batch the marker topic still marks (read with held_from)
         self._ends_after_write: dict[str, int] | None = None
         # Transactional writes run in Python tasks; Spark's own (unkeyed) writer runs in the JVM.
         self.writes_in_python_tasks = wiring_for(pipeline.guarantee).idempotent_sink  # type: ignore[misc]
@@ -302,7 +303,7 @@ class KafkaSink(Sink):
         self._ends_after_write = self._output_ends()
         record = {"pipeline": batch.pipeline, "topic": self.spec.topic, "batch_id": batch.batch_id,
                   "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets,
-                  "output_ends": self._ends_after_write}  # fmt: skip
+                  "output_ends": self._ends_after_write, "quarantined": batch.quarantined}  # fmt: skip
         producer.produce(self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE),
                          value=json.dumps(record))  # fmt: skip
         if producer.flush(60):
@@ -319,6 +320,23 @@ class KafkaSink(Sink):
             list(pool.map(fence, range(partitions)))
         self._fenced = True
 
+    def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
+        every = self.commits()
+        self._marked = [commit.batch_id for commit in every]
+        return {commit.batch_id: commit for commit in every if commit.batch_id >= first_batch}
+
+    def known_from(self, held: dict[int, SinkCommit]) -> int | None:
+        """The marker topic is compacted (the newest marker per source partition is kept): once it is, the markers
+        of older batches are gone, and only the unbroken run of batches up to the newest one still says what the
+        topic holds. None while every batch from the first one marked is still there."""
+        marked = sorted(self._marked)
+        if not marked or marked == list(range(marked[0], marked[-1] + 1)):
+            return None
+        start = marked[-1]
+        while start - 1 in marked:
+            start -= 1
+        return start
+
     def commits(self) -> list[SinkCommit]:
         """Batches with a committed marker of this pipeline and topic, oldest first; complete when the
         batch-complete record follows its shares."""
@@ -332,16 +350,16 @@ class KafkaSink(Sink):
         finally:
             consumer.close()
         batches: dict[int, dict[str, dict[str, int]]] = {}
-        complete: set[int] = set()
+        complete: dict[int, int | None] = {}  # batch -> its quarantined count, as its batch-complete record says
         for _, marker in read_markers(self.spec, 0, end):
             if marker.get("pipeline") == self.pipeline.name and marker.get("topic") == self.spec.topic:
                 batches[int(marker["batch_id"])] = marker["end_offsets"]
                 if marker.get("complete"):
-                    complete.add(int(marker["batch_id"]))
+                    complete[int(marker["batch_id"])] = marker.get("quarantined")
                     if "output_ends" in marker:
                         self._recorded_ends = (int(marker["batch_id"]), marker["output_ends"])
         return [
-            SinkCommit(batch_id, offsets, keyed=True, complete=batch_id in complete)
+            SinkCommit(batch_id, offsets, keyed=True, complete=batch_id in complete, quarantined=complete.get(batch_id))
             for batch_id, offsets in sorted(batches.items())
         ]
 

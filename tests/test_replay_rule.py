@@ -1,0 +1,117 @@
+"""The replay rule and the batches a restored checkpoint passes by, without a JVM: the decision on what a sink holds
+(`sinks/base.py`), and `held_beyond` on a Parquet folder's own log and commit records (read as files).
+
+Cases of the rule: a held batch with the checkpoint's offsets is skipped; with other offsets, or another start, it is
+refused; a batch below the sink's newest that it never held is refused; below what a sink can still vouch for (Kafka's
+compacted markers) it is refused; a new batch, or one held only in part, is written. Cases of `held_beyond`: the
+batches every sink holds whose quarantine records are done (held, or none) are passed by without running; one that
+had records for the quarantine table that it does not hold stops that; a batch no sink records is refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from streamproof.checkpoint.log import rebuild
+from streamproof.checkpoint.positions import held_beyond
+from streamproof.config import parse_pipeline
+from streamproof.errors import PipelineError
+from streamproof.sinks import open_sinks
+from streamproof.sinks.base import Batch, HeldBatches, SinkCommit, replay_decision
+from streamproof.sinks.files import BATCHES_DIR, METADATA_DIR
+from streamproof.sinks.kafka import KafkaSink
+from streamproof.storage import Location
+
+
+def _ends(end: int) -> dict[str, dict[str, int]]:
+    return {"t": {"0": end}}
+
+
+def _held(*batches: int, complete: bool = True) -> HeldBatches:
+    return HeldBatches({batch: SinkCommit(batch, _ends(batch * 10), True, complete) for batch in batches})
+
+
+def _batch(batch_id: int, end: int | None = None, start: int | None = None) -> Batch:
+    start_offsets = _ends(start if start is not None else (batch_id - 1) * 10) if batch_id else None
+    return Batch("p", batch_id, _ends(end if end is not None else batch_id * 10), True, start_offsets=start_offsets)
+
+
+def test_the_rule_skips_what_the_sink_holds_writes_what_it_does_not_and_refuses_what_differs() -> None:
+    held = _held(4, 5, 6)
+    assert replay_decision(held, _batch(5), "sink") and replay_decision(held, _batch(6), "sink")  # two replays
+    assert not replay_decision(held, _batch(7), "sink")  # new
+    assert not replay_decision(_held(4, 5, complete=False), _batch(5), "sink")  # in part: its shares decide
+    with pytest.raises(PipelineError, match=r"^sink holds batch 6 of pipeline 'p' with end offsets .* nothing was"):
+        replay_decision(held, _batch(6, end=65), "sink")
+    with pytest.raises(PipelineError, match=r"^sink holds batch 4 of pipeline 'p' ending at .* starts batch 5 at"):
+        replay_decision(held, _batch(5, start=45), "sink")
+    with pytest.raises(PipelineError, match=r"^sink holds batches of pipeline 'p' up to 6 but not batch 3"):
+        replay_decision(_held(2, 4, 5, 6), _batch(3), "sink")
+    compacted = HeldBatches(_held(5, 6).commits, known_from=5)
+    with pytest.raises(PipelineError, match=r"^sink no longer records the batches of pipeline 'p' before batch 5"):
+        replay_decision(compacted, _batch(3), "sink")
+    unkeyed = _held(1)
+    unkeyed.add(SinkCommit(2, _ends(20), keyed=False))
+    assert unkeyed.through == 1 and 2 not in unkeyed.commits
+
+
+def test_a_compacted_marker_topic_vouches_only_for_its_unbroken_newest_batches() -> None:
+    spec = parse_pipeline('name = "p"\n[source]\nkind = "kafka"\ntopic = "t"\n[transform]\nschema = "event_id STRING"\n'
+                          '[sink]\nkind = "kafka"\ntopic = "out"')  # fmt: skip
+    sink = open_sinks(spec)[0]
+    assert isinstance(sink, KafkaSink)
+    sink._marked = [0, 1, 2, 3]
+    assert sink.known_from({}) is None  # every batch from the first marked: nothing compacted away
+    sink._marked = [1, 5, 7, 8, 9]
+    assert sink.known_from({}) == 7
+
+
+def _folder_pipeline(tmp_path: Path, held: dict[int, int | None], committed_through: int) -> object:
+    """A Parquet folder holding ``held`` (batch -> its quarantined count in the commit record, None: no record), a
+    checkpoint committed through ``committed_through``, the same offsets everywhere."""
+    spec = parse_pipeline(f"""
+name = "p"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "files"
+path = "{tmp_path}/files"
+""")
+    (tmp_path / "files" / METADATA_DIR).mkdir(parents=True)
+    (tmp_path / "files" / BATCHES_DIR).mkdir()
+    for batch_id, quarantined in held.items():
+        (tmp_path / "files" / METADATA_DIR / str(batch_id)).write_text("v1\n")
+        if quarantined is not None:
+            record = {"pipeline": "p", "batch_id": batch_id, "end_offsets": _ends(batch_id * 10),
+                      "quarantined": quarantined}  # fmt: skip
+            (tmp_path / "files" / BATCHES_DIR / f"{batch_id}.json").write_text(json.dumps(record))
+    rebuild(Location(tmp_path / "checkpoint"), {b: _ends(b * 10) for b in range(committed_through + 1)},
+            committed_through=committed_through)  # fmt: skip
+    return spec
+
+
+def test_a_restored_checkpoint_passes_by_the_batches_every_sink_holds_with_nothing_left_for_quarantine(
+    tmp_path: Path,
+) -> None:
+    spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 3: 0, 4: 2, 5: 0}, committed_through=1)
+    beyond = held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+    assert list(beyond.offsets) == [2, 3, 4, 5] and beyond.offsets[4] == _ends(40)
+    # Batch 4 had 2 records for the quarantine table, which does not hold it: from there on the batches run.
+    assert beyond.everywhere == (2, 3)
+
+
+def test_a_batch_beyond_the_checkpoint_that_no_sink_records_is_refused_in_one_line(tmp_path: Path) -> None:
+    spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 3: None, 4: 0}, committed_through=1)
+    with pytest.raises(PipelineError) as refusal:
+        held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+    message = str(refusal.value)
+    assert message.startswith("the sinks of pipeline 'p' hold batches [2, 4] beyond the checkpoint's last committed "
+                              "batch 1 but none holds batch(es) [3]") and "\n" not in message, message  # fmt: skip
