@@ -1,9 +1,10 @@
 """The nemesis's search: random sequences of its steps (:mod:`streamproof.harness.nemesis`) drawn by Hypothesis's
 stateful testing, so that a failing sequence shrinks to a short one, printed as the command that replays it.
 
-:class:`NemesisMachine` is a ``RuleBasedStateMachine``: each rule is one step (a SIGKILL at a drawn moment, a
-SIGTERM, a standby's takeover, a broker or PostgreSQL restart, a backup, a restore of an older backup, a lost
-checkpoint, a sink's lost commits), each example runs on a pipeline of its own (fresh topic, checkpoint and sinks),
+:class:`NemesisMachine` is a ``RuleBasedStateMachine`` whose one rule draws each step's action among those that apply
+(a SIGKILL at a drawn moment, a SIGTERM, a standby's takeover, a broker or PostgreSQL restart, a backup, a restore
+of an older backup, a lost checkpoint, a sink's lost commits, faults of a cluster's machines), each example runs on
+a pipeline of its own (fresh topic, checkpoint and sinks),
 and its teardown drains and asks both checkers. The first example is drawn from ``seed``, so a run is repeated by
 its seed; a failure found is shrunk (each try reruns a shorter sequence from scratch: minutes each, bounded by
 ``shrink_minutes``) and the shortest failing sequence is printed as ``streamproof prove PIPELINE --nemesis-replay
@@ -27,12 +28,16 @@ from hypothesis import HealthCheck, Phase, assume, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 from hypothesis.internal.conjecture import engine
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 from pyspark.sql import SparkSession
 
 from streamproof.errors import first_line
 from streamproof.harness.crashes import Emit
 from streamproof.harness.nemesis import Daemons, Nemesis, NemesisFailure, Sequence, Step
+
+# The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
+ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "lose-commits", "lose-checkpoint",
+         "standby", "executor", "datanode")  # fmt: skip
 
 
 @dataclass
@@ -82,7 +87,7 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
             return
         outcome.sequence, outcome.failure, outcome.history = sequence, failure, list(nemesis.history)
 
-    machine = _machine(open_nemesis, record, daemons)
+    machine = _machine(open_nemesis, record)
     machine._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]  # what @seed(seed) sets
     # Each try of a shorter failing sequence reruns it from scratch for minutes: Hypothesis's own bound on shrinking
     # (5 minutes) would stop after one or two. The nemesis's bound is the caller's.
@@ -106,8 +111,8 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
     return outcome
 
 
-def _machine(open_nemesis: Callable[[int], Nemesis], record: Callable[[Nemesis, list[Step], str | None], None],
-             daemons: Daemons) -> type[RuleBasedStateMachine]:  # fmt: skip
+def _machine(open_nemesis: Callable[[int], Nemesis],
+             record: Callable[[Nemesis, list[Step], str | None], None]) -> type[RuleBasedStateMachine]:  # fmt: skip
     """The state machine class, bound to one search (Hypothesis builds a new instance per sequence)."""
 
     class NemesisMachine(RuleBasedStateMachine):
@@ -141,68 +146,27 @@ def _machine(open_nemesis: Callable[[int], Nemesis], record: Callable[[Nemesis, 
                 record(self.nemesis, self.steps, str(failure))
                 raise
 
-        def _can(self, action: str) -> bool:
-            if self.nemesis is None:  # nothing run yet (rules are drawn before a step runs, and may not run)
-                return action in ("kill", "term", "drain", "standby") or (
-                    action == "broker" and daemons.broker is not None) or (
-                    action == "postgres" and daemons.postgres is not None)  # fmt: skip
-            return self.nemesis.can(action)
-
-        @rule(after=st.integers(1, 3), phase=st.floats(0.0, 1.0, allow_nan=False))
-        def kill(self, after: int, phase: float) -> None:
-            self._step(Step("kill", after, round(phase, 2)))
-
-        @rule(after=st.integers(1, 3))
-        def term(self, after: int) -> None:
-            self._step(Step("term", after))
-
-        @rule()
-        def drain(self) -> None:
-            self._step(Step("drain"))
-
-        @rule(after=st.integers(1, 2))
-        def standby(self, after: int) -> None:
-            self._step(Step("standby", after))
-
-        @precondition(lambda self: self._can("broker"))
-        @rule(after=st.integers(1, 2))
-        def broker(self, after: int) -> None:
-            self._step(Step("broker", after))
-
-        @precondition(lambda self: self._can("postgres"))
-        @rule(after=st.integers(1, 2))
-        def postgres(self, after: int) -> None:
-            self._step(Step("postgres", after))
-
-        @precondition(lambda self: self._can("backup"))
-        @rule()
-        def backup(self) -> None:
-            self._step(Step("backup"))
-
-        @precondition(lambda self: self._can("restore"))
-        @rule(which=st.integers(0, 7))
-        def restore(self, which: int) -> None:
-            self._step(Step("restore", index=which))
-
-        @precondition(lambda self: self._can("lose-checkpoint"))
-        @rule()
-        def lose_checkpoint(self) -> None:
-            self._step(Step("lose-checkpoint"))
-
-        @precondition(lambda self: self._can("lose-commits"))
-        @rule(count=st.integers(1, 2))
-        def lose_commits(self, count: int) -> None:
-            self._step(Step("lose-commits", index=count))
-
-        @precondition(lambda self: self._can("executor"))
-        @rule()
-        def executor(self) -> None:
-            self._step(Step("executor"))
-
-        @precondition(lambda self: self._can("datanode"))
-        @rule()
-        def datanode(self) -> None:
-            self._step(Step("datanode"))
+        @rule(data=st.data())
+        def step(self, data: st.DataObject) -> None:
+            # One rule draws the action: with a rule per action, Hypothesis's swarm testing turns a random part of
+            # them off for a whole sequence (a long run without a single restore, seen), which suits many short
+            # sequences, not one long one. Actions nearer the front of ORDER are what a failing sequence shrinks to.
+            nemesis = self._opened()
+            action = data.draw(st.sampled_from([action for action in ORDER if nemesis.can(action)]), label="action")
+            if action == "kill":
+                after = data.draw(st.integers(1, 3), label="after")
+                phase = data.draw(st.floats(0.0, 1.0, allow_nan=False), label="phase")
+                self._step(Step("kill", after, round(phase, 2)))
+            elif action == "term":
+                self._step(Step("term", data.draw(st.integers(1, 3), label="after")))
+            elif action in ("standby", "broker", "postgres"):
+                self._step(Step(action, data.draw(st.integers(1, 2), label="after")))
+            elif action == "restore":
+                self._step(Step("restore", index=data.draw(st.integers(0, 7), label="which")))
+            elif action == "lose-commits":
+                self._step(Step("lose-commits", index=data.draw(st.integers(1, 2), label="count")))
+            else:
+                self._step(Step(action))
 
         def teardown(self) -> None:
             if self.nemesis is None or self.failed or not self.steps:
