@@ -17,7 +17,9 @@ Example::
     >>> (table / "_delta_log" / f"{7:020d}.json").write_text("\\n".join(json.dumps(action) for action in commit))
     >>> found = batches_back_to(table, "orders", 7, first_batch=4)
     >>> found.commits[4].end_offsets, found.complete
-    ({'orders': {'0': 90}}, False)
+    ({'orders': {'0': 90}}, True)
+    >>> batches_back_to(table, "orders", 7, first_batch=3).complete  # version 6 is gone: batch 3 may be older
+    False
 """
 
 from __future__ import annotations
