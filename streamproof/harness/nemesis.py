@@ -263,9 +263,11 @@ class Nemesis:
 
     def _standby(self, step: Step) -> None:
         holder = self._start(available_now=False)
+        # The standby starts once the holder has the run lock (its first batch is committed): started together,
+        # either may take the lock first, and a holder that finds the standby running as the pipeline is refused.
+        holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
         standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby", standby=True)
         self._children.append(standby)
-        holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
         standby.wait_for(lambda: any("waiting for pid" in text for text in standby.notices(STANDBY))
                          or standby.process.poll() is not None, 300, "the standby warm and waiting")  # fmt: skip
         self._after_batches(holder, step.after)
