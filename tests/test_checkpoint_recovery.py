@@ -190,6 +190,24 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
                                          "it holds no batch"), str(refusal.value)  # fmt: skip
     (tmp_path / "quarantine-aside").rename(tmp_path / "quarantine")
 
+    # The checkpoint lost and rebuilt from the sinks (recover logs their newest batches only), then the Delta table's
+    # two trailing commits lost: the rewind's first replayed batch starts where the table's own record of the batch
+    # before it ends, an entry the offset log lost with the checkpoint (found by `prove --nemesis`).
+    shutil.rmtree(checkpoint)
+    recover(spark, spec)
+    log = tmp_path / "orders" / "_delta_log"
+    newest = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
+    for version in (newest, newest - 1):
+        for name in (f"{version:020d}.json", f".{version:020d}.json.crc"):
+            (log / name).unlink(missing_ok=True)
+    (behind,) = [lag for lag in sinks_behind(None, spec, open_sinks(spec)) if lag.sink.name == "delta"]
+    assert behind.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
+    rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
+    assert rewound.returncode == 0, rewound.stderr[-2000:]
+    assert f"replayed batches {behind.holds_through + 1}-" in rewound.stdout, rewound.stdout
+    reports = assert_every_sink_clean(spark, pipeline_file, 11_500)
+    assert disagreements(reports, verify_independently(spec)) == []
+
     # Retention deletes what partition 0 held and the pipeline read: the sinks hold rows the source no longer has.
     # They are unavailable, set aside (not unexpected) by both checkers, and the rest still reconciles.
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})

@@ -203,6 +203,22 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
     (folder / "offsets" / str(batch_id)).replace_with_text(entry)
 
 
+def offsets_entry(checkpoint: Checkpoint, end_offsets: dict[str, dict[str, int]], like: int) -> str:
+    """The text of an offset log entry ending at ``end_offsets``, with the header, batch metadata (session confs)
+    and number of source lines of logged batch ``like``: an entry the log lost, written back from the offsets a sink
+    recorded for that batch (``checkpoint rewind`` after ``recover``, which logs the newest batches only).
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> rebuild(checkpoint, {5: {"orders": {"0": 50}}}, committed_through=5)
+    >>> offsets_entry(checkpoint, {"orders": {"0": 40}}, like=5).splitlines()[-1]
+    '{"orders":{"0":40}}'
+    """
+    header, metadata_line, *source_lines = (Location(checkpoint) / "offsets" / str(like)).read_text().splitlines()
+    sources = "\n".join([json.dumps(end_offsets, separators=(",", ":"))] * len(source_lines))
+    return f"{header}\n{metadata_line}\n{sources}"
+
+
 def commit_batch(checkpoint: Checkpoint, batch_id: int) -> None:
     """Mark the logged batch ``batch_id`` done without running it (``commits/<batch_id>``), as Spark would after it
     ran; for a stateless pipeline's batch that every sink holds (:func:`streamproof.checkpoint.positions.held_beyond`),

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
-from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
+from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches, offsets_entry
 from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
@@ -311,12 +311,23 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     # backwards) leaves the next batch planned; left in the log, Spark would run it and never replay the others.
     last = max(lags[0].committed_through, *logged)
     gone = [batch for batch in range(max(low, 0), last + 1) if batch not in logged]
-    if gone:
+    recorded = _recorded_by_the_sinks(spec, sinks, gone) if logged else {}
+    unknown = [batch for batch in gone if batch not in recorded]
+    if unknown:
         raise PipelineError(
-            f"the offset log no longer holds batch(es) {gone} (Spark keeps the last 100): their original offsets are "
-            "unknown, so they cannot be replayed as they were; restore the sinks or a checkpoint backup"
+            f"the offset log no longer holds batch(es) {unknown} (Spark keeps the last 100) and no sink recorded "
+            "them: their original offsets are unknown, so they cannot be replayed as they were; restore the sinks "
+            "or a checkpoint backup"
         )
-    entries = {batch: (checkpoint / "offsets" / str(batch)).read_text() for batch in range(low + 1, last + 1)}
+    like = min(logged) if logged else 0
+    entries = {
+        batch: offsets_entry(checkpoint, recorded[batch], like=like) if batch in recorded
+        else (checkpoint / "offsets" / str(batch)).read_text()
+        for batch in range(low + 1, last + 1)
+    }  # fmt: skip
+    if low in recorded:  # the start of the first batch replayed: Spark reads it from the entry before
+        (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
+        (checkpoint / "commits" / str(low)).write_text('v1\n{"nextBatchWatermarkMs":0}')
     _refuse_if_source_lost(spec, low)
     _refuse_if_a_table_cannot_be_read_back(spec, lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
@@ -348,6 +359,21 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     moved = f"; set aside {len(stranded)} file(s) of lost Delta versions ({', '.join(stranded)})" if stranded else ""
     return (f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
             f"them by their keys; the checkpoint before the rewind is kept as {kept}{removed}{moved}")  # fmt: skip
+
+
+def _recorded_by_the_sinks(spec: PipelineSpec, sinks: list[Sink], batches: list[int]) -> dict[int, Offsets]:
+    """The end offsets the sinks (or the quarantine table) recorded for ``batches``, each held whole: the
+    original range of a batch the offset log no longer holds, as after ``checkpoint recover`` (it logs the newest
+    batches only). A stateless pipeline on Kafka only: a stateful one's state of those batches is gone with them."""
+    if not batches or spec.transform.watermark is not None or not isinstance(spec.source, KafkaSource):
+        return {}
+    held = [sink.held_from(min(batches)) for sink in [*sinks, quarantine_table(spec)]]
+    recorded: dict[int, Offsets] = {}
+    for holds in held:  # a record of part of a batch (some PostgreSQL or Kafka shares) is not its range
+        for batch_id, commit in holds.items():
+            if batch_id in batches and commit.end_offsets is not None and commit.complete:
+                recorded.setdefault(batch_id, commit.end_offsets)
+    return recorded
 
 
 def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind]) -> None:
