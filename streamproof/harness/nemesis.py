@@ -228,10 +228,13 @@ class Nemesis:
             if step.action in RUNS:
                 self._produce()
             getattr(self, "_" + step.action.replace("-", "_"))(step)
-        except NemesisFailure:
+        except NemesisFailure as failure:
+            self._failed(failure)
             raise
         except Exception as error:  # noqa: BLE001 - whatever broke, the sequence failed and is to be replayed
-            raise NemesisFailure(f"{step.encode()}: {type(error).__name__}: {first_line(error)}") from error
+            broke = NemesisFailure(f"{step.encode()}: {type(error).__name__}: {first_line(error)}")
+            self._failed(broke)
+            raise broke from error
         finally:
             for child in self._children:  # a step that failed midway leaves no process behind, nor its scratch
                 child.close()
@@ -418,6 +421,12 @@ class Nemesis:
     def _delta_sink(self) -> Location | None:
         tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
         return tables[0] if tables and not tables[0].is_remote else None
+
+    def _failed(self, failure: NemesisFailure) -> None:
+        """Said when it happens: a long search then shrinks for minutes before it prints the failure it found."""
+        line = f"step {self.steps_applied} FAILED: {failure}"
+        self.history.append(line)
+        self.emit(line)
 
     def _say(self, step: Step, what: str) -> None:
         line = f"step {self.steps_applied} {step.encode()}: {what}"
