@@ -22,7 +22,7 @@ import pytest
 
 from streamproof.errors import ConfigError
 from streamproof.harness.nemesis import Daemons, Sequence, Step, parse_sequence
-from streamproof.harness.search import replay, search
+from streamproof.harness.search import replay, search, shorten
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
@@ -53,6 +53,25 @@ def test_a_sequence_is_written_and_read_back_exactly() -> None:
     assert parse_sequence(text) == sequence
     with pytest.raises(ConfigError, match=r"--nemesis-replay: 'explode@2' is not a step; expected one of kill, "):
         parse_sequence("data=1,explode@2")
+
+
+def test_a_failing_sequence_is_shortened_by_removing_steps_within_its_bound() -> None:
+    """Without a JVM: the failure needs a backup, a run, then a restore of it; every other step goes, in a few tries
+    (halves first), an empty sequence is never tried, and the bound stops the shortening where it is."""
+    failing = parse_sequence("data=9,kill@2:0.41,term@1,backup,broker@1,drain,kill@1:0.2,restore:0,standby@2,drain")
+    tried: list[str] = []
+
+    def still_fails(sequence: Sequence) -> bool:
+        tried.append(sequence.encode())
+        actions = [step.action for step in sequence.steps]
+        if "backup" not in actions or "restore" not in actions:
+            return False
+        return "drain" in actions[actions.index("backup") : actions.index("restore")]
+
+    assert shorten(failing, still_fails, lambda: False).encode() == "data=9,backup,drain,restore:0"
+    assert "data=9" not in tried and len(tried) < 2 * len(failing.steps)
+    tried.clear()
+    assert shorten(failing, still_fails, lambda: len(tried) >= 1) == failing and len(tried) == 1
 
 
 def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, dedup: bool = False) -> Path:
