@@ -20,7 +20,7 @@ from streamproof.checkpoint.positions import held_beyond
 from streamproof.config import parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Batch, HeldBatches, SinkCommit, replay_decision
+from streamproof.sinks.base import TOO_OLD_REPAIR, Batch, HeldBatches, SinkCommit, replay_decision
 from streamproof.sinks.files import BATCHES_DIR, METADATA_DIR
 from streamproof.sinks.kafka import KafkaSink
 from streamproof.storage import Location
@@ -96,6 +96,20 @@ path = "{tmp_path}/files"
     rebuild(Location(tmp_path / "checkpoint"), {b: _ends(b * 10) for b in range(committed_through + 1)},
             committed_through=committed_through)  # fmt: skip
     return spec
+
+
+def test_a_replay_older_than_the_offsets_a_parquet_folder_keeps_is_refused_naming_the_way_back() -> None:
+    """A checkpoint backup restored more than 100 batches behind a Parquet folder (found by `prove --nemesis`: a
+    backup of batch 22 restored at batch 192): the folder still lists the batch in its log, but its offsets record is
+    gone. The refusal says why and names the repairs, which the nemesis applies (putting back the checkpoint the
+    restore replaced)."""
+    held = HeldBatches({23: SinkCommit(23, None, True), 24: SinkCommit(24, _ends(240), True)})
+    with pytest.raises(PipelineError) as refusal:
+        replay_decision(held, _batch(23, end=230), "/data/orders")
+    message = str(refusal.value)
+    assert message.startswith("/data/orders holds batch 23 of pipeline 'p' without the source offsets it was written "
+                              "with (a Parquet folder keeps them for its newest 100 batches only") and (
+        message.endswith(TOO_OLD_REPAIR)) and "\n" not in message, message  # fmt: skip
 
 
 def test_a_restored_checkpoint_passes_by_the_batches_every_sink_holds_with_nothing_left_for_quarantine(

@@ -258,14 +258,14 @@ def prove(
         typer.Option(
             min=1,
             help="Steps of composed faults and operator actions (kills, restarts, backups, restores, "
-            "lost checkpoint or commits) on a live stream, then both checkers; a failure shrinks.",
+            "lost checkpoint or commits) on a live stream, then both checkers; a failure is shortened.",
         ),
     ] = None,
     nemesis_replay: Annotated[
         str | None, typer.Option("--nemesis-replay", help="Replay one nemesis sequence as printed by a failed run.")
     ] = None,
     shrink_minutes: Annotated[
-        float, typer.Option(min=0, help="How long a failing nemesis sequence may be shrunk.")
+        float, typer.Option(min=0, help="How long a failing nemesis sequence may be shortened (minutes).")
     ] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed of the kill moments, the nemesis and the matrix data.")] = 1,
     count: Annotated[int, typer.Option(min=100, help="Events per matrix cell.")] = 50_000,

@@ -281,8 +281,9 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
     if commit is not None and commit.end_offsets is None:
         raise PipelineError(
             f"{where} holds batch {batch.batch_id} of pipeline {batch.pipeline!r} without the source offsets it was "
-            "written with (written before streamproof recorded them there), so this replay of it cannot be checked: "
-            f"restore the checkpoint backup the sink was written with, or write to a new sink"
+            f"written with (a Parquet folder keeps them for its newest {OFFSETS_KEPT} batches only, as Spark's offset "
+            "log does; or the batch was written before streamproof recorded them), so this replay of it cannot be "
+            f"checked: {TOO_OLD_REPAIR}"
         )
     if commit is not None and commit.end_offsets != batch.end_offsets:
         raise PipelineError(
@@ -312,6 +313,12 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
     return commit is not None and commit.complete
 
 
+OFFSETS_KEPT = 100  # the newest batches whose offsets a sink without its own log of them keeps (Parquet)
+# A checkpoint restored from a backup further behind a sink than the offsets it keeps: the repair, in the refusal.
+TOO_OLD_REPAIR = (
+    "restore a newer checkpoint backup, or put back the checkpoint `checkpoint restore` replaced "
+    "(`checkpoint restore PIPELINE --from CHECKPOINT.replaced-TIME`), or write to a new sink"
+)
 _REPAIR = (
     " (a backup of another run, a checkpoint of another pipeline, or the source was read again since); nothing "
     "was written: restore the checkpoint backup the sink was written with, or move the checkpoint aside and rebuild "

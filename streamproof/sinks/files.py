@@ -33,12 +33,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import FilesSinkSpec
-from streamproof.sinks.base import Batch, FolderSink, SinkCommit, SinkWrite
+from streamproof.sinks.base import OFFSETS_KEPT, Batch, FolderSink, SinkCommit, SinkWrite
 from streamproof.storage import Location
 
 METADATA_DIR = "_spark_metadata"
 BATCHES_DIR = "_streamproof_batches"  # each keyed batch's commit record (Parquet readers skip "_" folders)
-BATCHES_KEPT = 100  # as many as Spark's offset log keeps: a replay further back than that is refused
+BATCHES_KEPT = OFFSETS_KEPT  # as many as Spark's offset log keeps: a replay further back than that is refused
 FILE_STREAM_SINK = "org.apache.spark.sql.execution.streaming.sinks.FileStreamSink"
 
 
