@@ -403,6 +403,7 @@ class Nemesis:
             self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.replaced))
             shutil.rmtree(self.replaced, ignore_errors=True)
             self.replaced = None
+            self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
             return
         raise NemesisFailure(f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
                              f"for: {line or log_tail(child.log_path)}")  # fmt: skip
