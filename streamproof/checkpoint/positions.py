@@ -33,7 +33,7 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Offsets, Sink
+from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
 
@@ -194,6 +194,14 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
                 if batch_id > last and commit.end_offsets is not None and commit.complete == complete:
                     offsets.setdefault(batch_id, commit.end_offsets)
     gaps = sorted(set(range(last + 1, max(offsets, default=last) + 1)) - set(offsets))
+    unrecorded = [batch for batch in gaps if any(batch in held and held[batch].end_offsets is None for held in by_sink)]
+    if unrecorded:
+        raise PipelineError(
+            f"the sinks of pipeline {spec.name!r} hold batch(es) {unrecorded} beyond the checkpoint's last committed "
+            f"batch {last} without the source offsets they were written with (a Parquet folder keeps them for its "
+            f"newest {OFFSETS_KEPT} batches only, as Spark's offset log does; or the batch was written before "
+            f"streamproof recorded them), so they cannot be replayed as they were: {TOO_OLD_REPAIR}"
+        )
     if gaps:
         raise PipelineError(
             f"the sinks of pipeline {spec.name!r} hold batches {sorted(offsets)} beyond the checkpoint's last "
