@@ -19,6 +19,7 @@ created again. Expected: each start refused in one line with the partitions and 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -35,11 +36,11 @@ from confluent_kafka.admin import AdminClient
 
 from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
 from streamproof import faults
-from streamproof.checkpoint.folder import RunLock, backup
-from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches
-from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, sinks_behind
+from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
+from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
+from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover
-from streamproof.config import load_pipeline
+from streamproof.config import PipelineSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.crashes import Harness
@@ -48,6 +49,7 @@ from streamproof.kafka_client import topic_end_offsets
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
+from streamproof.storage import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
@@ -265,27 +267,31 @@ def test_backup_and_restore_are_refused_while_a_pipeline_runs_on_the_checkpoint(
     assert (copy / "offsets").is_dir() and not (copy / RunLock.NAME).exists()
 
 
-def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Path) -> None:
-    """The checkpoint's quarantine mark tells a quarantine table that lost commits (its own log cannot). Recorded by
-    renaming a written file over it, so a crash leaves the old mark or the new; one damaged all the same stops the
-    start in one line, where it used to read as "no mark" and turn the check off."""
-    from streamproof.checkpoint.folder import QuarantineMark
-    from streamproof.config import parse_pipeline
-    from streamproof.storage import Location
-
-    spec = parse_pipeline(f"""
-name = "marked"
+def _one_delta_sink(tmp_path: Path, name: str, dedup: bool = False) -> PipelineSpec:
+    """A pipeline of one Delta sink under ``tmp_path`` (topic and name ``name``), for the tests without a JVM."""
+    state = 'dedup = { columns = ["event_id"], watermark = "event_time", delay = "1 hour" }' if dedup else ""
+    return parse_pipeline(f"""
+name = "{name}"
 checkpoint = "{tmp_path}/checkpoint"
 [source]
 kind = "kafka"
-topic = "marked"
+topic = "{name}"
 [transform]
-schema = "event_id STRING"
+schema = "{'event_id STRING, event_time TIMESTAMP' if dedup else 'event_id STRING'}"
 quarantine = "{tmp_path}/quarantine"
+{state}
 [sink]
 kind = "delta"
 path = "{tmp_path}/orders"
 """)
+
+
+def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Path) -> None:
+    """The checkpoint's quarantine mark tells a quarantine table that lost commits (its own log cannot). Recorded by
+    renaming a written file over it, so a crash leaves the old mark or the new; one damaged all the same stops the
+    start in one line, where it used to read as "no mark" and turn the check off."""
+
+    spec = _one_delta_sink(tmp_path, "marked")
     (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
     (tmp_path / "checkpoint" / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
     mark = QuarantineMark(Location(tmp_path / "checkpoint"))
@@ -303,23 +309,8 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     kill after the sink's commit), while the Delta checkpoint written at that version stayed: the sink is not behind
     the checkpoint, yet Delta would fail every read with a JVM error. The start stops in one line naming rewind, and
     rewind sets the stranded files aside (nothing to replay: the next run re-runs the batch)."""
-    import json
 
-    from streamproof.config import parse_pipeline
-
-    spec = parse_pipeline(f"""
-name = "stranded"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-topic = "stranded"
-[transform]
-schema = "event_id STRING"
-quarantine = "{tmp_path}/quarantine"
-[sink]
-kind = "delta"
-path = "{tmp_path}/orders"
-""")
+    spec = _one_delta_sink(tmp_path, "stranded")
     log = tmp_path / "orders" / "_delta_log"
     log.mkdir(parents=True)
     for batch_id in range(2):  # versions 0-1: batches 0-1; version 2 (batch 2) lost, its checkpoint kept
@@ -337,8 +328,6 @@ path = "{tmp_path}/orders"
     message = str(refusal.value)
     assert message.startswith(f"sink delta ({tmp_path / 'orders'}) has files of versions past its last commit "
                               "(version 1) in its log: ") and "checkpoint rewind" in message, message  # fmt: skip
-    from streamproof.checkpoint.positions import rewind
-
     done = rewind(spec, lambda _: None)
     assert done.startswith(f"every sink holds every batch {tmp_path / 'checkpoint'} committed; set aside 2 file(s)")
     assert sorted(path.name for path in log.iterdir()) == [f"{0:020d}.json", f"{1:020d}.json"]
@@ -349,22 +338,8 @@ def test_recover_refuses_a_pipeline_whose_state_only_the_checkpoint_holds(tmp_pa
     """Dedup's (and windows') state lives in the checkpoint alone: a checkpoint rebuilt from the sinks' records would
     start it empty (resent records seen before pass again), and its one-source offset log was refused by Spark's
     query, which reads the topic twice. Refused in one line, naming restore."""
-    from streamproof.config import parse_pipeline
 
-    spec = parse_pipeline(f"""
-name = "stateful"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-topic = "stateful"
-[transform]
-schema = "event_id STRING, event_time TIMESTAMP"
-quarantine = "{tmp_path}/quarantine"
-dedup = {{ columns = ["event_id"], watermark = "event_time", delay = "1 hour" }}
-[sink]
-kind = "delta"
-path = "{tmp_path}/orders"
-""")
+    spec = _one_delta_sink(tmp_path, "stateful", dedup=True)
     with pytest.raises(PipelineError) as refusal:
         recover(None, spec)  # type: ignore[arg-type]  # refused before a session is needed
     message = str(refusal.value)
@@ -375,9 +350,6 @@ path = "{tmp_path}/orders"
 def test_a_damaged_log_gets_a_diagnosis_and_the_way_out(tmp_path: Path) -> None:
     """A log entry deleted by hand with Hadoop's hidden checksum left beside it (Spark would blame "multiple
     streaming queries"), and a commit with no offsets entry: each refused in one line naming the files."""
-    from streamproof.checkpoint.log import check_readable, rebuild
-    from streamproof.storage import Location
-
     checkpoint = tmp_path / "checkpoint"
     rebuild(Location(checkpoint), {0: {"t": {"0": 5}}, 1: {"t": {"0": 9}}, 2: {"t": {"0": 12}}}, committed_through=2)
     check_readable(checkpoint, "hint")

@@ -3,9 +3,10 @@ a run started with ``--warm-up`` writes nothing of its warm-up into the pipeline
 
 Fault: the running process SIGKILLs its own process group right after the sink committed batch 4, before Spark's
 commit log (``after-sink-commit``). Expected: the standby, warmed on its scratch copy while the first ran, takes
-the run lock, marks batch 4 done without running it (the table holds it with the offsets it recorded), carries on, and the data reconciles
-0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's tables. A second standby,
-stopped with SIGTERM while it warms up, exits 0 at once and the running process carries on.
+the run lock, marks batch 4 done without running it (the table holds it with the offsets it recorded), carries on,
+and the data reconciles 0 lost / 0 duplicated / 0 unexpected; nothing the warm-up wrote reaches the pipeline's
+tables. A second standby, stopped with SIGTERM while it warms up, exits 0 at once and the running process carries
+on.
 
 ``run --warm-up`` on a topic that holds nothing yet warms up on generated records of the schema (scratch checkpoint
 and tables), then reads the records produced after: the table holds exactly the run's batches, from batch 0, and
