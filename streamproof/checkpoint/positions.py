@@ -33,7 +33,7 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink
+from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
 
@@ -185,14 +185,9 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     last = committed[-1]
     by_sink = [sink.held_from(last) for sink in sinks]
     quarantine = quarantine_table(spec).held_from(last + 1)
-    offsets: dict[int, Offsets] = {}
     # A batch some sink holds completely takes its offsets; one held only in part (some PostgreSQL or Kafka shares
     # committed before a kill) takes those its shares recorded: either way it runs with the range it was written with.
-    for complete in (True, False):
-        for held in [*by_sink, quarantine]:
-            for batch_id, commit in held.items():
-                if batch_id > last and commit.end_offsets is not None and commit.complete == complete:
-                    offsets.setdefault(batch_id, commit.end_offsets)
+    offsets = _recorded_offsets([*by_sink, quarantine], lambda batch_id: batch_id > last, held_in_part=True)
     gaps = sorted(set(range(last + 1, max(offsets, default=last) + 1)) - set(offsets))
     unrecorded = [batch for batch in gaps if any(batch in held and held[batch].end_offsets is None for held in by_sink)]
     if unrecorded:
@@ -376,11 +371,21 @@ def _recorded_by_the_sinks(spec: PipelineSpec, sinks: list[Sink], batches: list[
     if not batches or spec.transform.watermark is not None or not isinstance(spec.source, KafkaSource):
         return {}
     held = [sink.held_from(min(batches)) for sink in [*sinks, quarantine_table(spec)]]
+    # A record of part of a batch (some PostgreSQL or Kafka shares) is not its range: only whole ones.
+    return _recorded_offsets(held, lambda batch_id: batch_id in batches, held_in_part=False)
+
+
+def _recorded_offsets(held: list[dict[int, SinkCommit]], wanted: Callable[[int], bool], *,
+                      held_in_part: bool) -> dict[int, Offsets]:  # fmt: skip
+    """The end offsets the sinks recorded for the ``wanted`` batches among ``held`` (one dict per sink), a record of
+    a batch held whole first; with ``held_in_part``, a batch no sink holds whole takes the offsets its shares
+    recorded."""
     recorded: dict[int, Offsets] = {}
-    for holds in held:  # a record of part of a batch (some PostgreSQL or Kafka shares) is not its range
-        for batch_id, commit in holds.items():
-            if batch_id in batches and commit.end_offsets is not None and commit.complete:
-                recorded.setdefault(batch_id, commit.end_offsets)
+    for complete in (True, False) if held_in_part else (True,):
+        for holds in held:
+            for batch_id, commit in holds.items():
+                if wanted(batch_id) and commit.end_offsets is not None and commit.complete == complete:
+                    recorded.setdefault(batch_id, commit.end_offsets)
     return recorded
 
 
