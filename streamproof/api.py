@@ -18,6 +18,7 @@ from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_query
 from streamproof.reconcile import Report, verify_pipeline
 from streamproof.session import build_session
+from streamproof.your_code import function_name
 
 Section = Mapping[str, Any]
 
@@ -26,7 +27,9 @@ class Pipeline:
     """A pipeline: the sections of a pipeline file (DESIGN.md) as keyword arguments, validated at once.
 
     Each section is what its table in the file holds, as a mapping (paths may be ``Path`` objects; relative
-    ones are relative to the current directory). A mistake is a :class:`~streamproof.errors.ConfigError` with one
+    ones are relative to the current directory). Your own transform is ``transform={..., "function": f}``, ``f``
+    defined at the top level of a module (docs/your-code.md); ``lookups`` are the ``[[lookups]]`` tables. A
+    mistake is a :class:`~streamproof.errors.ConfigError` with one
     line naming the key, as for a file.
 
     >>> Pipeline(name="p", source={"kind": "kafka", "topic": "t"}, transform={"schema": "id STRING"},
@@ -50,10 +53,15 @@ class Pipeline:
         spark: Section | None = None,
         metrics: Section | None = None,
         retry: Section | None = None,
+        lookups: Sequence[Section] = (),
     ) -> None:
+        if "function" in transform:  # your own transform, given in Python: the processes streamproof runs import it
+            transform = {**{k: v for k, v in transform.items() if k != "function"},
+                         "python": function_name(transform["function"])}  # fmt: skip
         tables: dict[str, Any] = {"name": name, "guarantee": guarantee, "source": source, "transform": transform}
         optional = {"sink": sink, "sinks": list(sinks) or None, "checkpoint": checkpoint, "trigger": trigger,
-                    "spark": spark, "metrics": metrics, "retry": retry}  # fmt: skip
+                    "spark": spark, "metrics": metrics, "retry": retry,
+                    "lookups": list(lookups) or None}  # fmt: skip
         tables.update({key: value for key, value in optional.items() if value is not None})
         self.spec: PipelineSpec = pipeline_from_tables(tables, source_name=f"Pipeline(name={name!r})")
         self.file: Path | None = None

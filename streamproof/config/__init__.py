@@ -23,13 +23,13 @@ from streamproof.config.sinks import (
     PostgresSinkSpec,
     SinkSpec,
 )
-from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, SourceSpec
+from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, Lookup, SourceSpec
 from streamproof.config.transform import Aggregate, Dedup, Transform, replay_unsafe
 
 __all__ = [
     "COORDINATES",
     "Aggregate", "AnySinkSpec", "Dedup", "DeltaSinkSpec", "DeltaSource", "FilesSinkSpec", "FilesSource",
-    "KafkaSinkSpec", "KafkaSource", "MetricsSettings", "PipelineSpec", "PostgresSinkSpec", "RetrySettings",
+    "KafkaSinkSpec", "KafkaSource", "Lookup", "MetricsSettings", "PipelineSpec", "PostgresSinkSpec", "RetrySettings",
     "SinkSpec", "SourceSpec", "SparkSettings", "Transform", "Trigger", "dump_pipeline", "duration_seconds",
     "load_pipeline", "parse_pipeline", "replay_unsafe", "schema_field_names", "schema_field_type",
 ]  # fmt: skip

@@ -147,7 +147,7 @@ def dump_pipeline(spec: PipelineSpec) -> str:
     text never holds a secret.
     """
     references = spec._env_references
-    data = spec.model_dump(exclude_none=True, exclude={"sink", "sinks"})
+    data = spec.model_dump(exclude_none=True, exclude={"sink", "sinks", "lookups"})
     data["checkpoint"] = str(spec.checkpoint_dir)
     data["transform"]["schema"] = data["transform"].pop("schema_")
     data["transform"]["quarantine"] = str(spec.quarantine_path)
@@ -161,6 +161,9 @@ def dump_pipeline(spec: PipelineSpec) -> str:
             sink_data["path"] = str(spec.resolve_path(sink_data["path"]))
         sink_data.update(sink_data.pop("kafka_options", {}))
         lines += ["", "[sink]" if spec.sink is not None else "[[sinks]]", *_toml_pairs(sink_data, references)]
+    for lookup in spec.lookups:
+        lookup_data = {**lookup.model_dump(), "path": str(spec.resolve_path(lookup.path))}
+        lines += ["", "[[lookups]]", *_toml_pairs(lookup_data, references)]
     return "\n".join(lines) + "\n"
 
 

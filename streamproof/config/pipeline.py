@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from streamproof.config.fields import Strict, schema_field_names
 from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
 from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PostgresSinkSpec, SinkSpec
-from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, SourceSpec
+from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, Lookup, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
 from streamproof.errors import ConfigError
 from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, storage_refusal, wiring_for
@@ -45,6 +45,7 @@ class PipelineSpec(Strict):
     transform: Transform
     sink: SinkSpec | None = None
     sinks: list[SinkSpec] = Field(default_factory=list)
+    lookups: list[Lookup] = Field(default_factory=list)
     trigger: Trigger = Trigger()
     spark: SparkSettings = SparkSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -99,6 +100,23 @@ class PipelineSpec(Strict):
                     "values and exactly-once cannot hold; derive it from the record instead, e.g. "
                     f'{name} = "_src_timestamp" (Kafka\'s record timestamp)'
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _lookups_feed_user_code(self) -> PipelineSpec:
+        if not self.lookups:
+            return self
+        if self.transform.user_code is None:
+            raise ValueError(
+                "lookups: a lookup table is given to your transform: set transform.python = "
+                '"module:function" (it receives them) or transform.sql (it reads them as views)'
+            )
+        names = [lookup.name for lookup in self.lookups]
+        if len(set(names)) != len(names) or "records" in names:
+            raise ValueError(f"lookups: names {names!r} must be distinct, and not 'records' (the batch's view)")
+        if not isinstance(self.source, KafkaSource):
+            raise ValueError(f"lookups: the versions each batch read are recorded by Kafka offsets; a "
+                             f"{self.source.kind} source has none")  # fmt: skip
         return self
 
     @model_validator(mode="after")
@@ -164,6 +182,8 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _sink_columns_are_schema_fields(self) -> PipelineSpec:
+        if self.transform.user_code is not None:  # the columns your code makes are known once Spark applies it
+            return self  # (streamproof.your_code.check_at_start)
         laid_out = ("partition_by", "zorder_by")  # may also name derived columns, or a window row's columns
         if self.transform.aggregate is not None:  # window rows: the sinks name no record field
             for sink in self.sink_specs:
@@ -238,7 +258,8 @@ class PipelineSpec(Strict):
         """Every place the pipeline reads or writes files: checkpoint, quarantine, folder sinks, a folder source."""
         folders = [sink.folder for sink in self.sink_specs if sink.folder is not None]
         source = [self.source.path] if isinstance(self.source, FilesSource | DeltaSource) else []
-        return [self.checkpoint_dir, self.quarantine_path, *map(self.resolve_path, [*folders, *source])]
+        lookups = [lookup.path for lookup in self.lookups]
+        return [self.checkpoint_dir, self.quarantine_path, *map(self.resolve_path, [*folders, *source, *lookups])]
 
     @property
     def on_distributed_storage(self) -> bool:

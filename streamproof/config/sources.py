@@ -129,3 +129,19 @@ class DeltaSource(Strict):
 
 SOURCE_KINDS = ("kafka", "files", "delta")
 SourceSpec = Annotated[KafkaSource | FilesSource | DeltaSource, Field(discriminator="kind")]
+
+
+class Lookup(Strict):
+    """``[[lookups]]``: a Delta table your transform joins each batch with (a stream-static join), by ``name``.
+
+    With ``pin = true`` (default) the table version each batch read is recorded in the checkpoint, and a batch
+    replayed after a crash reads that same version (Delta time travel), so it is the same batch again; with
+    ``pin = false`` each attempt reads the newest version, as Spark's stream-static join does.
+
+    >>> Lookup(name="customers", path="tables/customers").pin
+    True
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    path: str = Field(min_length=1)
+    pin: bool = True

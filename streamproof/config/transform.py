@@ -97,6 +97,33 @@ class Transform(Strict):
     # Derived columns of the sink rows: name -> Spark SQL expression over the record's fields and its _src_*
     # coordinates, e.g. amount_cents = "cast(amount * 100 as bigint)", ingested_at = "_src_timestamp".
     columns: dict[str, str] = Field(default_factory=dict)
+    # Your own code (docs/your-code.md): a function "package.module:function" (DataFrame -> DataFrame), or one SQL
+    # query over the view `records`, applied to each batch's valid records before the sinks.
+    python: str | None = None
+    sql: str | None = None
+
+    @field_validator("python")
+    @classmethod
+    def _function_name(cls, value: str | None) -> str | None:
+        if value is not None and not FUNCTION_NAME.fullmatch(value):
+            raise ValueError(f'{value!r} is not "package.module:function" (a module importable by name, a colon, '
+                             "a function defined at its top level)")  # fmt: skip
+        return value
+
+    @field_validator("sql")
+    @classmethod
+    def _one_query(cls, value: str | None) -> str | None:
+        if value is not None and not re.search(r"\bfrom\s+records\b", value, re.IGNORECASE):
+            raise ValueError("the query reads the batch's valid records from the view `records`: "
+                             '"SELECT ... FROM records ..."')  # fmt: skip
+        return value
+
+    @property
+    def user_code(self) -> str | None:
+        """How the pipeline file names the user's transform (``python = ...`` or ``sql = ...``), or None."""
+        if self.python is not None:
+            return f"transform.python ({self.python})"
+        return "transform.sql" if self.sql is not None else None
 
     @field_validator("columns")
     @classmethod
@@ -144,6 +171,18 @@ class Transform(Strict):
             raise ValueError(f"schema_registry: {self.schema_registry!r} is not an http(s) URL")
         if self.schema_evolution != "none":
             raise ValueError('schema_evolution: "add-columns" reads undeclared JSON fields; Avro records have none')
+        return self
+
+    @model_validator(mode="after")
+    def _one_kind_of_user_code(self) -> Transform:
+        if self.python is not None and self.sql is not None:
+            raise ValueError("python, sql: give one of them (a SQL query can call a function registered as a UDF)")
+        if self.user_code is not None and self.watermark is not None:
+            raise ValueError(
+                f"{self.user_code.split(' ')[0]}: not yet with dedup or windows (a function before stateful "
+                "operators runs inside Spark's streaming plan, where lookups cannot be pinned): deduplicate or "
+                "aggregate in your function, or in a pipeline reading this one's Delta table"
+            )
         return self
 
     @model_validator(mode="after")
@@ -212,6 +251,9 @@ class Transform(Strict):
                     f"dedup.watermark: {self.dedup.watermark!r} must be a TIMESTAMP field of schema (the event time)"
                 )
         return self
+
+
+FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 
 
 # Functions whose value depends on when or where a batch runs. Catalyst calls the clock ones deterministic (they

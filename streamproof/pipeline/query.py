@@ -60,6 +60,7 @@ from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.transform import check_derived_columns, stateful_stream
+from streamproof.your_code import your_rows_schema
 
 
 def start_query(
@@ -166,6 +167,9 @@ def _run_locked(
     if address:
         publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
     check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
+    rows_schema = your_rows_schema(spark, spec, exactly_once=wiring.idempotent_sink)
+    for sink in sinks:
+        sink.rows_schema = rows_schema
     if any(sink.needs_spark_for_commits() for sink in sinks):
         refuse_if_checkpoint_lost(spark, spec, sinks)
         refuse_if_sink_behind(spark, spec, sinks)

@@ -125,6 +125,13 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     >>> reconcile_totals(source, sink, quarantine, "customer_id", ["amount"]).duplicated    # doctest: +SKIP
     0
     """
+    sink_side = _totals_side(source, sink, by, sums)
+    return _counts(_quarantine_side(source, quarantine), sink_side,
+                   superseded=_after_first(source, [by], list(COORDINATES)))  # fmt: skip
+
+
+def _totals_side(source: DataFrame, sink: DataFrame, by: str, sums: list[str]) -> dict[str, Any]:
+    """The sink half of :func:`reconcile_totals`: per-group totals of the valid ``source`` rows against the sink's."""
     exact = "DECIMAL(38, 10)"
     expected_totals = (
         source.where(F.col(VALID)).groupBy(by)
@@ -156,7 +163,7 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         )
         .first()
     )  # fmt: skip
-    side, sink_side = _quarantine_side(source, quarantine), {**_sink_side(row), **_counted(row, "wrong_values")}
+    sink_side = {**_sink_side(row), **_counted(row, "wrong_values")}
     both_values = [by, F.col("_x_events").alias("expected_events"), F.col("_s_events").alias("held_events"),
                    *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
                    *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums)]  # fmt: skip
@@ -164,7 +171,7 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
         "lost": (lost, both_values), "duplicated": (doubled, both_values), "wrong_values": (wrong, both_values),
         "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
     })  # fmt: skip
-    return _counts(side, sink_side, superseded=_after_first(source, [by], list(COORDINATES)))
+    return sink_side
 
 
 def reconcile_windows(
@@ -384,3 +391,100 @@ def compare(check: Check, source: DataFrame, sink: DataFrame | None, quarantine:
     identity = [*COORDINATES, *(dedup_keys or [])]
     held = sink.select(*identity) if sink is not None else source.select(*identity).limit(0)
     return reconcile(source, held, quarantine, key_columns=dedup_keys)
+
+
+def compare_rows(check: Check, source: DataFrame, rows: DataFrame, sink: DataFrame | None,
+                 quarantine: DataFrame) -> Counts:  # fmt: skip
+    """The checker for a pipeline with your own transform (:mod:`streamproof.your_code`): the sink is compared with
+    ``rows``, what the code makes of the valid source records (the oracle), in the sink's :class:`Check`; the
+    quarantine side and the identity stay on the source records (``transformed``: the valid records the code got).
+
+    * ``records``: a multiset of rows, every column compared (lineage included): an expected row the sink holds
+      fewer times is ``lost``, more times ``duplicated``, a row no expected row equals ``unexpected`` (a row with the
+      right lineage and another value is both: lost in its expected form, unexpected in the held one);
+    * ``latest``: per key, the latest expected row (by ``order_by``, then lineage), every column compared: a key
+      holding another row is a wrong value (counted in ``duplicated`` and ``wrong_values``, with both rows);
+    * ``totals``: per group, the sums of the expected rows.
+
+    >>> compare_rows(Check("records"), source, expected, sink_rows, quarantine).lost    # doctest: +SKIP
+    0
+    """
+    side = _quarantine_side(source, quarantine)
+    transformed = source.where(F.col(VALID)).count()
+    columns = [c for c in rows.columns if sink is None or c in sink.columns]
+    if sink is None:
+        sink = rows.limit(0)
+    held = sink.select(*(F.col(c).cast(rows.schema[c].dataType).alias(c) for c in columns))
+    if check.kind == "totals":
+        assert check.by is not None
+        sink_side = _totals_side(rows.withColumn(VALID, F.lit(True)), sink, check.by, list(check.sums))
+        superseded = 0
+    elif check.kind == "latest":
+        assert check.key is not None and check.order_by is not None
+        sink_side, superseded = _latest_rows_side(rows.select(*columns), held, check.key, check.order_by)
+    else:
+        sink_side, superseded = _rows_side(rows.select(*columns), held), 0
+    counts = _counts(side, sink_side, superseded=superseded)
+    return replace(counts, transformed=transformed, your_code=True)
+
+
+def _row_text(columns: list[str]) -> Column:
+    """A row as one comparable value: its columns as JSON, in order (a null is left out, the same on both sides)."""
+    return F.to_json(F.struct(*columns))
+
+
+def _rows_side(rows: DataFrame, held: DataFrame) -> dict[str, Any]:
+    columns = rows.columns
+    expected = rows.groupBy(_row_text(columns).alias("_row")).agg(
+        F.count(F.lit(1)).alias("x"), *(F.first(c).alias(c) for c in COORDINATES)
+    )
+    found = held.groupBy(_row_text(columns).alias("_row")).agg(
+        F.count(F.lit(1)).alias("n"), *(F.first(c).alias(f"_h{c}") for c in COORDINATES)
+    )
+    joined = expected.join(found, "_row", "full_outer")
+    x, n = F.coalesce("x", F.lit(0)), F.coalesce("n", F.lit(0))
+    lost, doubled, stray = (x > n), (x > 0) & (n > x), (x == 0) & (n > 0)
+    row = joined.agg(
+        F.sum(x).alias("expected"),
+        F.sum(F.when(lost, x - n).otherwise(0)).alias("lost"),
+        F.sum(F.when(doubled, n - x).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(stray, n).otherwise(0)).alias("unexpected"),
+        F.sum(n).alias("sink_records"),
+    ).first()
+    counted = _sink_side(row)
+    at = [F.coalesce(F.col(c), F.col(f"_h{c}")).alias(c) for c in COORDINATES]
+    counted["samples"] = _samples(joined, counted, {
+        "lost": (lost, [*at, (x - n).alias("rows"), F.col("_row").alias("row")]),
+        "duplicated": (doubled, [*at, (n - x).alias("extra"), F.col("_row").alias("row")]),
+        "unexpected": (stray, [*at, n.alias("rows"), F.col("_row").alias("row")]),
+    })  # fmt: skip
+    return counted
+
+
+def _latest_rows_side(rows: DataFrame, held: DataFrame, key: str, order_by: str) -> tuple[dict[str, Any], int]:
+    columns = rows.columns
+    newest = Window.partitionBy(key).orderBy(F.col(order_by).desc_nulls_last(), *(F.desc(c) for c in COORDINATES))
+    ranked = rows.withColumn("_rank", F.row_number().over(newest))
+    winners = ranked.where("_rank = 1").select(key, _row_text(columns).alias("_x"))
+    superseded = ranked.where("_rank > 1").count()
+    per_key = held.groupBy(key).agg(F.count(F.lit(1)).alias("n"), F.min(_row_text(columns)).alias("_s"))
+    joined = winners.join(per_key, key, "full_outer")
+    both = F.col("_x").isNotNull() & F.col("n").isNotNull()
+    lost, stray = F.col("_x").isNotNull() & F.col("n").isNull(), F.col("_x").isNull() & F.col("n").isNotNull()
+    wrong = both & (F.col("n") == 1) & (F.col("_x") != F.col("_s"))
+    extra = F.when(both & (F.col("n") > 1), F.col("n") - 1).otherwise(0)
+    row = joined.agg(
+        F.sum(F.col("_x").isNotNull().cast("int")).alias("expected"),
+        F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
+        F.sum(extra + F.when(wrong, 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(wrong, 1).otherwise(0)).alias("wrong_values"),
+        F.sum(F.when(stray, F.col("n")).otherwise(0)).alias("unexpected"),
+        F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+    ).first()
+    counted = {**_sink_side(row), **_counted(row, "wrong_values")}
+    both_rows = [key, F.col("_x").alias("expected_row"), F.col("_s").alias("held_row")]
+    counted["samples"] = _samples(joined, counted, {
+        "lost": (lost, both_rows), "duplicated": (extra > 0, [*both_rows, F.col("n").alias("rows")]),
+        "wrong_values": (wrong, both_rows), "unexpected": (stray, [*both_rows, F.col("n").alias("rows")]),
+    })  # fmt: skip
+    return counted, superseded

@@ -49,6 +49,10 @@ class Counts:
     wrong_values: int = 0
     # Sink rows of records the source no longer holds (retention deleted them after they were read): not compared.
     unavailable: int = 0
+    # A pipeline with your own transform (streamproof.your_code): expected/lost/duplicated count its rows (or keys,
+    # groups), and ``transformed`` the valid records it was given: the identity's delivered term.
+    your_code: bool = False
+    transformed: int = 0
     # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated", "wrong_values" and
     # "unexpected" (each kind named as its count), each naming the record (coordinates), key, group or window, where
     # it was ("in") and what was found (a wrong value: the held and the expected values).

@@ -34,7 +34,7 @@ from streamproof.checkpoint.log import (
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.generator import load_manifest
 from streamproof.kafka_client import require_topic
-from streamproof.reconcile.checker import compare, reconcile_windows
+from streamproof.reconcile.checker import compare, compare_rows, reconcile_windows
 from streamproof.reconcile.counts import (
     DROPPED,
     LATE_FLAG,
@@ -48,7 +48,16 @@ from streamproof.reconcile.counts import (
 from streamproof.reconcile.report import RECOMPUTED, Report, unlogged_late_basis
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
-from streamproof.transform import COORDINATES, EXACT_SUM, LATE, REJECT_REASON, behind_watermark
+from streamproof.transform import (
+    COORDINATES,
+    EXACT_SUM,
+    LATE,
+    REJECT_REASON,
+    behind_watermark,
+    valid_records,
+    with_derived_columns,
+)
+from streamproof.your_code import LookupVersions, YourCode, expected_rows, your_rows_schema
 
 
 def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> DataFrame:
@@ -168,6 +177,9 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
     [True]
     """
     sinks = open_sinks(spec)
+    code = YourCode.of(spec)
+    if code is not None:
+        return _verify_your_code(spark, spec, code, sinks, manifest_dir)
     transform = spec.transform
     dedup, aggregate = transform.dedup, transform.aggregate
     dedup_keys = dedup.key_columns if dedup else None
@@ -238,6 +250,46 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
                 quarantine_reasons=reasons, generated=generated, basis=sink_basis, unverifiable=unverifiable,
             ))  # fmt: skip
     finally:
+        source.unpersist()
+    return reports
+
+
+def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, sinks: list[Any],
+                      manifest_dir: Path | None) -> list[Report]:  # fmt: skip
+    """Verification of a pipeline with your own transform: the oracle (your code over the source's valid records,
+    each batch with the lookup versions it read: :func:`streamproof.your_code.expected_rows`) against each sink, as
+    rows (:func:`streamproof.reconcile.checker.compare_rows`); the quarantine side as for any pipeline."""
+    rows_schema = your_rows_schema(spark, spec, exactly_once=False)  # checks the code, and ships it to the workers
+    parsed = sources.parsed_records(sources.read_batch(spark, spec), spec)
+    source = parsed.select(*COORDINATES, F.col(REJECT_REASON).isNull().alias(VALID)).cache()
+    valid = valid_records(parsed)
+    if spec.transform.columns:
+        valid = with_derived_columns(valid, spec.transform)
+    record = LookupVersions(spec.checkpoint_dir) if spec.lookups else None
+    rows = expected_rows(code, valid, record).cache()
+    quarantine_table = _read_delta(spark, spec.quarantine_path)
+    quarantine = (quarantine_table.select(*COORDINATES) if quarantine_table is not None
+                  else source.select(*COORDINATES).limit(0))  # fmt: skip
+    lows = first_offsets_held(spec)
+    gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
+    unverifiable = (f"the source no longer holds its first records ({gone}: retention deleted them), so what your "
+                    "code made of them cannot be recomputed") if lows else ""  # fmt: skip
+    generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
+    basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded"), RECOMPUTED)
+    reports = []
+    try:
+        for sink in sinks:
+            sink.rows_schema = rows_schema
+            check = check_for(sink.spec)
+            counts = compare_rows(check, source, rows, sink.read(spark), quarantine)
+            unit = {"records": "rows"}.get(check.kind, check.unit)
+            reports.append(Report(
+                pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
+                quarantine_reasons=quarantine_reasons(quarantine_table), generated=generated, basis=dict(basis),
+                unverifiable=unverifiable,
+            ))  # fmt: skip
+    finally:
+        rows.unpersist()
         source.unpersist()
     return reports
 

@@ -99,7 +99,9 @@ class Report(Counts):
     @property
     def identity_terms(self) -> list[tuple[str, int]]:
         """The terms that must add up to ``source_records``, each counted on its own, named as printed."""
-        if self.unit == "windows":
+        if self.your_code:
+            delivered = [("given to your code", self.transformed)]
+        elif self.unit == "windows":
             delivered = [("in closed windows", self.aggregated), ("in open windows", self.pending)]
         else:
             delivered = [("expected", self.expected)]

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from streamproof.config import AnySinkSpec, PipelineSpec
 from streamproof.errors import PipelineError
@@ -114,6 +115,9 @@ class Sink(ABC):
         self.pipeline = pipeline
         self.spec = spec
         self._held: HeldBatches | None = None  # what the sink holds from this run's first batch on (carried)
+        # The schema of the rows a pipeline with your own transform writes (streamproof.your_code), known once Spark
+        # applied it; None: the record schema (with its derived columns) says.
+        self.rows_schema: StructType | None = None
 
     def replay_check(self, batch: Batch) -> bool:
         """Whether the sink holds ``batch`` already, so that writing it again would duplicate it (a replay, to skip):

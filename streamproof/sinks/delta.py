@@ -185,6 +185,7 @@ class DeltaSink(FolderSink):
         schema = struct_type(record_schema(transform))
         if transform.columns and transform.aggregate is None:
             schema = with_derived_columns(spark.createDataFrame([], schema), transform).schema
+        schema = self.rows_schema or schema
         builder = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(schema)
         if self.spec.partition_by:
             builder = builder.partitionedBy(*self.spec.partition_by)

@@ -415,7 +415,7 @@ class KafkaSink(Sink):
                    **self.spec.kafka_options, "kafka.isolation.level": "read_committed"}  # fmt: skip
         for name, value in options.items():
             reader = reader.option(name, value)
-        schema = record_schema(self.pipeline.transform)
+        schema = self.rows_schema or record_schema(self.pipeline.transform)
         return reader.load().select(F.from_json(F.col("value").cast("string"), schema).alias("r")).select("r.*")
 
 

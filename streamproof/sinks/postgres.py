@@ -244,7 +244,11 @@ class PostgresSink(Sink):
 
     def prepare(self, spark: SparkSession) -> None:
         """Create the schema, target table and ledger if missing; check an existing table has the columns."""
-        fields = struct_type(self.pipeline.transform.schema_).fields
+        fields = [
+            field
+            for field in (self.rows_schema or struct_type(self.pipeline.transform.schema_)).fields
+            if field.name not in SOURCE_COLUMNS
+        ]  # the coordinates' columns are added below
         columns = self._table_columns({field.name: postgres_type(field.dataType) for field in fields})
         definition = ", ".join(f"{quoted(name)} {kind}" for name, kind in columns.items())
         primary = {"upsert": self.spec.key, "accumulate": self.spec.by}.get(self.spec.mode)

@@ -1,0 +1,404 @@
+"""Your own PySpark in a pipeline: a transform function (or one SQL query) applied to each batch's valid records,
+with the lookup tables it joins, checked before it can break exactly-once (docs/your-code.md).
+
+The contract, checked here:
+
+* **lineage**: every output row keeps the source columns (``_src_topic``, ``_src_partition``, ``_src_offset``,
+  ``_src_timestamp``) of the record it came from; verification matches rows to records by them
+  (:func:`check_lineage`, at start on the function's output schema and on every batch's rows);
+* **determinism** (exactly-once): the same records give the same rows, so a batch replayed after a crash writes
+  what its first attempt did. Refused at start when Spark's analysed plan says otherwise (``rand()``, ``uuid()``, a
+  nondeterministic UDF) or names the clock (``current_timestamp()``); on the first batch of every run the function
+  is applied twice to the same sample of records, and rows that differ are refused, the first one named
+  (:func:`check_determinism`: catches a Python UDF that reads the clock or draws a random number);
+* **lookups**: a ``[[lookups]]`` Delta table is read at the version recorded for the batch
+  (:class:`LookupVersions`), so a replay joins what its first attempt joined (``pin = false``: the newest).
+
+The batch writer (:mod:`streamproof.pipeline.batches`) and verification (:mod:`streamproof.reconcile.history`, the
+oracle: the same function over the source records, batch by batch with their recorded lookup versions) both call
+:meth:`YourCode.apply`.
+
+Example::
+
+    >>> code = YourCode.of(spec)                                                     # doctest: +SKIP
+    >>> rows = code.apply(valid_rows, code.versions_for(batch))                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import sys
+import tempfile
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from streamproof.config import PipelineSpec, replay_unsafe
+from streamproof.errors import ConfigError, PipelineError, first_line
+from streamproof.storage import Location
+from streamproof.transform import SOURCE_COLUMNS, record_schema, struct_type, with_derived_columns
+
+RECORDS_VIEW = "records"  # the view a [transform] sql query reads the batch's valid records from
+DETERMINISM_SAMPLE = 500  # records of a run's first batch the function is applied to twice
+
+Offsets = dict[str, dict[str, int]]
+_SHIPPED: set[tuple[int, str, str]] = set()  # (SparkContext, package, content digest) already on addPyFile
+
+
+def load_function(name: str, key: str = "transform.python") -> Callable[..., Any]:
+    """The function ``package.module:function``, imported by name; a module or name that is not there is a
+    :class:`~streamproof.errors.ConfigError` naming ``key``.
+
+    >>> load_function("json:dumps")([1])
+    '[1]'
+    >>> load_function("no_such_module_here:f")
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: transform.python: cannot import module 'no_such_module_here' (No module named ...
+    """
+    module_name, _, attribute = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{key}: cannot import module {module_name!r} ({error}): put its folder on PYTHONPATH (or "
+                          "install it) where streamproof runs") from None  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - the user's module failed while importing: say where, in one line
+        raise ConfigError(f"{key}: importing {module_name!r} failed: {type(error).__name__}: {error}") from None
+    function = getattr(module, attribute, None)
+    if not callable(function):
+        raise ConfigError(f"{key}: module {module_name!r} has no function {attribute!r}")
+    return function  # type: ignore[no-any-return]
+
+
+def function_name(function: Callable[..., Any]) -> str:
+    """How a pipeline file names a function given in Python (``Pipeline(transform={"function": f})``): the crash
+    runs and verification import it by that name in other processes, so it must be defined at the top level of an
+    importable module.
+
+    >>> function_name(json.dumps)
+    'json:dumps'
+    >>> function_name(lambda rows: rows)
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: transform.function: <lambda> is not defined at the top level of a module; ...
+    """
+    module, qualified = getattr(function, "__module__", None), getattr(function, "__qualname__", "?")
+    if not module or "." in qualified or "<" in qualified:
+        raise ConfigError(
+            f"transform.function: {qualified} is not defined at the top level of a module; streamproof "
+            "imports it by name in the processes it runs and crashes: define it with def in a module"
+        )
+    if module == "__main__":
+        raise ConfigError(
+            f"transform.function: {qualified} is defined in the script being run (__main__), which "
+            "the processes streamproof runs and crashes cannot import: move it to a module"
+        )
+    return f"{module}:{qualified}"
+
+
+def check_lineage(columns: list[str], what: str) -> None:
+    """Refuse output rows that lost a lineage column: verification could not tell which record a row came from.
+
+    >>> check_lineage(["order_id", "_src_topic", "_src_partition"], "transform.python (shop:enrich)")
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: transform.python (shop:enrich) returns rows without _src_offset, _src_timestamp: ...
+    """
+    missing = [column for column in SOURCE_COLUMNS if column not in columns]
+    if missing:
+        raise ConfigError(
+            f"{what} returns rows without {', '.join(missing)}: keep the source columns on every row "
+            '(select "*" or name them): verification matches each row to its record by them'
+        )
+
+
+@dataclass
+class YourCode:
+    """The pipeline's own transform and lookups, ready to apply to a batch (or to the source, in verification)."""
+
+    spec: PipelineSpec
+    function: Callable[..., Any] | None
+    sql: str | None
+
+    @classmethod
+    def of(cls, spec: PipelineSpec) -> YourCode | None:
+        """The pipeline's code, its function imported (the pipeline file's folder is on the import path, as a
+        test's folder is for pytest); None when the pipeline has none."""
+        transform = spec.transform
+        if transform.user_code is None:
+            return None
+        beside = Path(spec._source_name).resolve().parent if Path(spec._source_name).is_file() else None
+        if beside is not None and str(beside) not in sys.path:
+            sys.path.append(str(beside))
+        function = load_function(transform.python) if transform.python is not None else None
+        return cls(spec, function, transform.sql)
+
+    def ship(self, spark: SparkSession) -> None:
+        """Send the function's top-level package (or module) to Spark's Python workers and executors (a zip on
+        ``addPyFile``), so the UDFs it defines import there too; a module installed in the environment is there."""
+        if self.spec.transform.python is None:
+            return
+        top = importlib.import_module(self.spec.transform.python.split(":")[0].split(".")[0])
+        where = Path(getattr(top, "__file__", None) or "")
+        if not where.is_file() or any(where.resolve().is_relative_to(Path(prefix).resolve())
+                                      for prefix in {sys.prefix, sys.base_prefix}):  # fmt: skip
+            return
+        folder = where.parent if where.name == "__init__.py" else None
+        files = sorted(folder.rglob("*.py")) if folder is not None else [where]
+        digest = hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
+        key = (id(spark.sparkContext), top.__name__, digest)
+        if key in _SHIPPED:
+            return
+        archive = Path(tempfile.mkdtemp(prefix="streamproof-code-")) / f"{top.__name__}-{digest}.zip"
+        with zipfile.ZipFile(archive, "w") as bundle:
+            for path in files:
+                bundle.write(path, path.relative_to(folder.parent) if folder is not None else path.name)
+        spark.sparkContext.addPyFile(str(archive))
+        _SHIPPED.add(key)
+
+    @property
+    def what(self) -> str:
+        return self.spec.transform.user_code or "transform"
+
+    def latest_versions(self, spark: SparkSession) -> dict[str, int]:
+        """The newest version of each lookup table."""
+        return {lookup.name: latest_version(spark, self.spec.resolve_path(lookup.path), lookup.name)
+                for lookup in self.spec.lookups}  # fmt: skip
+
+    def lookups(self, spark: SparkSession, versions: dict[str, int]) -> dict[str, DataFrame]:
+        """Each lookup table as a DataFrame at its version in ``versions``."""
+        return {lookup.name: spark.read.format("delta").option("versionAsOf", versions[lookup.name])
+                .load(str(self.spec.resolve_path(lookup.path))) for lookup in self.spec.lookups}  # fmt: skip
+
+    def apply(self, records: DataFrame, versions: dict[str, int] | None = None) -> DataFrame:
+        """Your function (or query) on ``records`` (valid records, with lineage), lookups at ``versions``."""
+        spark = records.sparkSession
+        tables = self.lookups(spark, versions or {}) if self.spec.lookups else {}
+        if self.sql is not None:
+            records.createOrReplaceTempView(RECORDS_VIEW)
+            for name, table in tables.items():
+                table.createOrReplaceTempView(name)
+            return _analysed(lambda: spark.sql(self.sql), self.what)  # type: ignore[arg-type]
+        assert self.function is not None
+        function = self.function
+        takes_lookups = len(inspect.signature(function).parameters) >= 2
+        output = _analysed(lambda: function(records, tables) if takes_lookups else function(records), self.what)
+        if not isinstance(output, DataFrame):
+            raise ConfigError(f"{self.what} returned {type(output).__name__}, not a DataFrame: return the rows")
+        return output
+
+    def check_at_start(self, spark: SparkSession, records_schema: StructType, *, exactly_once: bool) -> StructType:
+        """Apply the code to no records before the query starts: its lineage, the columns the sinks name, and
+        (exactly-once) what Spark's plan says of its determinism. Returns the schema of its rows.
+
+        >>> YourCode.of(spec).check_at_start(spark, schema, exactly_once=True)            # doctest: +SKIP
+        StructType([...])
+        """
+        empty = spark.createDataFrame([], records_schema)
+        output = self.apply(empty, self.latest_versions(spark) if self.spec.lookups else None)
+        check_lineage(output.columns, self.what)
+        for sink in self.spec.sink_specs:
+            for key, column in sink.schema_columns():
+                if column not in output.columns:
+                    raise ConfigError(f"sink {sink.name}: {key} = {column!r} is not a column of the rows "
+                                      f"{self.what} returns ({', '.join(output.columns)})")  # fmt: skip
+        if exactly_once:
+            plan = output._jdf.queryExecution().analyzed()
+            unsafe = replay_unsafe(plan.toString())
+            if unsafe or not plan.deterministic():
+                why = unsafe or "Spark's plan of it is nondeterministic (rand(), uuid(), shuffle() or such a UDF)"
+                raise ConfigError(
+                    f"{self.what}: {why}, so a batch replayed after a crash would write other rows and "
+                    "exactly-once cannot hold; derive every value from the record and the lookups"
+                )
+        return output.schema
+
+
+def your_rows_schema(spark: SparkSession, spec: PipelineSpec, *, exactly_once: bool) -> StructType | None:
+    """The schema of the rows the pipeline's own transform makes, checked before the query starts
+    (:meth:`YourCode.check_at_start`); None for a pipeline without one (its sinks take the record schema).
+
+    >>> your_rows_schema(spark, load_pipeline("shop.toml"), exactly_once=True).fieldNames()[:2]  # doctest: +SKIP
+    ['order_id', 'line_id']
+    """
+    code = YourCode.of(spec)
+    if code is None:
+        return None
+    code.ship(spark)
+    records = struct_type(record_schema(spec.transform))
+    if spec.transform.columns:
+        records = with_derived_columns(spark.createDataFrame([], records), spec.transform).schema
+    return code.check_at_start(spark, records, exactly_once=exactly_once)
+
+
+def _analysed(make: Callable[[], Any], what: str) -> Any:
+    """Build the user's DataFrame; Spark's analysis error (a column that is not there, a bad query) in one line."""
+    context_logger = logging.getLogger("SQLQueryContextLogger")  # PySpark logs the JVM stack of analysis errors
+    try:
+        context_logger.disabled = True
+        return make()
+    except PySparkException as error:
+        raise ConfigError(f"{what} cannot be applied to the records: {first_line(error)}") from None
+    finally:
+        context_logger.disabled = False
+
+
+def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, int] | None) -> None:
+    """Apply the code twice to the same sample of a batch's records and refuse rows that differ, naming the first.
+
+    The sample is collected first and given to both applications as the same rows, so only the code can differ.
+    A difference is a :class:`~streamproof.errors.PipelineError` (the run stops before its first write).
+
+    >>> check_determinism(code, valid_rows, None)                                      # doctest: +SKIP
+    """
+    sample = records.limit(DETERMINISM_SAMPLE).collect()
+    if not sample:
+        return
+    spark = records.sparkSession
+    frozen = spark.createDataFrame(sample, records.schema)
+    first, second = (Counter(map(_hashable, code.apply(frozen, versions).collect())) for _ in range(2))
+    if first == second:
+        return
+    differing = sorted((first - second).elements(), key=repr) or sorted((second - first).elements(), key=repr)
+    row = dict(zip(code.apply(frozen, versions).columns, differing[0], strict=False))
+    raise PipelineError(
+        f"{code.what} gave other rows when applied twice to the same {len(sample)} records (first differing: "
+        f"{_short(row)}): a batch replayed after a crash would write other values, so exactly-once cannot hold; "
+        "derive every value from the record and the lookups (no clock, no random numbers)"
+    )
+
+
+def _hashable(row: Any) -> tuple[Any, ...]:
+    return tuple(_hashable(value) if isinstance(value, list | tuple) else
+                 json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else value
+                 for value in row)  # fmt: skip
+
+
+def _short(row: dict[str, Any]) -> str:
+    text = ", ".join(f"{name}={value!r}" for name, value in row.items())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def latest_version(spark: SparkSession, path: Location, name: str) -> int:
+    """The newest version of the Delta table at ``path`` (a lookup), or a one-line error when it is not one."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, str(path)):
+        raise ConfigError(f"lookups: {name!r} at {path} is not a Delta table: create it, or fix its path")
+    row = DeltaTable.forPath(spark, str(path)).history(1).select("version").first()
+    assert row is not None
+    return int(row[0])
+
+
+class LookupVersions:
+    """``<checkpoint>/_streamproof_lookups.json``: the lookup versions each batch read, as segments of batches.
+
+    A segment starts at a batch (and its start offsets, by which verification finds its records) and holds the
+    versions its batches read; a new one starts when a lookup table changed. ``through`` is the last batch
+    recorded. Written aside and renamed (never torn), before the batch writes anything, so a batch that reached a
+    sink is always recorded. A pinned lookup of a batch at or below ``through`` (a replay) gets its recorded
+    version; an unpinned one the newest, and the record is rewritten from that batch on (it says what the batch's
+    last attempt read).
+
+    >>> import tempfile
+    >>> record = LookupVersions(Location(tempfile.mkdtemp()))
+    >>> record.remember(0, {}, {"customers": 1}), record.remember(1, {"t": {"0": 5}}, {"customers": 2})
+    (None, None)
+    >>> record.recorded(0), record.recorded(1), record.recorded(2)
+    ({'customers': 1}, {'customers': 2}, None)
+    """
+
+    NAME = "_streamproof_lookups.json"
+
+    def __init__(self, checkpoint: Location) -> None:
+        self.path = checkpoint / self.NAME
+
+    def read(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {"through": -1, "segments": []}
+        try:
+            data = json.loads(text)
+            assert isinstance(data, dict) and isinstance(data.get("segments"), list)
+            return data
+        except (ValueError, AssertionError):
+            raise PipelineError(f"{self.path} is damaged: it records which lookup versions each batch read; restore it "
+                                "from a checkpoint backup") from None  # fmt: skip
+
+    def recorded(self, batch_id: int) -> dict[str, int] | None:
+        """The versions recorded for a batch, None when it was never recorded."""
+        data = self.read()
+        if batch_id > data["through"]:
+            return None
+        segment = [s for s in data["segments"] if s["from_batch"] <= batch_id]
+        return dict(segment[-1]["versions"]) if segment else None
+
+    def remember(self, batch_id: int, start_offsets: Offsets | None, versions: dict[str, int]) -> None:
+        """Record that ``batch_id`` (starting at ``start_offsets``) read ``versions``."""
+        data = self.read()
+        segments = [s for s in data["segments"] if s["from_batch"] < batch_id or
+                    (s["from_batch"] == batch_id and batch_id > data["through"])]  # fmt: skip
+        if not segments or segments[-1]["versions"] != versions:
+            segments.append({"from_batch": batch_id, "from_offsets": start_offsets or {}, "versions": versions})
+        self.path.replace_with_text(json.dumps({"through": batch_id, "segments": segments}))
+
+    def versions_for(self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
+                     ) -> dict[str, int]:  # fmt: skip
+        """The versions ``batch_id`` reads (recorded ones for pinned lookups of a replay), recorded before use."""
+        recorded = self.recorded(batch_id) or {}
+        latest = code.latest_versions(spark)
+        versions = {lookup.name: recorded[lookup.name] if lookup.pin and lookup.name in recorded
+                    else latest[lookup.name] for lookup in code.spec.lookups}  # fmt: skip
+        if recorded != versions:
+            self.remember(batch_id, start_offsets, versions)
+        return versions
+
+    def segments(self) -> list[tuple[Offsets, dict[str, int]]]:
+        """Each segment's start offsets and versions, in batch order (verification's oracle)."""
+        return [(segment["from_offsets"], segment["versions"]) for segment in self.read()["segments"]]
+
+
+def expected_rows(code: YourCode, valid: DataFrame, record: LookupVersions | None) -> DataFrame:
+    """The oracle: the rows your code makes of the source's valid records, each segment of batches with the lookup
+    versions it read (records no batch has read yet: the newest versions).
+
+    >>> expected_rows(code, valid_records(parsed), LookupVersions(spec.checkpoint_dir))  # doctest: +SKIP
+    """
+    if not code.spec.lookups:
+        return code.apply(valid)
+    segments = record.segments() if record is not None else []
+    if not segments:
+        return code.apply(valid, code.latest_versions(valid.sparkSession))
+    parts = []
+    for index, (starts, versions) in enumerate(segments):
+        rows = valid.where(_at_or_after(starts))
+        if index + 1 < len(segments):
+            rows = rows.where(~_at_or_after(segments[index + 1][0]))
+        parts.append(code.apply(rows, versions))
+    combined = parts[0]
+    for part in parts[1:]:
+        combined = combined.unionByName(part)
+    return combined
+
+
+def _at_or_after(starts: Offsets) -> Any:
+    """Records at or after ``starts`` (``{topic: {partition: offset}}``; a partition not named starts at 0)."""
+    before = F.lit(False)
+    for topic, partitions in starts.items():
+        for partition, offset in partitions.items():
+            before = before | ((F.col("_src_topic") == topic) & (F.col("_src_partition") == int(partition))
+                               & (F.col("_src_offset") < int(offset)))  # fmt: skip
+    return ~before

@@ -1,0 +1,201 @@
+"""Your own PySpark under streamproof (docs/your-code.md): a transform function with a lookup table, a UDF and
+exploded rows, checked at start and on the first batch, pinned lookups, and the oracle that verifies its sinks.
+
+The dimension-change run, as the issue states it (tests/test_your_code.py::test_a_replay_joins_the_version_its_first_
+attempt_joined): examples/your_code's pipeline (customers lookup, Python UDF, 1-3 line items per order) into a Delta
+MERGE table keyed on the line and a Delta append of the same rows; 6,000 events in 2 partitions, batches of 2,000.
+The run is SIGKILLed while batch 1 is written to the second sink (the first holds it), the customers table then
+changes (every segment moves, a new Delta version), and the pipeline restarts and drains: batch 1 runs again, the
+MERGE table skipping it, the append writing it. Pinned (default): the replay reads the version its first attempt
+read, and verify's oracle (the same function over the source, each batch with the versions recorded for it) finds
+0 lost / 0 duplicated / 0 unexpected in both. Unpinned (``pin = false``, Spark's own stream-static join): the
+replay joined the new version (the record says so) while the MERGE table kept the first attempt's rows, so the two
+sinks hold rows no single run made: verify names the keys whose rows differ (wrong values), and says damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import CLI_TIMEOUT_S, REPO, run_cli
+from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.errors import ConfigError, PipelineError
+from streamproof.generator import generate
+from streamproof.infra import KafkaBroker
+from streamproof.reconcile import verify_pipeline
+from streamproof.storage import Location
+from streamproof.your_code import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
+
+EXAMPLE = REPO / "examples" / "your_code"
+SCHEMA = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
+
+
+def _spec(transform: dict[str, Any], **more: Any) -> PipelineSpec:
+    return PipelineSpec.model_validate({
+        "name": "p", "source": {"kind": "kafka", "topic": "t"}, "transform": {"schema": SCHEMA, **transform},
+        "sink": {"kind": "delta", "path": "/tmp/your-code-sink"}, **more,
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("transform", "more", "says"),
+    [
+        ({"python": "shop.orders:enrich", "sql": "SELECT * FROM records"}, {}, "python, sql: give one of them"),
+        ({"python": "shop.orders"}, {}, 'is not "package.module:function"'),
+        ({"sql": "SELECT * FROM orders"}, {}, "from the view `records`"),
+        ({"python": "shop.orders:enrich", "dedup": {"columns": ["event_id"], "watermark": "event_time"}}, {},
+         "not yet with dedup or windows"),
+        ({}, {"lookups": [{"name": "customers", "path": "/tmp/c"}]}, "lookups: a lookup table is given to your"),
+        ({"sql": "SELECT * FROM records"}, {"lookups": [{"name": "records", "path": "/tmp/c"}]}, "not 'records'"),
+    ],
+)  # fmt: skip
+def test_a_pipeline_file_that_misstates_your_code_is_refused_in_one_line(
+    transform: dict[str, Any], more: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ValueError, match="1 validation error") as refused:
+        _spec(transform, **more)
+    assert says in str(refused.value)
+
+
+def test_a_function_the_crash_runs_cannot_import_is_refused() -> None:
+    with pytest.raises(ConfigError, match="not defined at the top level of a module"):
+        function_name(lambda rows: rows)
+
+
+class _Code:
+    """What LookupVersions asks of the code: its pipeline's lookups and their newest versions (here, given)."""
+
+    def __init__(self, spec: PipelineSpec, newest: int) -> None:
+        self.spec, self.newest = spec, newest
+
+    def latest_versions(self, _: Any) -> dict[str, int]:
+        return {"customers": self.newest}
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_a_replayed_batch_reads_its_recorded_lookup_version_when_pinned(tmp_path: Path, pin: bool) -> None:
+    spec = _spec({"python": "shop.orders:enrich"}, lookups=[{"name": "customers", "path": "/tmp/c", "pin": pin}])
+    record = LookupVersions(Location(tmp_path))
+    for batch_id, starts in ((0, None), (1, {"t": {"0": 10}})):
+        assert record.versions_for(None, _Code(spec, 3), batch_id, starts) == {"customers": 3}  # type: ignore[arg-type]
+    # The table changes, then batch 1 is replayed (a crash after its sink write), then batch 2 runs.
+    replayed = record.versions_for(None, _Code(spec, 4), 1, {"t": {"0": 10}})  # type: ignore[arg-type]
+    assert replayed == {"customers": 3 if pin else 4}
+    assert record.versions_for(None, _Code(spec, 4), 2, {"t": {"0": 20}}) == {"customers": 4}  # type: ignore[arg-type]
+    # What verification's oracle reads: the versions each range of offsets was joined with.
+    expected = [({}, {"customers": 3}), ({"t": {"0": 20}}, {"customers": 4})] if pin else [
+        ({}, {"customers": 3}), ({"t": {"0": 10}}, {"customers": 4})]  # fmt: skip
+    assert record.segments() == expected
+    assert json.loads((tmp_path / LookupVersions.NAME).read_text())["through"] == 2
+
+
+@pytest.mark.integration
+def test_code_that_cannot_be_replayed_or_verified_is_refused_before_it_writes(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    for function, says in (("with_a_random_discount", r"rand\(\) gives another value on every run"),
+                           ("without_lineage", "returns rows without _src_topic")):  # fmt: skip
+        with pytest.raises(ConfigError, match=says):
+            your_rows_schema(spark, _spec({"python": f"shop.orders:{function}"}), exactly_once=True)
+    with pytest.raises(ConfigError, match="current_timestamp"):
+        your_rows_schema(spark, _spec({"sql": "SELECT *, current_timestamp() AS seen FROM records"}), exactly_once=True)
+    with pytest.raises(ConfigError, match="cannot be applied to the records: .*no_such_column"):
+        your_rows_schema(spark, _spec({"sql": "SELECT no_such_column FROM records"}), exactly_once=False)
+    # Spark's plan calls a UDF that reads the clock deterministic: applying it twice to one sample tells.
+    clock = YourCode.of(_spec({"python": "shop.orders:stamped_by_the_clock"}))
+    assert clock is not None
+    clock.ship(spark)
+    records = spark.createDataFrame(
+        [(f"e{i}", "o", "c", 1.0, "paid", None, "t", 0, i, None) for i in range(50)],
+        f"{SCHEMA}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP",
+    )
+    with pytest.raises(PipelineError, match=r"gave other rows when applied twice to the same 50 records .*seen_ns="):
+        check_determinism(clock, records, None)
+    steady = YourCode.of(_spec({"sql": "SELECT *, upper(status) AS shouted FROM records WHERE amount > 0"}))
+    assert steady is not None
+    check_determinism(steady, records, None)  # the same rows twice: accepted
+
+
+def _shop_pipeline(workdir: Path, broker: KafkaBroker, topic: str, *, pin: bool) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / "shop.toml"
+    path.write_text(f"""
+name = "shop-{"pinned" if pin else "unpinned"}"
+checkpoint = "{workdir}/checkpoint"
+
+[source]
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "{topic}"
+max_offsets_per_trigger = 2000
+
+[transform]
+schema = "{SCHEMA}"
+required = ["event_id", "order_id", "customer_id", "amount"]
+quarantine = "{workdir}/quarantine"
+python = "shop.orders:enrich"
+
+[[lookups]]
+name = "customers"
+path = "{workdir}/customers"
+pin = {str(pin).lower()}
+
+[[sinks]]
+label = "lines"
+kind = "delta"
+path = "{workdir}/lines"
+mode = "merge"
+key = "line_id"
+
+[[sinks]]
+label = "lines-log"
+kind = "delta"
+path = "{workdir}/lines-log"
+""")
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.crash
+@pytest.mark.parametrize("pin", [True, False], ids=["pinned", "unpinned"])
+def test_a_replay_joins_the_version_its_first_attempt_joined(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pin: bool
+) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    from shop.customers import write_customers  # examples/your_code: the dimension the orders are enriched with
+
+    topic = f"shop-orders-{'pinned' if pin else 'unpinned'}"
+    generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.005, seed=30)
+    pipeline = _shop_pipeline(tmp_path, kafka_broker, topic, pin=pin)
+    write_customers(spark, str(tmp_path / "customers"))
+    env = {"PYTHONPATH": str(EXAMPLE)}
+    crashed = subprocess.run(  # its own process group, as `streamproof prove` starts a run: the crash kills it all
+        [sys.executable, "-m", "streamproof", "run", str(pipeline), "--available-now"], capture_output=True, text=True,
+        cwd=REPO, start_new_session=True, timeout=CLI_TIMEOUT_S,
+        env={**os.environ, **env, "STREAMPROOF_CRASH_AT": "mid-sink-write:lines-log@1"},
+    )  # fmt: skip
+    assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILLed with batch 1 in one sink, not the other
+    write_customers(spark, str(tmp_path / "customers"), regraded=True)  # the dimension changes before the restart
+    drained = run_cli("run", str(pipeline), "--available-now", env=env)
+    assert drained.returncode == 0, drained.stderr[-3000:]
+
+    merged, appended = verify_pipeline(spark, load_pipeline(pipeline))
+    assert merged.your_code and (merged.unit, appended.unit) == ("keys", "rows")
+    assert merged.transformed + merged.quarantined == merged.source_records == 6_000
+    assert appended.ok, appended.to_json()  # it wrote batch 1 once, in the replay: as the record says
+    if pin:
+        assert (merged.lost, merged.duplicated, merged.unexpected) == (0, 0, 0), merged.to_json()
+        assert merged.ok
+    else:  # the MERGE table kept batch 1's first attempt (old segments); the replay, as recorded, joined the new ones
+        assert merged.wrong_values > 0 and merged.lost == merged.unexpected == 0, merged.to_json()
+        sample = merged.samples["wrong_values"][0]
+        assert json.loads(sample["expected_row"])["segment"] != json.loads(sample["held_row"])["segment"]
+        assert merged.verdict == "damaged"
