@@ -108,6 +108,42 @@ def function_name(function: Callable[..., Any]) -> str:
     return f"{module}:{qualified}"
 
 
+def importable_beside(spec: PipelineSpec) -> None:
+    """Put the pipeline file's folder on the import path (as pytest does a test's): its code beside it imports.
+
+    >>> importable_beside(load_pipeline("examples/your_code/shop_orders.toml"))     # doctest: +SKIP
+    """
+    beside = Path(spec._source_name).resolve().parent if Path(spec._source_name).is_file() else None
+    if beside is not None and str(beside) not in sys.path:
+        sys.path.append(str(beside))
+
+
+def ship_module(spark: SparkSession, name: str) -> None:
+    """Send the top-level package (or module) of ``name`` (``package.module:function``) to Spark's Python workers and
+    executors, a zip on ``addPyFile``, so the UDFs and task functions it defines import there too. A module installed
+    in the environment (under ``sys.prefix``) is there already; a package is shipped once per content and session.
+
+    >>> ship_module(spark, "shop.orders:enrich")                                     # doctest: +SKIP
+    """
+    top = importlib.import_module(name.split(":")[0].split(".")[0])
+    where = Path(getattr(top, "__file__", None) or "")
+    if not where.is_file() or any(where.resolve().is_relative_to(Path(prefix).resolve())
+                                  for prefix in {sys.prefix, sys.base_prefix}):  # fmt: skip
+        return
+    folder = where.parent if where.name == "__init__.py" else None
+    files = sorted(folder.rglob("*.py")) if folder is not None else [where]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
+    key = (id(spark.sparkContext), top.__name__, digest)
+    if key in _SHIPPED:
+        return
+    archive = Path(tempfile.mkdtemp(prefix="streamproof-code-")) / f"{top.__name__}-{digest}.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        for path in files:
+            bundle.write(path, path.relative_to(folder.parent) if folder is not None else path.name)
+    spark.sparkContext.addPyFile(str(archive))
+    _SHIPPED.add(key)
+
+
 def check_lineage(columns: list[str], what: str) -> None:
     """Refuse output rows that lost a lineage column: verification could not tell which record a row came from.
 
@@ -139,34 +175,14 @@ class YourCode:
         transform = spec.transform
         if transform.user_code is None:
             return None
-        beside = Path(spec._source_name).resolve().parent if Path(spec._source_name).is_file() else None
-        if beside is not None and str(beside) not in sys.path:
-            sys.path.append(str(beside))
+        importable_beside(spec)
         function = load_function(transform.python) if transform.python is not None else None
         return cls(spec, function, transform.sql)
 
     def ship(self, spark: SparkSession) -> None:
-        """Send the function's top-level package (or module) to Spark's Python workers and executors (a zip on
-        ``addPyFile``), so the UDFs it defines import there too; a module installed in the environment is there."""
-        if self.spec.transform.python is None:
-            return
-        top = importlib.import_module(self.spec.transform.python.split(":")[0].split(".")[0])
-        where = Path(getattr(top, "__file__", None) or "")
-        if not where.is_file() or any(where.resolve().is_relative_to(Path(prefix).resolve())
-                                      for prefix in {sys.prefix, sys.base_prefix}):  # fmt: skip
-            return
-        folder = where.parent if where.name == "__init__.py" else None
-        files = sorted(folder.rglob("*.py")) if folder is not None else [where]
-        digest = hashlib.sha256(b"".join(path.read_bytes() for path in files)).hexdigest()[:12]
-        key = (id(spark.sparkContext), top.__name__, digest)
-        if key in _SHIPPED:
-            return
-        archive = Path(tempfile.mkdtemp(prefix="streamproof-code-")) / f"{top.__name__}-{digest}.zip"
-        with zipfile.ZipFile(archive, "w") as bundle:
-            for path in files:
-                bundle.write(path, path.relative_to(folder.parent) if folder is not None else path.name)
-        spark.sparkContext.addPyFile(str(archive))
-        _SHIPPED.add(key)
+        """Send the function's package to Spark's Python workers (:func:`ship_module`)."""
+        if self.spec.transform.python is not None:
+            ship_module(spark, self.spec.transform.python)
 
     @property
     def what(self) -> str:

@@ -28,7 +28,9 @@ from conftest import CLI_TIMEOUT_S, REPO, run_cli
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.generator import generate
-from streamproof.infra import KafkaBroker
+from streamproof.harness.crashes import run_with_crashes
+from streamproof.harness.matrix import MatrixCell, guarantee_given
+from streamproof.infra import KafkaBroker, PostgresServer
 from streamproof.reconcile import verify_pipeline
 from streamproof.storage import Location
 from streamproof.your_code import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
@@ -199,3 +201,51 @@ def test_a_replay_joins_the_version_its_first_attempt_joined(
         sample = merged.samples["wrong_values"][0]
         assert json.loads(sample["expected_row"])["segment"] != json.loads(sample["held_row"])["segment"]
         assert merged.verdict == "damaged"
+
+
+def _your_sinks(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, topic: str) -> Path:
+    """examples/your_code/your_sinks.toml on the test's servers: four sinks of your own (shop/sinks.py)."""
+    text = (EXAMPLE / "your_sinks.toml").read_text()
+    text = text.replace('checkpoint = ".streamproof/checkpoints/your-sinks"', f'checkpoint = "{workdir}/checkpoint"')
+    text = text.replace('topic = "your-sinks"', f'topic = "{topic}"\nbootstrap_servers = "{broker.bootstrap_servers}"')
+    text = text.replace('quarantine = ".streamproof/tables/your_sinks_quarantine"', f'quarantine = "{workdir}/q"')
+    text = text.replace("max_offsets_per_trigger = 5000", "max_offsets_per_trigger = 1000")
+    suffix = workdir.name[-8:].replace("-", "_").lower()
+    for table in ("ledger_in_one_transaction", "ledger_checked_before", "naive_write", "per_partition_write"):
+        text = text.replace(f'table = "{table}"', f'table = "{table}_{suffix}", port = {postgres.port}')
+    path = workdir / "your_sinks.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.integration
+@pytest.mark.crash
+def test_your_sinks_get_the_guarantee_their_code_gives(
+    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """examples/your_code/your_sinks.toml: 4,000 events in 4 partitions, batches of 1,000, four sinks of your own,
+    SIGKILLed three times under exactly-once (streamproof hands each sink every batch, replays included): between the
+    two commits of the ledger-checked-before sink (its batch.step), in a task of the per-partition sink after its
+    partition 0 committed, and after every sink's write (before Spark's commit). The ledger in the rows' transaction
+    and the per-partition ledger hold: 0/0/0; the ledger written after the rows, and the naive writer, duplicate."""
+    monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    topic = "your-sinks"
+    generate(kafka_broker.bootstrap_servers, topic, 4_000, partitions=4, malformed=0.005, seed=31)
+    pipeline = _your_sinks(tmp_path, kafka_broker, streamproof_postgres, topic)
+    points = ["mid-sink-write:ledger-checked-before", "mid-sink-write:per-partition", "after-sink-commit"]
+    harness = run_with_crashes(pipeline, points, log_dir=tmp_path / "logs", emit=print)
+    assert not harness.missed and len(harness.crashes) == 3, harness.missed
+
+    reports = {report.sink: report for report in verify_pipeline(spark, load_pipeline(pipeline))}
+    for clean in ("ledger-in-one-transaction", "per-partition"):
+        assert (reports[clean].lost, reports[clean].duplicated, reports[clean].unexpected) == (0, 0, 0), clean
+        assert reports[clean].ok
+    for doubled in ("ledger-checked-before", "naive"):
+        assert reports[doubled].duplicated > 0 and reports[doubled].lost == 0, reports[doubled].to_json()
+    cells = [MatrixCell("exactly-once", name, "three crashes", lost=r.lost, duplicated=r.duplicated,
+                        unexpected=r.unexpected, crashes=[], restart_s=None, expected="observed", seconds=0.0)
+             for name, r in reports.items()]  # fmt: skip
+    assert guarantee_given(cells, "naive").startswith("naive (your sink) gave at-least-once: duplicated")
+    assert guarantee_given(cells, "per-partition").startswith("per-partition (your sink) gave exactly-once")

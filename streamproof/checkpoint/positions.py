@@ -33,7 +33,7 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import require_topic
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit
+from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
 
@@ -65,7 +65,7 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
     if not committed or not wiring_for(spec.guarantee).idempotent_sink:
         return []
     behind = []
-    for sink in sinks:
+    for sink in recording(sinks):
         if spark is None and sink.needs_spark_for_commits():
             continue
         head = sink.last_commit(spark)
@@ -183,7 +183,7 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     if not committed or not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
         return HeldBeyond({})
     last = committed[-1]
-    by_sink = [sink.held_from(last) for sink in sinks]
+    by_sink = [sink.held_from(last) for sink in recording(sinks)]
     quarantine = quarantine_table(spec).held_from(last + 1)
     # A batch some sink holds completely takes its offsets; one held only in part (some PostgreSQL or Kafka shares
     # committed before a kill) takes those its shares recorded: either way it runs with the range it was written with.
@@ -206,6 +206,8 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
         )
     offsets = dict(sorted(offsets.items()))
     if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
+        return HeldBeyond(offsets)
+    if len(recording(sinks)) < len(sinks):  # your own sink keeps no record streamproof reads: it is handed each one
         return HeldBeyond(offsets)
     ends_at = _offsets_or_none(spec, last)
     if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):
@@ -370,7 +372,7 @@ def _recorded_by_the_sinks(spec: PipelineSpec, sinks: list[Sink], batches: list[
     batches only). A stateless pipeline on Kafka only: a stateful one's state of those batches is gone with them."""
     if not batches or spec.transform.watermark is not None or not isinstance(spec.source, KafkaSource):
         return {}
-    held = [sink.held_from(min(batches)) for sink in [*sinks, quarantine_table(spec)]]
+    held = [sink.held_from(min(batches)) for sink in [*recording(sinks), quarantine_table(spec)]]
     # A record of part of a batch (some PostgreSQL or Kafka shares) is not its range: only whole ones.
     return _recorded_offsets(held, lambda batch_id: batch_id in batches, held_in_part=False)
 

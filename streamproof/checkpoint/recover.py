@@ -22,7 +22,7 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Sink
+from streamproof.sinks.base import Sink, recording
 from streamproof.storage import Location
 
 # The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
@@ -91,7 +91,7 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             f"{checkpoint} is intact (batches {logged_batches(checkpoint)[-1]} logged): recover is for a lost or "
             "damaged checkpoint; to go back to a backup use `streamproof checkpoint restore`"
         )
-    sinks = open_sinks(spec)
+    sinks = recording(open_sinks(spec))
     heads = {sink.name: sink.last_commit(spark) for sink in sinks}
     # A batch some partitions of which committed (a crash inside a per-partition sink's write) is ahead.
     partial = [c.batch_id for sink in sinks for c in sink.commits() if not c.complete]
@@ -154,7 +154,7 @@ def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec
     """
     if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
         return
-    for sink in sinks:
+    for sink in recording(sinks):
         if spark is None and sink.needs_spark_for_commits():
             continue  # checked again once the session runs
         last = sink.last_commit(spark)

@@ -21,6 +21,7 @@ from streamproof.config.sinks import (
     FilesSinkSpec,
     KafkaSinkSpec,
     PostgresSinkSpec,
+    PythonSinkSpec,
     SinkSpec,
 )
 from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, Lookup, SourceSpec
@@ -29,7 +30,7 @@ from streamproof.config.transform import Aggregate, Dedup, Transform, replay_uns
 __all__ = [
     "COORDINATES",
     "Aggregate", "AnySinkSpec", "Dedup", "DeltaSinkSpec", "DeltaSource", "FilesSinkSpec", "FilesSource",
-    "KafkaSinkSpec", "KafkaSource", "Lookup", "MetricsSettings", "PipelineSpec", "PostgresSinkSpec", "RetrySettings",
-    "SinkSpec", "SourceSpec", "SparkSettings", "Transform", "Trigger", "dump_pipeline", "duration_seconds",
-    "load_pipeline", "parse_pipeline", "replay_unsafe", "schema_field_names", "schema_field_type",
+    "KafkaSinkSpec", "KafkaSource", "Lookup", "MetricsSettings", "PipelineSpec", "PostgresSinkSpec", "PythonSinkSpec",
+    "RetrySettings", "SinkSpec", "SourceSpec", "SparkSettings", "Transform", "Trigger", "dump_pipeline",
+    "duration_seconds", "load_pipeline", "parse_pipeline", "replay_unsafe", "schema_field_names", "schema_field_type",
 ]  # fmt: skip

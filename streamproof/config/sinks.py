@@ -192,6 +192,23 @@ class FilesSinkSpec(SinkSpecBase):
         return self.path
 
 
-SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec, Field(discriminator="kind")]
-SINK_KINDS = ("delta", "postgres", "kafka", "files")
-AnySinkSpec = DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec
+class PythonSinkSpec(SinkSpecBase):
+    """``[sink] kind = "python"``: your own sink, a function that writes each batch (``write``), and one that reads
+    back what the sink holds, with lineage, for verification (``read``). streamproof hands it every batch, replays
+    included, and claims nothing for it: ``prove --matrix`` tells which guarantee it gives (docs/your-code.md).
+
+    >>> PythonSinkSpec(kind="python", write="shop.sinks:naive_write", read="shop.sinks:read_lines").name
+    'python'
+    """
+
+    kind: Literal["python"]
+    write: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+    read: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
+    # Handed to both functions (a table name, a connection's settings): one module serves several sinks.
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec,
+                     Field(discriminator="kind")]  # fmt: skip
+SINK_KINDS = ("delta", "postgres", "kafka", "files", "python")
+AnySinkSpec = DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec

@@ -27,6 +27,7 @@ from streamproof.config import (
     FilesSinkSpec,
     PipelineSpec,
     PostgresSinkSpec,
+    PythonSinkSpec,
     dump_pipeline,
     load_pipeline,
     parse_pipeline,
@@ -179,6 +180,8 @@ class MatrixCell:
 
     @property
     def as_expected(self) -> bool:
+        if self.expected == OBSERVED:  # your sink: what it shows is what the matrix reports (guarantee_given)
+            return not self.identity_gap
         if self.missed or self.identity_gap:
             return False
         if self.expected == "clean":
@@ -264,6 +267,11 @@ def isolated_sink(sink: AnySinkSpec, workdir: Path | Location) -> AnySinkSpec:
         return sink.model_copy(update={"path": str(workdir / "tables" / sink.name)})
     if isinstance(sink, PostgresSinkSpec):
         return sink.model_copy(update={"table": f"{sink.table[:48]}_{suffix}"})
+    if isinstance(sink, PythonSinkSpec):  # your sink: the table its options name (the convention of the examples)
+        options = dict(sink.options)
+        if isinstance(options.get("table"), str):
+            options["table"] = f"{options['table'][:48]}_{suffix}"
+        return sink.model_copy(update={"options": options})
     marker = None if sink.marker_topic is None else f"{sink.marker_topic}-{suffix}"
     return sink.model_copy(update={"topic": f"{sink.topic}-{suffix}", "marker_topic": marker})
 
@@ -341,7 +349,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                      f"{report.duplicated}, unexpected {report.unexpected}): not a cell")  # fmt: skip
                 continue
             restarts = [crash.restarted_in_s for crash in crashes if crash.restarted_in_s is not None]
-            expected = worst_damage(
+            expected = OBSERVED if isinstance(sink.spec, PythonSinkSpec) else worst_damage(
                 damage_to(sink.name, where, labels, guarantee, has_invalid_records=malformed > 0,
                           check=check_for(sink.spec).kind, partial_writes_visible=sink.partial_writes_visible)
                 for where in armed
@@ -359,7 +367,41 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                  f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected}); evidence: "
                  f"{cell.evidence}")  # fmt: skip
             cells.append(cell)
+    for yours in spec.sink_specs:
+        if isinstance(yours, PythonSinkSpec):
+            emit(guarantee_given(cells, yours.name))
     return cells
+
+
+OBSERVED = "observed"  # the expectation of a cell of your own sink: none, the matrix says what it gave
+
+
+def guarantee_given(cells: Sequence[MatrixCell], sink: str) -> str:
+    """What your own sink (``kind = "python"``) gave, from its exactly-once cells: streamproof hands it every batch
+    there, replays after each crash included, and keeps no record in it, so loss or duplicates are its code's. A cell
+    whose crash never landed in it (``mid-sink-write`` without a ``batch.step(...)`` in the write) is named, not
+    counted.
+
+    >>> def cell(point, **counts):
+    ...     return MatrixCell("exactly-once", "ledger", point, **{"lost": 0, "duplicated": 0, "unexpected": 0,
+    ...                       **counts}, crashes=[], restart_s=None, expected=OBSERVED, seconds=1.0)
+    >>> guarantee_given([cell("mid-sink-write", duplicated=120), cell("after-sink-commit")], "ledger")
+    'ledger (your sink) gave at-least-once: duplicated 120 at mid-sink-write; clean at after-sink-commit'
+    """
+    mine = [cell for cell in cells if cell.sink == sink and cell.exactly_once]
+    landed = [cell for cell in mine if not cell.missed]
+    lost = any(cell.lost for cell in landed)
+    doubled = any(cell.duplicated or cell.unexpected for cell in landed)
+    verdict = ("no guarantee" if lost and doubled else "at-most-once" if lost else "at-least-once" if doubled
+               else "exactly-once" if landed else "nothing yet (no crash landed in it)")  # fmt: skip
+    parts = []
+    for cell in landed:
+        damage = [f"{name} {count:,}" for name, count in (("lost", cell.lost), ("duplicated", cell.duplicated),
+                                                            ("unexpected", cell.unexpected)) if count]  # fmt: skip
+        parts.append(f"{', '.join(damage) or 'clean'} at {cell.point}")
+    parts += [f"{cell.point} not exercised (the crash never reached a batch.step() of its write)" for cell in mine
+              if cell.missed]  # fmt: skip
+    return f"{sink} (your sink) gave {verdict}: {'; '.join(parts)}"
 
 
 def cluster_points(spec: PipelineSpec, cluster: ClusterFaults | None) -> tuple[str, ...]:

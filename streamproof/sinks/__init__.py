@@ -14,12 +14,13 @@ Example::
 
 from __future__ import annotations
 
-from streamproof.config import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PipelineSpec, PostgresSinkSpec
+from streamproof.config import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PipelineSpec, PostgresSinkSpec, PythonSinkSpec
 from streamproof.sinks.base import Sink
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.files import FilesSink
 from streamproof.sinks.kafka import KafkaSink
 from streamproof.sinks.postgres import PostgresSink
+from streamproof.sinks.python import PythonSink
 
 
 def open_sink(pipeline: PipelineSpec, spec: AnySinkSpec) -> Sink:
@@ -30,6 +31,8 @@ def open_sink(pipeline: PipelineSpec, spec: AnySinkSpec) -> Sink:
         return PostgresSink(pipeline, spec)
     if isinstance(spec, KafkaSinkSpec):
         return KafkaSink(pipeline, spec)
+    if isinstance(spec, PythonSinkSpec):
+        return PythonSink(pipeline, spec)
     return FilesSink(pipeline, spec)
 
 

@@ -110,6 +110,9 @@ class Sink(ABC):
     writes_in_python_tasks: ClassVar[bool] = False
     # What :meth:`head` counts, for the line that stops a run whose sink went backwards.
     head_meaning: ClassVar[str] = ""
+    # Whether the sink records the batches it holds (every built-in one does): the start checks, the replay-through
+    # and the checkpoint's repairs read those records. Your own sink (kind = "python") keeps none streamproof knows.
+    keeps_batch_records: ClassVar[bool] = True
 
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         self.pipeline = pipeline
@@ -235,6 +238,12 @@ class FolderSink(Sink):
     @property
     def data_files_folder(self) -> Path | None:
         return None if self.path.is_remote else self.path.path
+
+
+def recording(sinks: list[Sink]) -> list[Sink]:
+    """The sinks that record the batches they hold (:attr:`Sink.keeps_batch_records`): what the checkpoint's checks
+    and repairs compare with."""
+    return [sink for sink in sinks if sink.keeps_batch_records]
 
 
 @dataclass
