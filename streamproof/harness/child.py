@@ -39,6 +39,22 @@ from streamproof.task_faults import FAULT_DIR_ENV
 RUN_TIMEOUT_S = 900.0
 
 
+def import_path() -> str:
+    """``PYTHONPATH`` for a child run: the folders this process imports from that the environment does not give a
+    new interpreter (a test's folder pytest added, a pipeline file's folder), after ``$PYTHONPATH``'s own, so that
+    the child imports your transform and sink as this process does.
+
+    >>> import_path().split(os.pathsep)[-1] != ""
+    True
+    """
+    installed = {os.path.realpath(prefix) for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
+    given = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    added = [os.path.abspath(entry or ".") for entry in sys.path
+             if os.path.isdir(entry or ".") and not any(os.path.realpath(entry or ".").startswith(root)
+                                                        for root in installed)]  # fmt: skip
+    return os.pathsep.join(dict.fromkeys([*given, *added]))
+
+
 class PipelineChild:
     """``streamproof run PIPELINE`` in its own session; its events recorded as they arrive (see the module)."""
 
@@ -60,6 +76,7 @@ class PipelineChild:
         if crashes:
             env[CRASH_ENV] = ",".join(armed.encode() for armed in crashes)
         env[FAULT_DIR_ENV] = str(log_dir / "faults")  # the marker files of faults met in tasks
+        env["PYTHONPATH"] = import_path()  # your code (a transform, a sink) imports in the run as it does here
         command = [sys.executable, "-m", "streamproof", "run", str(pipeline_file)]
         if available_now:
             command.append("--available-now")
