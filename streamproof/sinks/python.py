@@ -32,7 +32,7 @@ from streamproof import faults
 from streamproof.config import PipelineSpec, PythonSinkSpec
 from streamproof.errors import ConfigError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.your_code import importable_beside, load_function, ship_module
+from streamproof.your_modules import importable_beside, load_function, ship_module
 
 Offsets = dict[str, dict[str, int]]
 
