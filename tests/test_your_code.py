@@ -71,6 +71,20 @@ def test_a_function_the_crash_runs_cannot_import_is_refused() -> None:
         function_name(lambda rows: rows)
 
 
+def test_a_function_given_in_python_is_named_in_the_pipeline_file(tmp_path: Path) -> None:
+    from shop.orders import enrich  # examples/your_code, on the suite's import path (pyproject's pythonpath)
+
+    from streamproof import Pipeline
+
+    pipeline = Pipeline(name="shop", source={"kind": "kafka", "topic": "t"},
+                        transform={"schema": SCHEMA, "function": enrich},
+                        sink={"kind": "delta", "path": tmp_path / "lines", "mode": "merge", "key": "line_id"},
+                        lookups=[{"name": "customers", "path": tmp_path / "customers"}])  # fmt: skip
+    text = pipeline.to_toml()
+    assert 'python = "shop.orders:enrich"' in text and "[[lookups]]" in text
+    assert pipeline.spec.lookups[0].pin
+
+
 class _Code:
     """What LookupVersions asks of the code: its pipeline's lookups and their newest versions (here, given)."""
 
