@@ -140,12 +140,38 @@ def armed_crashes() -> list[ArmedCrash]:
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """One process as ``/proc/<pid>/stat`` shows it."""
+    """One process as ``/proc/<pid>/stat`` shows it: the one reader of that file (the run lock, the standby, the
+    harness and infra ask here).
+
+    >>> me = process_info(os.getpid())
+    >>> me.state in ("R", "S", "D"), me.alive, process_info(-1)
+    (True, True, None)
+    """
 
     pid: int
     parent: int
     group: int
     state: str  # "Z": exited, waiting to be reaped
+    start_ticks: int  # when it started, in clock ticks after boot: with the pid, one process (pids are reused)
+
+    @property
+    def alive(self) -> bool:
+        """Running: an exited process its parent has not reaped yet (a zombie) counts as gone."""
+        return self.state != "Z"
+
+
+def _parsed(pid: int, text: str) -> ProcessInfo:
+    # The command name (field 2) is in parentheses and may hold spaces or ")": the fields after the last ") " count.
+    fields = text.rsplit(") ", 1)[1].split()
+    return ProcessInfo(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]))
+
+
+def process_info(pid: int) -> ProcessInfo | None:
+    """``pid`` as ``/proc/<pid>/stat`` shows it; None when there is no such process."""
+    try:
+        return _parsed(pid, Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def process_table() -> dict[int, ProcessInfo]:
@@ -153,11 +179,10 @@ def process_table() -> dict[int, ProcessInfo]:
     table = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
+            info = _parsed(int(stat.parent.name), stat.read_text())
+        except (OSError, IndexError, ValueError):
             continue
-        pid = int(stat.parent.name)
-        table[pid] = ProcessInfo(pid, int(fields[1]), int(fields[2]), fields[0])
+        table[info.pid] = info
     return table
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
+from streamproof.faults import process_info
 from streamproof.storage import Location
 
 
@@ -125,11 +126,8 @@ class Holder:
 
 def process_state(pid: int) -> str | None:
     """The state letter of ``/proc/<pid>/stat`` (``Z``: exited, not reaped), None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
+    info = process_info(pid)
+    return info.state if info is not None else None
 
 
 class RunLock:

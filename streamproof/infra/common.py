@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from streamproof.errors import InfraError
-from streamproof.faults import process_cmdline
+from streamproof.faults import process_cmdline, process_info
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -51,10 +51,8 @@ def port_in_use(port: int) -> bool:
 
 def process_alive(pid: int) -> bool:
     """True if ``pid`` runs; an exited process waiting to be reaped (zombie) counts as stopped."""
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False
+    info = process_info(pid)
+    return info is not None and info.alive
 
 
 def reap(pid: int) -> None:

@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from streamproof.checkpoint.folder import Holder, RunLock, process_state
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
-from streamproof.faults import process_table
+from streamproof.faults import process_info, process_table
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
 from streamproof.pipeline.warm import StartQuery, warm_up
 from streamproof.session import build_session, ui_wanted
@@ -151,8 +151,5 @@ class _Family:
 
 
 def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    info = process_info(pid)
+    return str(info.start_ticks) if info is not None else None
