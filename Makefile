@@ -31,7 +31,7 @@ jars: $(INSTALLED)
 
 # Class-data archive of a trained Spark JVM (once, ~1 min): each later JVM start is ~4 s faster.
 jvm-archive: jars
-	@$(PY) -m streamproof.warmup
+	@$(PY) -m streamproof.jvm_archive
 
 lint: setup
 	$(VENV)/bin/ruff check streamproof tests

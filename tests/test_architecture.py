@@ -25,7 +25,7 @@ FLOORS = {
     "streamproof.maintenance": 6, "streamproof.testing": 6,
     "streamproof.harness": 5,
     "streamproof.pipeline": 4, "streamproof.reconcile": 4,
-    "streamproof.checkpoint": 3, "streamproof.warmup": 3,
+    "streamproof.checkpoint": 3, "streamproof.jvm_archive": 3,
     "streamproof.sources": 2, "streamproof.sinks": 2, "streamproof.session": 2, "streamproof.generator": 2,
     "streamproof.infra": 2, "streamproof.your_code": 2,
     "streamproof.transform": 1, "streamproof.your_modules": 1, "streamproof.kafka_client": 1, "streamproof.jars": 1,

@@ -32,7 +32,7 @@ from streamproof.kafka_client import ensure_topic
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import READY, REPLAYING, STANDBY, TOOK_OVER, WARMING
 from streamproof.pipeline.query import start_query
-from streamproof.pipeline.warm import warm_up
+from streamproof.pipeline.warm_up import warm_up
 from streamproof.reconcile import verify_pipeline
 from streamproof.sinks import open_sinks
 

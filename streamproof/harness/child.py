@@ -82,7 +82,7 @@ class PipelineChild:
             command.append("--available-now")
         if standby:  # waits warm while another process runs the pipeline (streamproof.pipeline.standby)
             command.append("--standby")
-        if warm_up:  # runs the batch path on scratch copies before reading (streamproof.pipeline.warm)
+        if warm_up:  # runs the batch path on scratch copies before reading (streamproof.pipeline.warm_up)
             command.append("--warm-up")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

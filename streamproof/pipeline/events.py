@@ -33,7 +33,7 @@ from streamproof.metrics import partition_lag
 EVENTS_FD_ENV = "STREAMPROOF_EVENTS_FD"
 READY, STARTED, METRICS, RESTARTING, SPARK_UI = "ready", "started", "metrics", "restarting", "spark_ui"
 STANDBY, TOOK_OVER = "standby", "took_over"  # a warm standby's waiting, and its taking over (pipeline.standby)
-WARMING = "warming"  # run --warm-up: the warm-up before the first batch (pipeline.warm)
+WARMING = "warming"  # run --warm-up: the warm-up before the first batch (pipeline.warm_up)
 REPLAYING = "replaying"  # the batches the sinks hold beyond the checkpoint, replayed with their recorded offsets
 
 

@@ -40,7 +40,6 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.metrics import PipelineMetrics
-from streamproof.pipeline import warm
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import (
     METRICS,
@@ -56,6 +55,7 @@ from streamproof.pipeline.events import (
 )
 from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
+from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -105,7 +105,7 @@ def run(
     single batch (``checkpoint rewind`` replays the batch logged and not committed with it); ``standby``: when
     another process runs the pipeline, wait warm and take over when it stops or dies
     (:mod:`streamproof.pipeline.standby`) instead of refusing to start; ``warm_up``: before reading the source, run
-    the batch path on scratch copies (:mod:`streamproof.pipeline.warm`), so that the first batches are not cold.
+    the batch path on scratch copies (:mod:`streamproof.pipeline.warm_up`), so that the first batches are not cold.
 
     ``on_event`` receives the run's events as they happen (:mod:`streamproof.pipeline.events`; the CLI prints
     their lines); they also go to ``$STREAMPROOF_EVENTS_FD`` when set. ``summary`` (optional) is updated as
@@ -263,7 +263,7 @@ def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, stop: StopRequest,
                      publish: Callable[[Event], None]) -> None:  # fmt: skip
     publish(Notice(spec.name, WARMING, "warming up on scratch copies of the checkpoint and tables"))
     try:
-        done = warm.warm_up(spark, spec, start_query, stop.event)
+        done = warm_up_on_scratch_copies(spark, spec, start_query, stop.event)
     except Exception as error:  # noqa: BLE001 - a cold start is still a start
         publish(Notice(spec.name, WARMING, f"warm-up failed ({first_line(error)}); starting cold"))
         return

@@ -31,7 +31,7 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.faults import process_info, process_table
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
-from streamproof.pipeline.warm import StartQuery, warm_up
+from streamproof.pipeline.warm_up import StartQuery, warm_up
 from streamproof.session import build_session, ui_wanted
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder

@@ -7,7 +7,7 @@ is ~4 s faster. Idempotent: an existing archive is kept.
 
 Example::
 
-    $ python -m streamproof.warmup
+    $ python -m streamproof.jvm_archive
     JVM start-up archive: /root/.cache/streamproof/jvm/spark-578d67b679e97af4.jsa
 """
 
