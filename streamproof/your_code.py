@@ -204,8 +204,9 @@ def _analysed(make: Callable[[], Any], what: str) -> Any:
         context_logger.disabled = False
 
 
-def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, int] | None) -> None:
-    """Apply the code twice to the same sample of a batch's records and refuse rows that differ, naming the first.
+def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, int] | None) -> bool:
+    """Apply the code twice to the same sample of a batch's records and refuse rows that differ, naming the first;
+    False when the batch has no record to try it on (the next batch is tried).
 
     The sample is collected first and given to both applications as the same rows, so only the code can differ.
     A difference is a :class:`~streamproof.errors.PipelineError` (the run stops before its first write).
@@ -214,12 +215,12 @@ def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, in
     """
     sample = records.limit(DETERMINISM_SAMPLE).collect()
     if not sample:
-        return
+        return False
     spark = records.sparkSession
     frozen = spark.createDataFrame(sample, records.schema)
     first, second = (Counter(map(_hashable, code.apply(frozen, versions).collect())) for _ in range(2))
     if first == second:
-        return
+        return True
     differing = sorted((first - second).elements(), key=repr) or sorted((second - first).elements(), key=repr)
     row = dict(zip(code.apply(frozen, versions).columns, differing[0], strict=False))
     raise PipelineError(
@@ -230,8 +231,16 @@ def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, in
 
 
 def _hashable(row: Any) -> tuple[Any, ...]:
+    """A row as a value a Counter can hold and compare: lists and structs as tuples, maps as JSON, bytes as bytes,
+    a NaN as a name (NaN never equals itself).
+
+    >>> _hashable([1.0, float("nan"), bytearray(b"x"), {"k": [1]}])
+    (1.0, 'NaN', b'x', '{"k": [1]}')
+    """
     return tuple(_hashable(value) if isinstance(value, list | tuple) else
-                 json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else value
+                 json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else
+                 bytes(value) if isinstance(value, bytearray | memoryview) else
+                 "NaN" if isinstance(value, float) and value != value else value
                  for value in row)  # fmt: skip
 
 
@@ -322,21 +331,24 @@ class LookupVersions:
 
 def expected_rows(code: YourCode, valid: DataFrame, record: LookupVersions | None) -> DataFrame:
     """The oracle: the rows your code makes of the source's valid records, each segment of batches with the lookup
-    versions it read (records no batch has read yet: the newest versions).
+    versions it read (records no batch has read yet: the last segment's).
 
     >>> expected_rows(code, valid_records(parsed), LookupVersions(spec.checkpoint_dir))  # doctest: +SKIP
     """
     if not code.spec.lookups:
         return code.apply(valid)
     segments = record.segments() if record is not None else []
+    latest = code.latest_versions(valid.sparkSession)
     if not segments:
-        return code.apply(valid, code.latest_versions(valid.sparkSession))
+        return code.apply(valid, latest)
     parts = []
     for index, (starts, versions) in enumerate(segments):
-        rows = valid.where(_at_or_after(starts))
+        # The first segment also takes the records before it (read before the lookups were recorded), the last the
+        # records after it; a lookup added since a segment was recorded is read at its newest version.
+        rows = valid.where(_at_or_after(starts)) if index else valid
         if index + 1 < len(segments):
             rows = rows.where(~_at_or_after(segments[index + 1][0]))
-        parts.append(code.apply(rows, versions))
+        parts.append(code.apply(rows, {**latest, **versions}))
     combined = parts[0]
     for part in parts[1:]:
         combined = combined.unionByName(part)

@@ -117,6 +117,11 @@ class PipelineSpec(Strict):
         if not isinstance(self.source, KafkaSource):
             raise ValueError(f"lookups: the versions each batch read are recorded by Kafka offsets; a "
                              f"{self.source.kind} source has none")  # fmt: skip
+        if wiring_for(self.guarantee).progress_before_write:
+            raise ValueError(
+                "lookups: at-most-once numbers its batches from 0 again at every start, so the versions "
+                "recorded for them would be read for other batches; use exactly-once or at-least-once"
+            )
         return self
 
     @model_validator(mode="after")

@@ -177,11 +177,16 @@ class Transform(Strict):
     def _one_kind_of_user_code(self) -> Transform:
         if self.python is not None and self.sql is not None:
             raise ValueError("python, sql: give one of them (a SQL query can call a function registered as a UDF)")
+        if self.user_code is not None and self.schema_evolution != "none":
+            raise ValueError(
+                f'{self.user_code.split(" ")[0]}: not with schema_evolution = "add-columns" (the columns '
+                "a batch adds depend on the batch); declare the fields your code uses in schema"
+            )
         if self.user_code is not None and self.watermark is not None:
             raise ValueError(
                 f"{self.user_code.split(' ')[0]}: not yet with dedup or windows (a function before stateful "
                 "operators runs inside Spark's streaming plan, where lookups cannot be pinned): deduplicate or "
-                "aggregate in your function, or in a pipeline reading this one's Delta table"
+                "aggregate in a pipeline reading this one's Delta table"
             )
         return self
 

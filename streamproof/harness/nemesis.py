@@ -71,6 +71,7 @@ from streamproof.reconcile.independent import disagreements, verify_independentl
 from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
 from streamproof.storage import Location
+from streamproof.your_modules import importable_beside
 
 ACTIONS = ("kill", "term", "drain", "standby", "broker", "postgres", "backup", "restore", "lose-checkpoint",
            "lose-commits", "executor", "datanode")  # fmt: skip
@@ -190,6 +191,7 @@ class Nemesis:
 
     def __post_init__(self) -> None:
         spec = load_pipeline(self.pipeline_file)
+        importable_beside(spec)  # your code beside the pipeline file: the sequences' files are elsewhere
         if spec.source.kind != "kafka":
             raise ConfigError(f"--nemesis produces its records into Kafka and needs a kafka source, not "
                               f"{spec.source.kind}")  # fmt: skip

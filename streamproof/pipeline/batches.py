@@ -109,8 +109,7 @@ class BatchWriter:
         versions = (self.lookup_versions.versions_for(spark, self.code, batch_id, start_offsets)
                     if self.lookup_versions is not None else None)  # fmt: skip
         if not self.determinism_checked:
-            check_determinism(self.code, records, versions)
-            self.determinism_checked = True
+            self.determinism_checked = check_determinism(self.code, records, versions)
         rows = self.code.apply(records, versions)
         check_lineage(rows.columns, self.code.what)
         return rows.persist(StorageLevel.MEMORY_AND_DISK_DESER)

@@ -46,6 +46,7 @@ from streamproof.errors import PipelineError, first_line
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
+from streamproof.your_code import your_rows_schema
 
 WARM_RECORDS = 25_000  # records per warm-up batch (fewer when the pipeline's own batches are smaller)
 WARM_BATCHES = 3  # two batches, then one more after a restart of the query (a run's first write, tables there)
@@ -120,7 +121,9 @@ def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, sto
         if stop.is_set():
             break
         writer = BatchWriter(warm, open_sinks(warm))
+        rows_schema = your_rows_schema(spark, warm, exactly_once=False)  # your transform's rows, if it has one
         for sink in writer.sinks:
+            sink.rows_schema = rows_schema
             sink.prepare(spark)
         query = start(spark, warm, writer, available_now=True)
         deadline = time.monotonic() + WARM_TIMEOUT_S

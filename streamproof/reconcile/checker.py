@@ -47,6 +47,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from streamproof.errors import ConfigError
 from streamproof.reconcile.counts import DROPPED, SAMPLES, VALID, Check, Counts
 from streamproof.transform import COORDINATES, EXACT_SUM, window_rows
 
@@ -399,19 +400,27 @@ def compare_rows(check: Check, source: DataFrame, rows: DataFrame, sink: DataFra
     ``rows``, what the code makes of the valid source records (the oracle), in the sink's :class:`Check`; the
     quarantine side and the identity stay on the source records (``transformed``: the valid records the code got).
 
-    * ``records``: a multiset of rows, every column compared (lineage included): an expected row the sink holds
-      fewer times is ``lost``, more times ``duplicated``, a row no expected row equals ``unexpected`` (a row with the
-      right lineage and another value is both: lost in its expected form, unexpected in the held one);
-    * ``latest``: per key, the latest expected row (by ``order_by``, then lineage), every column compared: a key
-      holding another row is a wrong value (counted in ``duplicated`` and ``wrong_values``, with both rows);
+    * ``records``: a multiset of rows, every column both hold compared (lineage included): an expected row the sink
+      holds fewer times is ``lost``, more times ``duplicated``, a row no expected row equals ``unexpected`` (a row
+      with the right lineage and another value is both: lost in its expected form, unexpected in the held one);
+    * ``latest``: per key, the latest expected row (by ``order_by``, then lineage), every column both hold compared:
+      a key holding another row is a wrong value (counted in ``duplicated`` and ``wrong_values``, with both rows);
     * ``totals``: per group, the sums of the expected rows.
 
     >>> compare_rows(Check("records"), source, expected, sink_rows, quarantine).lost    # doctest: +SKIP
     0
     """
+    needed = [*COORDINATES] if check.kind != "totals" else []
+    needed += [c for c in (check.key if check.kind == "latest" else check.by,) if c]
+    missing = [c for c in needed if sink is not None and c not in sink.columns]
+    if missing:
+        raise ConfigError(
+            f"the sink's rows lack {', '.join(missing)}, which verification matches them to their "
+            "records by: keep them in what the sink writes (your sink: in what its read returns)"
+        )
     side = _quarantine_side(source, quarantine)
     transformed = source.where(F.col(VALID)).count()
-    columns = [c for c in rows.columns if sink is None or c in sink.columns]
+    columns = [c for c in rows.columns if sink is None or c in sink.columns]  # every column both hold
     if sink is None:
         sink = rows.limit(0)
     held = sink.select(*(F.col(c).cast(rows.schema[c].dataType).alias(c) for c in columns))

@@ -1,4 +1,5 @@
-"""Orders enriched with the customers table, a price band from a Python UDF, and one row per line item.
+"""Orders enriched with the customers table, a price band from a Python UDF, cents from a pandas UDF, and one row
+per line item.
 
 streamproof calls :func:`enrich` on each batch's valid order events (their fields and the ``_src_*`` lineage
 columns), with the ``[[lookups]]`` tables of the pipeline file as DataFrames by name. Every value comes from
@@ -7,9 +8,16 @@ the record and the lookups: a batch replayed after a crash gives the same rows (
 
 from __future__ import annotations
 
+import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+
+@F.pandas_udf("bigint")  # type: ignore[call-overload]
+def in_cents(amount: pd.Series) -> pd.Series:
+    """A pandas UDF: a whole Arrow batch of amounts at once, in the Python workers."""
+    return (amount * 100).round().astype("int64")
 
 
 @F.udf(returnType=T.StringType(), useArrow=False)
@@ -31,7 +39,7 @@ def enrich(records: DataFrame, lookups: dict[str, DataFrame]) -> DataFrame:
     lines = F.lit(1) + F.pmod(F.col("amount_cents"), F.lit(3))
     orders = (
         records.where(F.col("status") != "cancelled")
-        .withColumn("amount_cents", F.round(F.col("amount") * 100).cast("bigint"))
+        .withColumn("amount_cents", in_cents(F.col("amount")))
         .withColumn("line_no", F.explode(F.sequence(F.lit(1), lines)))
     )
     return orders.join(customers, "customer_id", "left").select(
