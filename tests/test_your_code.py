@@ -56,6 +56,9 @@ def _spec(transform: dict[str, Any], **more: Any) -> PipelineSpec:
          "not yet with dedup or windows"),
         ({}, {"lookups": [{"name": "customers", "path": "/tmp/c"}]}, "lookups: a lookup table is given to your"),
         ({"sql": "SELECT * FROM records"}, {"lookups": [{"name": "records", "path": "/tmp/c"}]}, "not 'records'"),
+        ({"sql": "SELECT * FROM records"}, {"guarantee": "at-most-once", "lookups": [{"name": "c", "path": "/tmp/c"}]},
+         "at-most-once numbers its batches from 0 again"),
+        ({"sql": "SELECT * FROM records", "schema_evolution": "add-columns"}, {}, 'not with schema_evolution'),
     ],
 )  # fmt: skip
 def test_a_pipeline_file_that_misstates_your_code_is_refused_in_one_line(
