@@ -398,25 +398,37 @@ class Nemesis:
         if code == 0:
             return
         line = _error_line(child.log_path)
-        if code == 2 and line is not None and TOO_OLD_REPAIR in line and self.replaced is not None:
-            # A backup restored further behind a sink than the offsets it keeps: refused, as the docs list; the
-            # operator puts back the checkpoint the restore replaced.
-            self._say(step, f"refused ({line[:100]}...); checkpoint restore of the checkpoint it replaced")
-            self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.replaced))
-            shutil.rmtree(self.replaced, ignore_errors=True)
-            self.replaced = None
+        if self._put_back_if_too_old(step, code, line):
             self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
             return
         raise NemesisFailure(f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
                              f"for: {line or log_tail(child.log_path)}")  # fmt: skip
 
+    def _put_back_if_too_old(self, step: Step, code: int, line: str | None) -> bool:
+        """A backup restored further behind a sink than the offsets it keeps is refused, as the docs list; the operator
+        puts back the checkpoint the restore replaced. True when that was the refusal, and it is repaired."""
+        if code != 2 or line is None or TOO_OLD_REPAIR not in line or self.replaced is None:
+            return False
+        self._say(step, f"refused ({line[:100]}...); checkpoint restore of the checkpoint it replaced")
+        self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.replaced))
+        shutil.rmtree(self.replaced, ignore_errors=True)
+        self.replaced = None
+        return True
+
     def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
         """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
-        repair it names is then applied and must succeed."""
+        repair it names is then applied and must succeed. A too-old restore of an earlier step that no run has met
+        yet is refused first (found at step 99 of a 200-step run): its repair is applied, then ``damage``'s is
+        expected."""
         child = self._start()
         code = child.wait(900)
         child.close()
         line = _error_line(child.log_path) or ""
+        if self._put_back_if_too_old(step, code, line):
+            child = self._start()
+            code = child.wait(900)
+            child.close()
+            line = _error_line(child.log_path) or ""
         repair = REPAIRS[damage]
         if code == 0 and carry_on_allowed:
             self._say(step, f"run {self.runs} carried on (replayed what the sink lost): exit 0")
