@@ -14,9 +14,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 
-@F.pandas_udf("bigint")  # type: ignore[call-overload]
 def in_cents(amount: pd.Series) -> pd.Series:
-    """A pandas UDF: a whole Arrow batch of amounts at once, in the Python workers."""
+    """A pandas UDF's function: a whole Arrow batch of amounts at once, in the Python workers (made a UDF where it is
+    used: PySpark makes a pandas UDF only while a session runs, and this module imports without one)."""
     return (amount * 100).round().astype("int64")
 
 
@@ -39,7 +39,7 @@ def enrich(records: DataFrame, lookups: dict[str, DataFrame]) -> DataFrame:
     lines = F.lit(1) + F.pmod(F.col("amount_cents"), F.lit(3))
     orders = (
         records.where(F.col("status") != "cancelled")
-        .withColumn("amount_cents", in_cents(F.col("amount")))
+        .withColumn("amount_cents", F.pandas_udf(in_cents, "bigint")(F.col("amount")))  # type: ignore[call-overload]
         .withColumn("line_no", F.explode(F.sequence(F.lit(1), lines)))
     )
     return orders.join(customers, "customer_id", "left").select(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from shop.customers import write_customers
+
 from streamproof.config import PostgresSinkSpec, load_pipeline
 
 PIPELINE = Path(__file__).resolve().parent.parent / "shop_orders.toml"
