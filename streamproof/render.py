@@ -49,7 +49,8 @@ def report_table(report: Report) -> Table:
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
     if report.wrong_values:
-        table.add_row(f"  of which wrong values{unit} (right count, other sum)", bad(report.wrong_values))
+        what = "(another row than expected)" if report.your_code else "(right count, other sum)"
+        table.add_row(f"  of which wrong values{unit} {what}", bad(report.wrong_values))
     table.add_row("unexpected", bad(report.unexpected))
     table.add_row(*identity_row(report))
     for reason in report.reasons:
