@@ -228,7 +228,8 @@ def _your_sinks(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, to
     text = text.replace('quarantine = ".streamproof/tables/your_sinks_quarantine"', f'quarantine = "{workdir}/q"')
     text = text.replace("max_offsets_per_trigger = 5000", "max_offsets_per_trigger = 1000")
     suffix = workdir.name[-8:].replace("-", "_").lower()
-    for table in ("ledger_in_one_transaction", "ledger_checked_before", "naive_write", "per_partition_write"):
+    for table in ("ledger_in_one_transaction", "ledger_checked_before", "naive_write", "per_partition_write",
+                  "per_source_partition_write"):
         text = text.replace(f'table = "{table}"', f'table = "{table}_{suffix}", port = {postgres.port}')
     path = workdir / "your_sinks.toml"
     path.write_text(text)
@@ -241,22 +242,25 @@ def test_your_sinks_get_the_guarantee_their_code_gives(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """examples/your_code/your_sinks.toml: 4,000 events in 4 partitions, batches of 1,000, four sinks of your own,
+    """examples/your_code/your_sinks.toml: 4,000 events in 4 partitions, batches of 1,000, five sinks of your own,
     SIGKILLed three times under exactly-once (streamproof hands each sink every batch, replays included): between the
-    two commits of the ledger-checked-before sink (its batch.step), in a task of the per-partition sink after its
-    partition 0 committed, and after every sink's write (before Spark's commit). The ledger in the rows' transaction
-    and the per-partition ledger hold: 0/0/0; the ledger written after the rows, and the naive writer, duplicate."""
+    two commits of the ledger-checked-before sink (its batch.step), in a task of the per-source-partition sink after
+    its first partition committed, and after every sink's write (before Spark's commit). The ledger in the rows'
+    transaction and the ledger keyed on the rows' Kafka partition hold: 0/0/0; the ledger written after the rows, and
+    the naive writer, duplicate."""
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
     monkeypatch.syspath_prepend(str(EXAMPLE))
     topic = "your-sinks"
     generate(kafka_broker.bootstrap_servers, topic, 4_000, partitions=4, malformed=0.005, seed=31)
     pipeline = _your_sinks(tmp_path, kafka_broker, streamproof_postgres, topic)
-    points = ["mid-sink-write:ledger-checked-before", "mid-sink-write:per-partition", "after-sink-commit"]
+    points = ["mid-sink-write:ledger-checked-before", "mid-sink-write:per-source-partition", "after-sink-commit"]
     harness = run_with_crashes(pipeline, points, log_dir=tmp_path / "logs", emit=print)
     assert not harness.missed and len(harness.crashes) == 3, harness.missed
 
+    # per-partition (keyed on Spark's partition id) is left out: whether a replay's ids hold the same records as its
+    # first attempt's is Spark's planning, not the test's (the matrix in docs/your-code.md found them to differ).
     reports = {report.sink: report for report in verify_pipeline(spark, load_pipeline(pipeline))}
-    for clean in ("ledger-in-one-transaction", "per-partition"):
+    for clean in ("ledger-in-one-transaction", "per-source-partition"):
         assert (reports[clean].lost, reports[clean].duplicated, reports[clean].unexpected) == (0, 0, 0), clean
         assert reports[clean].ok
     for doubled in ("ledger-checked-before", "naive"):
@@ -265,4 +269,5 @@ def test_your_sinks_get_the_guarantee_their_code_gives(
                         unexpected=r.unexpected, crashes=[], restart_s=None, expected="observed", seconds=0.0)
              for name, r in reports.items()]  # fmt: skip
     assert guarantee_given(cells, "naive").startswith("naive (your sink) gave at-least-once: duplicated")
-    assert guarantee_given(cells, "per-partition").startswith("per-partition (your sink) gave exactly-once")
+    given = guarantee_given(cells, "per-source-partition")
+    assert given.startswith("per-source-partition (your sink) gave exactly-once"), given

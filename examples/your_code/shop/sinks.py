@@ -1,4 +1,4 @@
-"""Four ways to write a batch to PostgreSQL from your own sink, as data engineers write them in ``foreachBatch``;
+"""Five ways to write a batch to PostgreSQL from your own sink, as data engineers write them in ``foreachBatch``;
 ``streamproof prove your_sinks.toml --matrix`` tells which guarantee each really gives (docs/your-code.md).
 
 Each writes the batch's rows (event_id, order_id, amount and the ``_src_*`` lineage) to its own table, named by
@@ -87,9 +87,10 @@ def naive_write(rows: DataFrame, batch: Any) -> None:
 
 
 def per_partition_write(rows: DataFrame, batch: Any) -> None:
-    """Each partition of the batch in its own transaction, keyed on (batch, partition) as a ``ForeachWriter``'s
-    ``open(partition_id, epoch_id)`` is, its ledger row in the same transaction: exactly-once as long as a replayed
-    batch is cut into the same partitions (a Kafka source's batch is: one per topic partition and offset range)."""
+    """Each partition of the batch in its own transaction, keyed on (batch, Spark's partition id) as a
+    ``ForeachWriter``'s ``open(partition_id, epoch_id)`` is, its ledger row in the same transaction. Exactly-once only
+    if a replayed batch's partition ids hold the same records as its first attempt's: the matrix found they need not
+    (docs/your-code.md), and then some rows are skipped and others written twice."""
     from pyspark import TaskContext
 
     table = batch.options["table"]
@@ -105,6 +106,33 @@ def per_partition_write(rows: DataFrame, batch: Any) -> None:
             _record(connection, table, batch.pipeline, batch.id, part)
         if part == 0:
             batch.step(f"partition {part} committed")
+
+    rows.select(*COLUMNS).foreachPartition(write_partition)
+
+
+def per_source_partition_write(rows: DataFrame, batch: Any) -> None:
+    """As :func:`per_partition_write`, keyed on the Kafka partition the rows came from (their ``_src_partition``)
+    instead of Spark's partition id: the same records on every attempt, whatever order Spark plans them in."""
+    from pyspark import TaskContext
+
+    table = batch.options["table"]
+    with _connect(batch.options) as connection:
+        _tables(connection, table)
+
+    def write_partition(partition: Any) -> None:
+        held = list(partition)
+        sources = {row["_src_partition"] for row in held}
+        if not held:
+            return
+        assert len(sources) == 1, "a Kafka batch's Spark partition holds one Kafka partition (no minPartitions)"
+        part = sources.pop()
+        with _connect(batch.options) as connection:
+            if _written(connection, table, batch.pipeline, batch.id, part):
+                return
+            _insert(connection, table, held)
+            _record(connection, table, batch.pipeline, batch.id, part)
+        if TaskContext.get().partitionId() == 0:
+            batch.step(f"Kafka partition {part} committed")
 
     rows.select(*COLUMNS).foreachPartition(write_partition)
 
