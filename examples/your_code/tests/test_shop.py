@@ -24,7 +24,7 @@ def test_shop_orders_are_exactly_once_through_crashes(
         "sinks": [sink.model_copy(update={"port": streamproof_postgres.port})
                   if isinstance(sink, PostgresSinkSpec) else sink for sink in spec.sinks],
     })  # fmt: skip
-    report = streamproof_prover.prove(here, events=6_000, crash_at=["after-sink-commit"])
+    report = streamproof_prover.prove(here, events=3_000, batch_size=1_000, crash_at=["after-sink-commit"])
     assert report.your_code and report.unit == "keys"
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0)
-    assert report.transformed + report.quarantined == 6_000
+    assert report.transformed + report.quarantined == 3_000
