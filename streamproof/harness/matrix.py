@@ -318,9 +318,13 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         )
     guarantees = tuple(guarantees)
     stateless = [g for g in guarantees if wiring_for(g).progress_before_write]
-    if spec.transform.watermark is not None and stateless:
-        emit(f"{', '.join(stateless)} skipped: a pipeline with dedup or windows refuses it (its restarts lose Spark's "
-             "state)")  # fmt: skip
+    if (spec.transform.watermark is not None or spec.lookups) and stateless:
+        why = (
+            "a pipeline with dedup or windows refuses it (its restarts lose Spark's state)"
+            if spec.transform.watermark is not None
+            else "a pipeline with lookups refuses it (its batch ids restart, the recorded versions would be misread)"
+        )
+        emit(f"{', '.join(stateless)} skipped: {why}")  # fmt: skip
         guarantees = tuple(g for g in guarantees if g not in stateless)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     # A pipeline that keeps its files on distributed storage gets its cells there too (the cells' logs stay local).
