@@ -30,11 +30,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -334,22 +335,29 @@ def with_derived_columns(rows: DataFrame, transform: Transform) -> DataFrame:
     return rows.select("*", *(F.expr(sql).alias(name) for name, sql in transform.columns.items()))
 
 
+@contextlib.contextmanager
+def users_analysis_errors(what: str) -> Iterator[None]:
+    """Spark's analysis error of the user's code or expression (a column that is not there, a bad query) as one
+    :class:`~streamproof.errors.ConfigError` line starting with ``what``. PySpark logs every analysis error it raises
+    with the JVM stack (logger SQLQueryContextLogger): silenced meanwhile, the one line says it."""
+    context_logger = logging.getLogger("SQLQueryContextLogger")
+    try:
+        context_logger.disabled = True
+        yield
+    except PySparkException as error:
+        raise ConfigError(f"{what}: {first_line(error)}") from None
+    finally:
+        context_logger.disabled = False
+
+
 def check_derived_columns(spark: SparkSession, transform: Transform, *, exactly_once: bool) -> None:
     """Analyse each derived column against the record's columns before the query starts: an expression Spark
     cannot resolve, or (exactly-once) one Catalyst knows to be nondeterministic (``rand()``, ``uuid()``, a
     nondeterministic UDF), is a :class:`~streamproof.errors.ConfigError` naming the key."""
     empty = spark.createDataFrame([], record_schema(transform))
-    # PySpark logs every analysis error it raises with the JVM stack (logger SQLQueryContextLogger); this one is
-    # the user's expression, reported in one line below.
-    context_logger = logging.getLogger("SQLQueryContextLogger")
     for name, sql in transform.columns.items():
-        try:
-            context_logger.disabled = True
+        with users_analysis_errors(f"transform.columns.{name}: {sql!r} cannot be evaluated"):
             plan = empty.selectExpr(f"{sql} AS `{name}`")._jdf.queryExecution().analyzed()
-        except PySparkException as error:
-            raise ConfigError(f"transform.columns.{name}: {sql!r} cannot be evaluated: {first_line(error)}") from None
-        finally:
-            context_logger.disabled = False
         if exactly_once and not plan.deterministic():
             raise ConfigError(
                 f"transform.columns.{name}: {sql!r} is nondeterministic, so a batch replayed after a crash would write "

@@ -28,21 +28,25 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streamproof.config import PipelineSpec, replay_unsafe
-from streamproof.errors import ConfigError, PipelineError, first_line
+from streamproof.errors import ConfigError, PipelineError
 from streamproof.storage import Location
-from streamproof.transform import SOURCE_COLUMNS, record_schema, struct_type, with_derived_columns
+from streamproof.transform import (
+    SOURCE_COLUMNS,
+    record_schema,
+    struct_type,
+    users_analysis_errors,
+    with_derived_columns,
+)
 from streamproof.your_modules import importable_beside, load_function, ship_module
 
 RECORDS_VIEW = "records"  # the view a [transform] sql query reads the batch's valid records from
@@ -194,14 +198,8 @@ def your_rows_schema(spark: SparkSession, spec: PipelineSpec, *, exactly_once: b
 
 def _analysed(make: Callable[[], Any], what: str) -> Any:
     """Build the user's DataFrame; Spark's analysis error (a column that is not there, a bad query) in one line."""
-    context_logger = logging.getLogger("SQLQueryContextLogger")  # PySpark logs the JVM stack of analysis errors
-    try:
-        context_logger.disabled = True
+    with users_analysis_errors(f"{what} cannot be applied to the records"):
         return make()
-    except PySparkException as error:
-        raise ConfigError(f"{what} cannot be applied to the records: {first_line(error)}") from None
-    finally:
-        context_logger.disabled = False
 
 
 def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, int] | None) -> bool:
@@ -218,11 +216,12 @@ def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, in
         return False
     spark = records.sparkSession
     frozen = spark.createDataFrame(sample, records.schema)
-    first, second = (Counter(map(_hashable, code.apply(frozen, versions).collect())) for _ in range(2))
+    applied = [code.apply(frozen, versions) for _ in range(2)]  # twice: a seed or a clock is taken per application
+    first, second = (Counter(map(_hashable, rows.collect())) for rows in applied)
     if first == second:
         return True
     differing = sorted((first - second).elements(), key=repr) or sorted((second - first).elements(), key=repr)
-    row = dict(zip(code.apply(frozen, versions).columns, differing[0], strict=False))
+    row = dict(zip(applied[0].columns, differing[0], strict=False))
     raise PipelineError(
         f"{code.what} gave other rows when applied twice to the same {len(sample)} records (first differing: "
         f"{_short(row)}): a batch replayed after a crash would write other values, so exactly-once cannot hold; "
@@ -317,9 +316,11 @@ class LookupVersions:
                      ) -> dict[str, int]:  # fmt: skip
         """The versions ``batch_id`` reads (recorded ones for pinned lookups of a replay), recorded before use."""
         recorded = self.recorded(batch_id) or {}
-        latest = code.latest_versions(spark)
-        versions = {lookup.name: recorded[lookup.name] if lookup.pin and lookup.name in recorded
-                    else latest[lookup.name] for lookup in code.spec.lookups}  # fmt: skip
+        kept = {lookup.name for lookup in code.spec.lookups if lookup.pin and lookup.name in recorded}
+        # The newest versions cost a read of each table's history: only for the lookups the record does not settle.
+        latest = code.latest_versions(spark) if len(kept) < len(code.spec.lookups) else {}
+        versions = {lookup.name: recorded[lookup.name] if lookup.name in kept else latest[lookup.name]
+                    for lookup in code.spec.lookups}  # fmt: skip
         if recorded != versions:
             self.remember(batch_id, start_offsets, versions)
         return versions

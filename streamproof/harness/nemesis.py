@@ -415,20 +415,21 @@ class Nemesis:
         self.replaced = None
         return True
 
+    def _run_to_its_end(self) -> tuple[PipelineChild, int, str]:
+        """A run to its end: the child, its exit code and its error line ("" when none)."""
+        child = self._start()
+        code = child.wait(900)
+        child.close()
+        return child, code, _error_line(child.log_path) or ""
+
     def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
         """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
         repair it names is then applied and must succeed. A too-old restore of an earlier step that no run has met
         yet is refused first (found at step 99 of a 200-step run): its repair is applied, then ``damage``'s is
         expected."""
-        child = self._start()
-        code = child.wait(900)
-        child.close()
-        line = _error_line(child.log_path) or ""
+        child, code, line = self._run_to_its_end()
         if self._put_back_if_too_old(step, code, line):
-            child = self._start()
-            code = child.wait(900)
-            child.close()
-            line = _error_line(child.log_path) or ""
+            child, code, line = self._run_to_its_end()
         repair = REPAIRS[damage]
         if code == 0 and carry_on_allowed:
             self._say(step, f"run {self.runs} carried on (replayed what the sink lost): exit 0")

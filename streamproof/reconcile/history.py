@@ -270,6 +270,7 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
     quarantine_table = _read_delta(spark, spec.quarantine_path)
     quarantine = (quarantine_table.select(*COORDINATES) if quarantine_table is not None
                   else source.select(*COORDINATES).limit(0))  # fmt: skip
+    reasons = quarantine_reasons(quarantine_table)
     lows = first_offsets_held(spec)
     gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
     unverifiable = (f"the source no longer holds its first records ({gone}: retention deleted them), so what your "
@@ -285,7 +286,7 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
             unit = {"records": "rows"}.get(check.kind, check.unit)
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=quarantine_reasons(quarantine_table), generated=generated, basis=dict(basis),
+                quarantine_reasons=reasons, generated=generated, basis=dict(basis),
                 unverifiable=unverifiable,
             ))  # fmt: skip
     finally:
