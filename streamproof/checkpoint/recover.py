@@ -93,8 +93,12 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
         )
     sinks = recording(open_sinks(spec))
     heads = {sink.name: sink.last_commit(spark) for sink in sinks}
+    # What each sink holds from the batch before the lowest last one on: the records a rebuild needs, read from the
+    # newest commits only (a Delta log's older ones are never read).
+    floor = max(min((head.batch_id if head else -1 for head in heads.values()), default=-1) - 1, 0)
+    held = [sink.held_from(floor) for sink in sinks]
     # A batch some partitions of which committed (a crash inside a per-partition sink's write) is ahead.
-    partial = [c.batch_id for sink in sinks for c in sink.commits() if not c.complete]
+    partial = [commit.batch_id for holds in held for commit in holds.values() if not commit.complete]
     if all(head is None for head in heads.values()) and not partial:
         raise PipelineError(
             f"no sink holds a batch of pipeline {spec.name!r}: nothing to recover from; remove {checkpoint} and "
@@ -109,8 +113,8 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
         )
     recorded = {
         commit.batch_id: commit.end_offsets
-        for sink in sinks
-        for commit in sink.commits()
+        for holds in held
+        for commit in holds.values()
         if commit.end_offsets is not None
     }
     needed = sorted({batch for batch in (low - 1, low, high) if batch >= 0})

@@ -44,7 +44,7 @@ from pyspark.sql.types import StructType
 from streamproof.config import DeltaSinkSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
-from streamproof.sinks.delta_log import app_id, batches_back_to, commits_on_disk, latest_version
+from streamproof.sinks.delta_log import app_id, batches_back_to, commits_on_disk, latest_version, newest_commit
 from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -170,6 +170,7 @@ class DeltaSink(FolderSink):
     kind = "delta"
     spec: DeltaSinkSpec
     _log_read_through: int = -1  # the table version through which this run has read the log for its decisions
+    _head_seen: int = -1  # the latest version :meth:`head` read: where the next look starts
 
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new), and
@@ -354,8 +355,14 @@ class DeltaSink(FolderSink):
     head_meaning = "latest Delta version"
 
     def head(self) -> int:
-        """The table's latest version (-1: no table): one listing of its log, no commit read."""
-        return latest_version(self.path)
+        """The table's latest version (-1: no table): forward from the one read last, two existence checks when
+        nothing else committed (:func:`streamproof.sinks.delta_log.latest_version`), whatever the table's age."""
+        self._head_seen = latest_version(self.path, known=self._head_seen)
+        return self._head_seen
+
+    def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
+        """The pipeline's newest commit, read newest first (:func:`streamproof.sinks.delta_log.newest_commit`)."""
+        return newest_commit(self.path, self.pipeline.name)
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):

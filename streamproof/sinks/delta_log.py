@@ -89,10 +89,69 @@ def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
     return commits
 
 
-def latest_version(table: Location) -> int:
-    """The table's latest version (-1: no table): one listing of its log, no commit read."""
-    versions = [int(match[1]) for name in (table / "_delta_log").names() if (match := _COMMIT.fullmatch(name))]
-    return max(versions, default=-1)
+def latest_version(table: Location, *, known: int = -1) -> int:
+    """The table's latest version (-1: no table), without listing its log: forward from ``known`` (a version this
+    process saw) or from Delta's ``_last_checkpoint`` pointer over the commit files that exist, a few existence
+    checks (Delta numbers its commits without a gap). The whole log is listed only when neither start has its
+    commit file: a table without a Delta checkpoint yet (young: its log is short), or storage that lost commits.
+
+    >>> import tempfile
+    >>> table = Location(tempfile.mkdtemp())
+    >>> for version in range(5):
+    ...     commit_file(table, version).write_text("{}")
+    >>> latest_version(table), latest_version(table, known=3), latest_version(Location(tempfile.mkdtemp()))
+    (4, 4, -1)
+    """
+    for start in (known, checkpoint_pointer(table)):
+        if start is not None and start >= 0 and commit_file(table, start).exists():
+            return _last_commit_from(table, start)
+    return max(_listed_commits(table), default=-1)
+
+
+def checkpoint_pointer(table: Location) -> int | None:
+    """The version Delta's ``_last_checkpoint`` points at: -1 when there is none, None when it is unreadable (torn)."""
+    try:
+        pointer = json.loads((table / "_delta_log" / "_last_checkpoint").read_text())
+        return int(pointer["version"])
+    except FileNotFoundError:
+        return -1
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _last_commit_from(table: Location, start: int) -> int:
+    """The last of the contiguous commit files from ``start`` (which exists): galloping, then halving, so
+    ``k`` commits past ``start`` cost about ``2 log2 k`` existence checks (two when none)."""
+    found, step = start, 1
+    while commit_file(table, found + step).exists():
+        found, step = found + step, step * 2
+    missing = found + step
+    while missing - found > 1:
+        middle = (found + missing) // 2
+        found, missing = (middle, missing) if commit_file(table, middle).exists() else (found, middle)
+    return found
+
+
+def _listed_commits(table: Location) -> set[int]:
+    return {int(match[1]) for name in (table / "_delta_log").names() if (match := _COMMIT.fullmatch(name))}
+
+
+def newest_commit(table: Location, pipeline: str, newest: int | None = None) -> SinkCommit | None:
+    """The newest commit of ``pipeline`` in the table (None: none in the commit files there are), read newest
+    first from version ``newest`` (default: the latest): other writers' commits after it are read past, the
+    older ones never.
+
+    >>> newest_commit(Location("/data/orders"), "orders")                                  # doctest: +SKIP
+    SinkCommit(batch_id=41, end_offsets={'orders': {'0': 90210}}, keyed=True, complete=True, quarantined=0)
+    """
+    for version in range(latest_version(table) if newest is None else newest, -1, -1):
+        try:
+            text = commit_file(table, version).read_text()
+        except FileNotFoundError:
+            return None  # cleaned up behind a Delta checkpoint: the commit files hold none of the pipeline's
+        if (commit := pipeline_commit(text, pipeline)) is not None:
+            return commit
+    return None
 
 
 @dataclass
@@ -154,13 +213,16 @@ class LogPastItsCommits:
 
 
 def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
-    """What a Delta table's log holds past its last commit file, or None when nothing (one listing, a small read).
+    """What a Delta table's log holds past its last commit file, or None when nothing. The sound log, the usual
+    case, is told without a listing (:func:`_nothing_past`); one that may hold more is listed whole.
 
     >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
     LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
     """
     log = table / "_delta_log"
-    names = set(log.names())
+    if _nothing_past(table, latest_version(table)):
+        return None
+    names = set(log.names())  # something may be past the last commit: the whole answer needs the whole listing
     commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
     last = max(commits, default=-1)
     stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
@@ -186,6 +248,22 @@ def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
     if last < 0:  # no commit file at all: only the lost ones could bring the table back
         needs = [f"{version:020d}.json" for version in range(0, lost_through + 1)]
     return LogPastItsCommits(table, last, tuple(sorted(stranded)), tuple(needs))
+
+
+# What Delta writes beside a commit of the same version (its checksum, a classic checkpoint): left past the last
+# commit when storage lost the newest commits.
+_BESIDE_A_COMMIT = ("crc", "checkpoint.parquet")
+
+
+def _nothing_past(table: Location, last: int) -> bool:
+    """Nothing of a version past ``last`` is in the log, by the traces a lost newest commit leaves: the checkpoint
+    pointer past it, or the next version's checksum or checkpoint. (A multi-part or UUID-named checkpoint has its
+    pointer; a loss that left none of these traces is found by Delta's own read, which then fails loudly.)"""
+    pointer = checkpoint_pointer(table)
+    if pointer is None or pointer > last:
+        return False
+    log = table / "_delta_log"
+    return not any((log / f"{last + 1:020d}.{suffix}").exists() for suffix in _BESIDE_A_COMMIT)
 
 
 def _version_of(name: str) -> int | None:
