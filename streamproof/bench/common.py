@@ -218,8 +218,10 @@ class Bench:
                   f"({result.records_per_second:,.0f} records/s, {result.malformed:,} malformed)")  # fmt: skip
         return topic
 
-    def pipeline(self, template: str, topic: str, name: str, **changes: Any) -> Path:
-        """``benchmarks/pipelines/<template>.toml`` on ``topic``, with its own checkpoint, tables and sink names."""
+    def pipeline(self, template: str, topic: str, name: str, *, pipeline_name: str | None = None,
+                 **changes: Any) -> Path:  # fmt: skip
+        """``benchmarks/pipelines/<template>.toml`` on ``topic``, with its own checkpoint, tables and sink names (and
+        pipeline name, unless ``pipeline_name`` gives one: the key of its sink commits)."""
         os.environ.setdefault(PG_PASSWORD_ENV, PG_DEFAULT_PASSWORD)  # the local server's, as infra starts it
         spec = load_pipeline(PIPELINES / f"{template}.toml")
         folder = self.workdir / name
@@ -232,7 +234,7 @@ class Bench:
         source = spec.source.model_copy(update={"topic": topic, "bootstrap_servers": self.bootstrap,
                                                 **changes.pop("source", {})})  # fmt: skip
         updated: PipelineSpec = spec.model_copy(update={
-            "name": f"{spec.name}-{folder.parent.name}-{name}"[:100],
+            "name": pipeline_name or f"{spec.name}-{folder.parent.name}-{name}"[:100],
             "checkpoint": str(folder / "checkpoint"),
             "source": source,
             "transform": spec.transform.model_copy(update={"quarantine": str(folder / "quarantine")}),

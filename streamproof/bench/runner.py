@@ -29,6 +29,7 @@ from typing import Any
 
 import pyspark
 
+from streamproof.bench.age import bench_age
 from streamproof.bench.cluster import bench_cluster
 from streamproof.bench.common import DEFAULT_EVENTS, RESULTS, Bench, Emit
 from streamproof.bench.latency import bench_latency
@@ -45,11 +46,12 @@ from streamproof.jars import cached_jars, check_java
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": bench_throughput, "latency": bench_latency, "recovery": bench_recovery, "sinks": bench_sinks,
     "scaling": bench_scaling, "tuning": bench_tuning, "partitioned": bench_partitioned, "cluster": bench_cluster,
+    "age": bench_age,
 }  # fmt: skip
 BENCHMARKS = tuple(RUNNERS)
 # Not by default: cluster needs `infra up --spark-workers`; partitioned measures a table layout a user chooses,
-# not the product's own speed.
-DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name not in ("cluster", "partitioned"))
+# not the product's own speed; age spends minutes making a 50,000-commit table.
+DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name not in ("cluster", "partitioned", "age"))
 # What the command prints of each benchmark's results (the whole document goes to the results file).
 SUMMARY_KEYS = ("ratios", "targets_met", "latency", "latency_after_warmup", "median_phases_s", "ratios_vs_delta_append",
                 "median_s", "standby_median_s")  # fmt: skip

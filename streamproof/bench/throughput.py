@@ -106,14 +106,26 @@ def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: Pipeline
             "runs_s": [round(t, 2) for t in times]}  # fmt: skip
 
 
-def native_delta_sink_rate(bench: Bench, pipeline_file: Path, name: str, timeout_s: float = 3600) -> dict[str, Any]:
+def native_delta_sink_rate(
+    bench: Bench,
+    pipeline_file: Path,
+    name: str,
+    timeout_s: float = 3600,
+    *,
+    table: Path | None = None,
+    starting_offsets: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Baseline (e): ``benchmarks/native_delta_sink.py``, Spark's own Delta streaming sink as its docs teach it, on the
-    pipeline file's topic, batch size, schema and Spark settings, in a child process like the pipeline's."""
+    pipeline file's topic, batch size, schema and Spark settings, in a child process like the pipeline's; into
+    ``table`` (default: a new one) from ``starting_offsets`` (Spark's ``{topic: {partition: offset}}``; default: the
+    topic's start)."""
     out = bench.workdir / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    env = {**os.environ, JIT_ENV: "tiered"}  # what `streamproof run` uses, as for the pipeline's child
-    done = subprocess.run([sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out)], env=env,
+    # What `streamproof run` uses, as for the pipeline's child; the launch time, for its first commit's figure.
+    env = {**os.environ, JIT_ENV: "tiered", "STREAMPROOF_BENCH_LAUNCHED_AT": repr(time.time())}
+    where = [str(table or out / "orders"), json.dumps(starting_offsets) if starting_offsets else "earliest"]
+    done = subprocess.run([sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out), *where], env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
     if done.returncode != 0:
         raise PipelineError(f"{NATIVE_DELTA_SINK.name} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")

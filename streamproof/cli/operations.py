@@ -173,7 +173,7 @@ def bench(
         typer.Argument(
             help="throughput, latency, recovery, sinks, scaling, tuning (default: these six); partitioned (a "
             "partitioned Delta table against the same unpartitioned); cluster (on the cluster of `infra up "
-            "--spark-workers 2`).",
+            "--spark-workers 2`); age (a sink of 50,000 commits against a young one).",
             show_default=False,
         ),
     ] = None,
@@ -183,7 +183,9 @@ def bench(
     ),
     rate: Annotated[int, typer.Option(min=1, help="latency: events/s of the steady producer.")] = 20_000,
     seconds: Annotated[float, typer.Option(min=1, help="latency: seconds of steady production.")] = 60.0,
-    rounds: Annotated[int, typer.Option(min=1, help="throughput: runs of each pipeline (the fastest is kept).")] = 2,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="throughput, age: runs of each pipeline (the fastest is kept).")
+    ] = 2,
     plot: Annotated[Path | None, typer.Option("--plot", help="scaling: draw rows/s per batch into this PNG.")] = None,
     bootstrap_servers: Annotated[
         str | None, typer.Option(help="Use this Kafka instead of the local one (started and stopped if needed).")
@@ -197,7 +199,7 @@ def bench(
     if plot is not None and "scaling" not in chosen:
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
     options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds},
-               "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
+               "age": {"rounds": rounds}, "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
     document = run_on_local_servers(chosen, state_dir=state_path(state_dir), bootstrap=bootstrap_servers,
                                     events=events, emit=emit_plain, options=options)  # fmt: skip
     path = write_results(document, results_dir, json_file)

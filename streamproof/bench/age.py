@@ -1,0 +1,152 @@
+"""``streamproof bench age``: does a Delta sink that has run for months cost more than a new one? The same
+exactly-once pipeline (``benchmarks/pipelines/throughput_delta.toml``, 20,000-row batches) against a young sink table
+and against one aged by 50,000 commits, with Spark's own Delta streaming sink (``benchmarks/native_delta_sink.py``) on
+copies of the same two tables as the baseline: the age ratio of each, in one run.
+
+The aged table is made, not waited for: after the pipeline's first real batch, 50,000 commits of the pipeline are
+appended to its log the way streamproof writes them (its ``userMetadata`` and SetTransaction, from the table's own
+newest commit; no data, the end offsets of that batch), then one table-property commit lands on a multiple of the
+table's checkpoint interval, so Delta writes its own checkpoint and ``_last_checkpoint``; the pipeline's checkpoint is
+moved to the last aged batch. The young table is the same pipeline's, with its first batch only. What this leaves
+out: the aged log holds no checksum file of the made commits (Delta writes one per commit), so a listing of it, which
+Delta's own snapshot makes on a local disk, is shorter than a real one's.
+
+Each round produces 60,000 new events (three batches), then drains the young pipeline, the aged one, and the native
+sink on the young and the aged copy, each in a child process started cold: the first figure is seconds from the
+process start to its first committed batch, the second the median seconds of its later batches.
+
+Example::
+
+    $ streamproof bench age --events 60000                                            # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from streamproof.bench.common import Bench, PipelineRun, ratio, rounded
+from streamproof.bench.throughput import native_delta_sink_rate
+from streamproof.config import load_pipeline
+from streamproof.errors import PipelineError
+from streamproof.generator import generate
+from streamproof.kafka_client import topic_end_offsets
+from streamproof.sinks.delta_log import commit_file, latest_version
+from streamproof.storage import Location
+
+AGED_COMMITS = 50_000
+BATCH_ROWS = 20_000
+ROUND_EVENTS = 3 * BATCH_ROWS
+PIPELINE = "bench-age"  # both tables are this pipeline's: the aged one by its made commits
+FIRST_TARGET, STEADY_TARGET = 1.1, 1.05
+
+
+def bench_age(bench: Bench, rounds: int = 2, commits: int = AGED_COMMITS) -> dict[str, Any]:
+    """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated."""
+    topic = f"bench-age-{time.strftime('%H%M%S')}"
+    _produce(bench, topic, BATCH_ROWS, seed=0)
+    files = {
+        side: bench.pipeline("throughput_delta", topic, f"age-{side}", pipeline_name=PIPELINE,
+                             source={"max_offsets_per_trigger": BATCH_ROWS})
+        for side in ("young", "aged")
+    }  # fmt: skip
+    for side, pipeline_file in files.items():
+        bench.emit(f"preparing the {side} table: the pipeline's first batch")
+        bench.drain(pipeline_file)
+    started = time.monotonic()
+    aged_batch = age_sink(bench, files["aged"], commits)
+    ageing_s = time.monotonic() - started
+    bench.emit(f"aged {_table(files['aged'])} by {commits:,} commits (to batch {aged_batch}) in {ageing_s:.0f} s")
+    native_tables = {side: bench.workdir / f"age-native-{side}" / "orders" for side in files}
+    for side, table in native_tables.items():  # the native sink's own copies: it writes other rows than ours
+        shutil.copytree(_table(files[side]), table)
+    runs: dict[str, list[dict[str, float]]] = {f"{who}_{side}": [] for who in ("streamproof", "native")
+                                               for side in files}  # fmt: skip
+    for round_number in range(1, rounds + 1):
+        start = topic_end_offsets(bench.bootstrap, topic)
+        _produce(bench, topic, ROUND_EVENTS, seed=round_number)
+        for side, pipeline_file in files.items():
+            bench.emit(f"streamproof, {side} table (round {round_number} of {rounds})")
+            runs[f"streamproof_{side}"].append(_figures(bench.drain(pipeline_file)))
+        for side in files:
+            bench.emit(f"Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
+            native = native_delta_sink_rate(bench, files[side], f"age-native-{side}-round-{round_number}",
+                                            table=native_tables[side], starting_offsets={topic: start})  # fmt: skip
+            runs[f"native_{side}"].append({"first_commit_s": native["first_commit_s"],
+                                           "steady_batch_s": _median(native["batch_seconds"][1:])})  # fmt: skip
+    best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
+            for name, figures in runs.items()}  # fmt: skip
+    ratios = {
+        f"{who}_aged_over_young_{figure}": ratio(best[f"{who}_aged"][figure], best[f"{who}_young"][figure])
+        for who in ("streamproof", "native") for figure in ("first_commit_s", "steady_batch_s")
+    }  # fmt: skip
+    ratios["first_commit_s_streamproof_over_native_young"] = ratio(best["streamproof_young"]["first_commit_s"],
+                                                                   best["native_young"]["first_commit_s"])  # fmt: skip
+    targets = {}
+    for figure, target in (("first_commit_s", FIRST_TARGET), ("steady_batch_s", STEADY_TARGET)):
+        ours, theirs = ratios[f"streamproof_aged_over_young_{figure}"], ratios[f"native_aged_over_young_{figure}"]
+        targets[f"aged/young {figure} <= {target} or <= the native sink's"] = ours is not None and (
+            ours <= target or (theirs is not None and ours <= theirs)
+        )
+    return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
+            "ageing_s": round(ageing_s, 1), "runs": runs, "best": best, "ratios": ratios,
+            "targets_met": targets}  # fmt: skip
+
+
+def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
+    """Append about ``commits`` commits of the pipeline to its sink table, each a copy of the table's newest commit
+    of it without its data (the next batch id, the same end offsets), let Delta write its checkpoint with one
+    table-property commit, and move the pipeline's checkpoint to the last made batch. Returns that batch id."""
+    table, checkpoint = Location(_table(pipeline_file)), Location(load_pipeline(pipeline_file).checkpoint_dir)
+    newest = latest_version(table)
+    actions = [json.loads(line) for line in commit_file(table, newest).read_text().splitlines() if line.strip()]
+    info = next(action["commitInfo"] for action in actions if "commitInfo" in action)
+    txn = next(action["txn"] for action in actions if "txn" in action)
+    record = json.loads(info["userMetadata"])
+    batch = int(record["streamproof"]["batch_id"])
+    interval = 100  # streamproof's delta.checkpointInterval for new tables (session.py)
+    made = commits - (newest + commits + 1) % interval  # the property commit after them lands on a checkpoint
+    for version in range(newest + 1, newest + made + 1):
+        batch += 1
+        record["streamproof"]["batch_id"] = batch
+        if "quarantined" in record["streamproof"]:
+            record["streamproof"]["quarantined"] = 0  # an empty batch: nothing for the quarantine table
+        made_info = {**info, "userMetadata": json.dumps(record), "readVersion": version - 1}
+        made_txn = {**txn, "version": batch}
+        commit_file(table, version).write_text(json.dumps({"commitInfo": made_info}) + "\n" +
+                                               json.dumps({"txn": made_txn}) + "\n")  # fmt: skip
+    spark = bench.spark()
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('streamproof.bench.aged' = '{made}')")
+    if not (table / "_delta_log" / f"{newest + made + 1:020d}.checkpoint.parquet").exists():
+        raise PipelineError(f"Delta wrote no checkpoint at version {newest + made + 1} of {table}")
+    offsets = checkpoint / "offsets"
+    last_real = max(int(name) for name in offsets.names() if name.isdigit())
+    (offsets / str(batch)).write_text((offsets / str(last_real)).read_text())
+    (checkpoint / "commits" / str(batch)).write_text((checkpoint / "commits" / str(last_real)).read_text())
+    return batch
+
+
+def _table(pipeline_file: Path) -> Path:
+    spec = load_pipeline(pipeline_file)
+    assert spec.sink is not None and spec.sink.folder is not None, "the bench's pipeline writes a Delta table"
+    return spec.resolve_path(spec.sink.folder).path
+
+
+def _produce(bench: Bench, topic: str, events: int, seed: int) -> None:
+    result = generate(bench.bootstrap, topic, events, partitions=4, malformed=0.001, seed=1_000 + seed)
+    bench.emit(f"produced {events:,} events into {topic} in {result.seconds:.1f} s")
+
+
+def _figures(run: PipelineRun) -> dict[str, float]:
+    if not run.batches:
+        raise PipelineError(f"{run.pipeline} committed no batch")
+    return {"first_commit_s": round(run.batches[0]["t"], 3),
+            "steady_batch_s": _median([batch["duration_s"] for batch in run.batches[1:]])}  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    return rounded(statistics.median(values)) if values else 0.0  # type: ignore[return-value]
