@@ -29,7 +29,7 @@ def test_unknown_benchmark_and_tiny_data_are_refused_in_one_line() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: unknown benchmark 'speed': expected one of throughput, latency, recovery, sinks, scaling, tuning, "
-        "partitioned, cluster"
+        "partitioned, cluster, age"
     ]
 
 

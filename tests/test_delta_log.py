@@ -114,3 +114,33 @@ def test_a_lost_commit_whose_checksum_stayed_is_found_past_the_last_commit(tmp_p
     (tmp_path / "aged" / "_delta_log" / f"{AGE - 1:020d}.json").unlink()
     past = log_past_its_commits(table)
     assert past is not None and past.last_commit == AGE - 2 and past.stranded == (f"{AGE - 1:020d}.crc",)
+
+
+@pytest.mark.parametrize("left", [f".{AGE - 1:020d}.json.crc", f"{1_500:020d}.checkpoint.parquet"],
+                         ids=["hidden-checksum", "checkpoint-at-the-next-interval"])  # fmt: skip
+def test_the_start_s_quick_check_finds_each_trace_a_lost_commit_leaves_and_rewind_lists_the_whole_log(
+    tmp_path: Path, left: str
+) -> None:
+    """The newest commit and Delta's checksum of it are lost; what stayed: Hadoop's hidden checksum of the commit, or
+    a checkpoint Delta wrote at the next multiple of the table's interval with the pointer still at the previous one.
+    A checkpoint planted at a version no usual interval reaches is found by the whole listing only (rewind's)."""
+    table = _plant(tmp_path / "aged", range(AGE))
+    log = tmp_path / "aged" / "_delta_log"
+    for name in (f"{AGE - 1:020d}.json", f"{AGE - 1:020d}.crc"):
+        (log / name).unlink()
+    (log / left).write_text("planted")
+    past = log_past_its_commits(table)
+    assert past is not None and past.last_commit == AGE - 2 and left in past.stranded
+
+    (log / left).unlink()
+    (log / f"{AGE + 6:020d}.checkpoint.parquet").write_bytes(b"PAR1")
+    assert log_past_its_commits(table) is None  # no trace the start looks for
+    thorough = log_past_its_commits(table, thorough=True)
+    assert thorough is not None and thorough.stranded == (f"{AGE + 6:020d}.checkpoint.parquet",)
+
+
+def test_a_torn_checkpoint_pointer_is_listed_past_not_a_crash(tmp_path: Path) -> None:
+    table = _plant(tmp_path / "aged", range(250))
+    (tmp_path / "aged" / "_delta_log" / "_last_checkpoint").write_text('{"versi')
+    assert latest_version(table) == 249  # listed
+    assert log_past_its_commits(table) is None and log_past_its_commits(table, thorough=True) is None

@@ -8,8 +8,10 @@ appended to its log the way streamproof writes them (its ``userMetadata`` and Se
 newest commit; no data, the end offsets of that batch), then one table-property commit lands on a multiple of the
 table's checkpoint interval, so Delta writes its own checkpoint and ``_last_checkpoint``; the pipeline's checkpoint is
 moved to the last aged batch. The young table is the same pipeline's, with its first batch only. What this leaves
-out: the aged log holds no checksum file of the made commits (Delta writes one per commit), so a listing of it, which
-Delta's own snapshot makes on a local disk, is shorter than a real one's.
+out: the made commits have no checksum files (Delta's ``.crc``, Hadoop's hidden ones: a real local log holds about
+four files a version), so a listing of the log, which Delta's own snapshot makes on a local disk, is shorter than a
+real one's; and they carry no data, so the aged table's state (its Delta checkpoint) is as small as the young one's:
+this measures the log's length, not a large table's state.
 
 Each round produces 60,000 new events (three batches), then drains the young pipeline, the aged one, and the native
 sink on the young and the aged copy, each in a child process started cold: the first figure is seconds from the
@@ -108,7 +110,9 @@ def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
     txn = next(action["txn"] for action in actions if "txn" in action)
     record = json.loads(info["userMetadata"])
     batch = int(record["streamproof"]["batch_id"])
-    interval = 100  # streamproof's delta.checkpointInterval for new tables (session.py)
+    spark = bench.spark()
+    properties = {row[0]: row[1] for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{table}`").collect()}
+    interval = int(properties.get("delta.checkpointInterval", 10))
     made = commits - (newest + commits + 1) % interval  # the property commit after them lands on a checkpoint
     for version in range(newest + 1, newest + made + 1):
         batch += 1
@@ -119,14 +123,16 @@ def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
         made_txn = {**txn, "version": batch}
         commit_file(table, version).write_text(json.dumps({"commitInfo": made_info}) + "\n" +
                                                json.dumps({"txn": made_txn}) + "\n")  # fmt: skip
-    spark = bench.spark()
     spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('streamproof.bench.aged' = '{made}')")
     if not (table / "_delta_log" / f"{newest + made + 1:020d}.checkpoint.parquet").exists():
         raise PipelineError(f"Delta wrote no checkpoint at version {newest + made + 1} of {table}")
+    # Spark resumes from the newest committed batch and reads the entry before it too: both end where the real
+    # batch ended (every made batch was empty).
     offsets = checkpoint / "offsets"
     last_real = max(int(name) for name in offsets.names() if name.isdigit())
-    (offsets / str(batch)).write_text((offsets / str(last_real)).read_text())
-    (checkpoint / "commits" / str(batch)).write_text((checkpoint / "commits" / str(last_real)).read_text())
+    for made_batch in (batch - 1, batch):
+        (offsets / str(made_batch)).write_text((offsets / str(last_real)).read_text())
+        (checkpoint / "commits" / str(made_batch)).write_text((checkpoint / "commits" / str(last_real)).read_text())
     return batch
 
 

@@ -344,7 +344,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     stranded = [
         path
         for lag in lags
-        if isinstance(lag.sink, DeltaSink) and (past := log_past_its_commits(lag.sink.path)) is not None
+        if isinstance(lag.sink, DeltaSink) and (past := log_past_its_commits(lag.sink.path, thorough=True)) is not None
         for path in set_aside_stranded(past, lag.sink.path / "_streamproof_set_aside" / f"rewind-{stamp}")
     ]
     for batch in range(low + 1, last + 1):
@@ -397,7 +397,7 @@ def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind
     for lag in lags:
         if not isinstance(lag.sink, DeltaSink):
             continue
-        past = log_past_its_commits(lag.sink.path)
+        past = log_past_its_commits(lag.sink.path, thorough=True)
         if past is not None and past.needs:
             quarantine = lag.sink.location == str(spec.quarantine_path)
             what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"

@@ -22,7 +22,9 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Sink, recording
+from streamproof.sinks.base import Sink, SinkCommit, recording
+from streamproof.sinks.delta import DeltaSink
+from streamproof.sinks.delta_log import batches_back_to, latest_version
 from streamproof.storage import Location
 
 # The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
@@ -96,7 +98,7 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
     # What each sink holds from the batch before the lowest last one on: the records a rebuild needs, read from the
     # newest commits only (a Delta log's older ones are never read).
     floor = max(min((head.batch_id if head else -1 for head in heads.values()), default=-1) - 1, 0)
-    held = [sink.held_from(floor) for sink in sinks]
+    held = [_records_from(sink, floor) for sink in sinks]
     # A batch some partitions of which committed (a crash inside a per-partition sink's write) is ahead.
     partial = [commit.batch_id for holds in held for commit in holds.values() if not commit.complete]
     if all(head is None for head in heads.values()) and not partial:
@@ -139,6 +141,15 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
         f"rebuilt {checkpoint} from the sinks' records (each sink's last batch: {positions}); the next run {resume}, "
         f"from offsets {json.dumps(recorded[low] if low >= 0 else recorded[high])}{kept_text}"
     )
+
+
+def _records_from(sink: Sink, first_batch: int) -> dict[int, SinkCommit]:
+    """The sink's records of its batches from ``first_batch`` on, as many as it still holds: a Delta table's commit
+    files may be cleaned up behind a Delta checkpoint, and another sink may hold the record instead (the rebuild
+    names what none holds)."""
+    if isinstance(sink, DeltaSink):
+        return batches_back_to(sink.path, sink.pipeline.name, latest_version(sink.path), first_batch).commits
+    return sink.held_from(first_batch)
 
 
 def _is_readable(checkpoint: Location) -> bool:

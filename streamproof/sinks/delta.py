@@ -47,6 +47,9 @@ from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, S
 from streamproof.sinks.delta_log import app_id, batches_back_to, commits_on_disk, latest_version, newest_commit
 from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
+# Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
+# whether the pipeline wrote the table at all (:meth:`DeltaSink.last_commit`).
+OTHERS_READ_PAST = 1_000
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -361,8 +364,17 @@ class DeltaSink(FolderSink):
         return self._head_seen
 
     def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
-        """The pipeline's newest commit, read newest first (:func:`streamproof.sinks.delta_log.newest_commit`)."""
-        return newest_commit(self.path, self.pipeline.name)
+        """The pipeline's newest commit, read newest first (:func:`streamproof.sinks.delta_log.newest_commit`). Past
+        :data:`OTHERS_READ_PAST` commits of other writers, Delta's own state says whether the pipeline wrote the
+        table at all (with a session), rather than every commit file of a table it may never have written."""
+        latest = latest_version(self.path)
+        oldest = max(latest - OTHERS_READ_PAST, 0)
+        found = newest_commit(self.path, self.pipeline.name, latest, oldest=oldest)
+        if found is not None or oldest == 0:
+            return found
+        if spark is not None and txn_version(start_transaction(spark, str(self.path)), self.pipeline.name) < 0:
+            return None
+        return newest_commit(self.path, self.pipeline.name, oldest - 1)
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):

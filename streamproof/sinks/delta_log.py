@@ -102,9 +102,11 @@ def latest_version(table: Location, *, known: int = -1) -> int:
     >>> latest_version(table), latest_version(table, known=3), latest_version(Location(tempfile.mkdtemp()))
     (4, 4, -1)
     """
-    for start in (known, checkpoint_pointer(table)):
-        if start is not None and start >= 0 and commit_file(table, start).exists():
-            return _last_commit_from(table, start)
+    if known >= 0 and commit_file(table, known).exists():
+        return _last_commit_from(table, known)
+    pointer = checkpoint_pointer(table)  # read only when the version seen last is gone (or none was seen)
+    if pointer is not None and pointer >= 0 and commit_file(table, pointer).exists():
+        return _last_commit_from(table, pointer)
     return max(_listed_commits(table), default=-1)
 
 
@@ -136,15 +138,15 @@ def _listed_commits(table: Location) -> set[int]:
     return {int(match[1]) for name in (table / "_delta_log").names() if (match := _COMMIT.fullmatch(name))}
 
 
-def newest_commit(table: Location, pipeline: str, newest: int | None = None) -> SinkCommit | None:
-    """The newest commit of ``pipeline`` in the table (None: none in the commit files there are), read newest
-    first from version ``newest`` (default: the latest): other writers' commits after it are read past, the
+def newest_commit(table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0) -> SinkCommit | None:
+    """The newest commit of ``pipeline`` in the table (None: none in the commit files from ``oldest`` on), read
+    newest first from version ``newest`` (default: the latest): other writers' commits after it are read past, the
     older ones never.
 
     >>> newest_commit(Location("/data/orders"), "orders")                                  # doctest: +SKIP
     SinkCommit(batch_id=41, end_offsets={'orders': {'0': 90210}}, keyed=True, complete=True, quarantined=0)
     """
-    for version in range(latest_version(table) if newest is None else newest, -1, -1):
+    for version in range(latest_version(table) if newest is None else newest, oldest - 1, -1):
         try:
             text = commit_file(table, version).read_text()
         except FileNotFoundError:
@@ -212,24 +214,24 @@ class LogPastItsCommits:
     needs: tuple[str, ...]
 
 
-def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
+def log_past_its_commits(table: Location, *, thorough: bool = False) -> LogPastItsCommits | None:
     """What a Delta table's log holds past its last commit file, or None when nothing. The sound log, the usual
-    case, is told without a listing (:func:`_nothing_past`); one that may hold more is listed whole.
+    case, is told without a listing by the traces a lost commit leaves (:func:`_nothing_past`), as every start
+    checks; ``thorough`` lists the whole log whatever (for the repairs, which run rarely and must find every file).
 
     >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
     LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
     """
     log = table / "_delta_log"
-    if _nothing_past(table, latest_version(table)):
+    if not thorough and _nothing_past(table, latest_version(table)):
         return None
     names = set(log.names())  # something may be past the last commit: the whole answer needs the whole listing
     commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
     last = max(commits, default=-1)
     stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
-    if "_last_checkpoint" in names:
-        pointer = json.loads((log / "_last_checkpoint").read_text() or "{}")
-        if int(pointer.get("version", -1)) > last:
-            stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
+    pointer = checkpoint_pointer(table)  # torn (None): Delta itself lists the log then; nothing stranded by it
+    if pointer is not None and pointer > last:
+        stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
     if not stranded:
         return None
     parts: dict[int, set[int]] = {}
@@ -250,20 +252,25 @@ def log_past_its_commits(table: Location) -> LogPastItsCommits | None:
     return LogPastItsCommits(table, last, tuple(sorted(stranded)), tuple(needs))
 
 
-# What Delta writes beside a commit of the same version (its checksum, a classic checkpoint): left past the last
-# commit when storage lost the newest commits.
-_BESIDE_A_COMMIT = ("crc", "checkpoint.parquet")
+# What is written beside a commit of the same version (Delta's checksum and a classic checkpoint, Hadoop's hidden
+# checksums of the commit and of Delta's): left past the last commit when storage lost the newest commits.
+_BESIDE_A_COMMIT = ("{v}.crc", "{v}.checkpoint.parquet", ".{v}.json.crc", ".{v}.crc.crc")
+# Checkpoint intervals whose next checkpoint is looked for: Delta's default and streamproof's for new tables.
+_INTERVALS = (10, 100)
 
 
 def _nothing_past(table: Location, last: int) -> bool:
     """Nothing of a version past ``last`` is in the log, by the traces a lost newest commit leaves: the checkpoint
-    pointer past it, or the next version's checksum or checkpoint. (A multi-part or UUID-named checkpoint has its
-    pointer; a loss that left none of these traces is found by Delta's own read, which then fails loudly.)"""
+    pointer past it, a file of the next version, or a checkpoint at the next multiple of a usual interval; a dozen
+    existence checks. (A multi-part or UUID-named checkpoint has its pointer. A loss that left none of these
+    traces is found by Delta's own read, which then fails, and by ``checkpoint rewind``, which lists the log.)"""
     pointer = checkpoint_pointer(table)
-    if pointer is None or pointer > last:
+    if pointer is not None and pointer > last:
         return False
     log = table / "_delta_log"
-    return not any((log / f"{last + 1:020d}.{suffix}").exists() for suffix in _BESIDE_A_COMMIT)
+    versions = [last + 1, *((last // interval + 1) * interval for interval in _INTERVALS)]
+    candidates = {name.format(v=f"{version:020d}") for name in _BESIDE_A_COMMIT for version in versions}
+    return not any((log / name).exists() for name in sorted(candidates))
 
 
 def _version_of(name: str) -> int | None:
