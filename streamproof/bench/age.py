@@ -25,7 +25,6 @@ Example::
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import Any
 
 from streamproof.bench.common import Bench, PipelineRun, ratio, rounded
 from streamproof.bench.throughput import native_delta_sink_rate
-from streamproof.config import load_pipeline
+from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
+from streamproof.infra import HdfsCluster
 from streamproof.kafka_client import topic_end_offsets
 from streamproof.sinks.delta_log import commit_file, latest_version
 from streamproof.storage import Location
@@ -47,37 +47,55 @@ PIPELINE = "bench-age"  # both tables are this pipeline's: the aged one by its m
 FIRST_TARGET, STEADY_TARGET = 1.1, 1.05
 
 
-def bench_age(bench: Bench, rounds: int = 2, commits: int = AGED_COMMITS) -> dict[str, Any]:
-    """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated."""
-    topic = f"bench-age-{time.strftime('%H%M%S')}"
+def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGED_COMMITS) -> dict[str, Any]:
+    """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated: on the local
+    disk, and on HDFS too when ``streamproof infra up --hdfs`` runs."""
+    hdfs = HdfsCluster(state_dir)
+    results = {"local": _bench_on(bench, "local", None, rounds, commits)}
+    if hdfs.running():
+        results["hdfs"] = _bench_on(bench, "hdfs", f"{hdfs.uri}/bench/{bench.workdir.name}", rounds, commits)
+    else:
+        bench.emit("HDFS is not running (`streamproof infra up --hdfs`): measured on the local disk only")
+    return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
+            "storage": results,
+            "ratios": {f"{where}_{name}": value for where, result in results.items()
+                       for name, value in result["ratios"].items()},
+            "targets_met": {f"{where}: {name}": met for where, result in results.items()
+                            for name, met in result["targets_met"].items()}}  # fmt: skip
+
+
+def _bench_on(bench: Bench, where: str, storage: str | None, rounds: int, commits: int) -> dict[str, Any]:
+    """One storage's measurement: its own topic, pipelines, tables and copies (under ``storage``, a URI, if given)."""
+    topic = f"bench-age-{where}-{time.strftime('%H%M%S')}"
     _produce(bench, topic, BATCH_ROWS, seed=0)
     files = {
-        side: bench.pipeline("throughput_delta", topic, f"age-{side}", pipeline_name=PIPELINE,
-                             source={"max_offsets_per_trigger": BATCH_ROWS})
+        side: _stored(bench.pipeline("throughput_delta", topic, f"age-{where}-{side}", pipeline_name=PIPELINE,
+                                     source={"max_offsets_per_trigger": BATCH_ROWS}), storage)
         for side in ("young", "aged")
     }  # fmt: skip
     for side, pipeline_file in files.items():
-        bench.emit(f"preparing the {side} table: the pipeline's first batch")
+        bench.emit(f"{where}: preparing the {side} table, the pipeline's first batch")
         bench.drain(pipeline_file)
     started = time.monotonic()
     aged_batch = age_sink(bench, files["aged"], commits)
     ageing_s = time.monotonic() - started
     bench.emit(f"aged {_table(files['aged'])} by {commits:,} commits (to batch {aged_batch}) in {ageing_s:.0f} s")
-    native_tables = {side: bench.workdir / f"age-native-{side}" / "orders" for side in files}
+    native_tables = {side: _table(files[side]).parent / f"native-{side}" for side in files}
     for side, table in native_tables.items():  # the native sink's own copies: it writes other rows than ours
-        shutil.copytree(_table(files[side]), table)
+        _table(files[side]).copy_tree(table)
     runs: dict[str, list[dict[str, float]]] = {f"{who}_{side}": [] for who in ("streamproof", "native")
                                                for side in files}  # fmt: skip
     for round_number in range(1, rounds + 1):
         start = topic_end_offsets(bench.bootstrap, topic)
         _produce(bench, topic, ROUND_EVENTS, seed=round_number)
         for side, pipeline_file in files.items():
-            bench.emit(f"streamproof, {side} table (round {round_number} of {rounds})")
+            bench.emit(f"{where}: streamproof, {side} table (round {round_number} of {rounds})")
             runs[f"streamproof_{side}"].append(_figures(bench.drain(pipeline_file)))
         for side in files:
-            bench.emit(f"Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
-            native = native_delta_sink_rate(bench, files[side], f"age-native-{side}-round-{round_number}",
-                                            table=native_tables[side], starting_offsets={topic: start})  # fmt: skip
+            bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
+            name = f"age-{where}-native-{side}-{round_number}"
+            native = native_delta_sink_rate(bench, files[side], name, table=str(native_tables[side]),
+                                            starting_offsets={topic: start})  # fmt: skip
             runs[f"native_{side}"].append({"first_commit_s": native["first_commit_s"],
                                            "steady_batch_s": _median(native["batch_seconds"][1:])})  # fmt: skip
     best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
@@ -94,16 +112,31 @@ def bench_age(bench: Bench, rounds: int = 2, commits: int = AGED_COMMITS) -> dic
         targets[f"aged/young {figure} <= {target} or <= the native sink's"] = ours is not None and (
             ours <= target or (theirs is not None and ours <= theirs)
         )
-    return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
-            "ageing_s": round(ageing_s, 1), "runs": runs, "best": best, "ratios": ratios,
-            "targets_met": targets}  # fmt: skip
+    bench.emit(f"{where}: best of {rounds}: {json.dumps(best)}")
+    return {"storage": storage or "local disk", "ageing_s": round(ageing_s, 1), "runs": runs, "best": best,
+            "ratios": ratios, "targets_met": targets}  # fmt: skip
+
+
+def _stored(pipeline_file: Path, storage: str | None) -> Path:
+    """The bench pipeline with its checkpoint and tables under ``storage`` (a URI), when given."""
+    if storage is None:
+        return pipeline_file
+    spec = load_pipeline(pipeline_file)
+    root = Location(f"{storage}/{pipeline_file.parent.name}")
+    assert spec.sink is not None
+    pipeline_file.write_text(dump_pipeline(spec.model_copy(update={
+        "checkpoint": str(root / "checkpoint"),
+        "transform": spec.transform.model_copy(update={"quarantine": str(root / "quarantine")}),
+        "sink": spec.sink.model_copy(update={"path": str(root / "orders")}),
+    })))  # fmt: skip
+    return pipeline_file
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
     """Append about ``commits`` commits of the pipeline to its sink table, each a copy of the table's newest commit
     of it without its data (the next batch id, the same end offsets), let Delta write its checkpoint with one
     table-property commit, and move the pipeline's checkpoint to the last made batch. Returns that batch id."""
-    table, checkpoint = Location(_table(pipeline_file)), Location(load_pipeline(pipeline_file).checkpoint_dir)
+    table, checkpoint = _table(pipeline_file), Location(load_pipeline(pipeline_file).checkpoint_dir)
     newest = latest_version(table)
     actions = [json.loads(line) for line in commit_file(table, newest).read_text().splitlines() if line.strip()]
     info = next(action["commitInfo"] for action in actions if "commitInfo" in action)
@@ -136,10 +169,10 @@ def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
     return batch
 
 
-def _table(pipeline_file: Path) -> Path:
+def _table(pipeline_file: Path) -> Location:
     spec = load_pipeline(pipeline_file)
     assert spec.sink is not None and spec.sink.folder is not None, "the bench's pipeline writes a Delta table"
-    return spec.resolve_path(spec.sink.folder).path
+    return spec.resolve_path(spec.sink.folder)
 
 
 def _produce(bench: Bench, topic: str, events: int, seed: int) -> None:

@@ -112,7 +112,7 @@ def native_delta_sink_rate(
     name: str,
     timeout_s: float = 3600,
     *,
-    table: Path | None = None,
+    table: str | None = None,
     starting_offsets: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Baseline (e): ``benchmarks/native_delta_sink.py``, Spark's own Delta streaming sink as its docs teach it, on the
