@@ -3,10 +3,11 @@ Delta docs teach, on the same topic, batch size, schema and Spark settings as th
 
 Usage::
 
-    python benchmarks/native_delta_sink.py PIPELINE.toml OUT_FOLDER [TABLE [STARTING_OFFSETS_JSON]]
+    python benchmarks/native_delta_sink.py PIPELINE.toml OUT_FOLDER [TABLE [STARTING_OFFSETS_JSON [CHECKPOINT]]]
 
 TABLE: the Delta table to append to (default ``OUT_FOLDER/orders``); STARTING_OFFSETS_JSON: where the query starts
-(Spark's ``startingOffsets``; default ``earliest``).
+(Spark's ``startingOffsets``; default ``earliest``); CHECKPOINT: the query's checkpoint (default
+``OUT_FOLDER/checkpoint``; a URI for a table on HDFS).
 
 ``readStream`` from Kafka -> ``from_json`` with the declared schema -> keep records whose required fields are set ->
 ``writeStream.format("delta")`` with a checkpoint (exactly-once by Delta's own streaming sink, keyed on the query
@@ -32,7 +33,8 @@ from streamproof.config import KafkaSource, load_pipeline
 from streamproof.session import build_session
 
 
-def main(pipeline_file: str, out: str, table: str | None = None, starting_offsets: str = "earliest") -> None:
+def main(pipeline_file: str, out: str, table: str | None = None, starting_offsets: str = "earliest",
+         checkpoint: str | None = None) -> None:  # fmt: skip
     spec = load_pipeline(pipeline_file)
     source = spec.source
     assert isinstance(source, KafkaSource), "the baseline reads a Kafka topic"
@@ -51,7 +53,7 @@ def main(pipeline_file: str, out: str, table: str | None = None, starting_offset
     started = time.monotonic()
     query = (
         valid.writeStream.format("delta")
-        .option("checkpointLocation", str(Path(out) / "checkpoint"))
+        .option("checkpointLocation", checkpoint or str(Path(out) / "checkpoint"))
         .trigger(availableNow=True)
         .start(table or str(Path(out) / "orders"))
     )
@@ -77,4 +79,4 @@ def main(pipeline_file: str, out: str, table: str | None = None, starting_offset
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

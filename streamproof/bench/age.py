@@ -95,7 +95,8 @@ def _bench_on(bench: Bench, where: str, storage: str | None, rounds: int, commit
             bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
             name = f"age-{where}-native-{side}-{round_number}"
             native = native_delta_sink_rate(bench, files[side], name, table=str(native_tables[side]),
-                                            starting_offsets={topic: start})  # fmt: skip
+                                            starting_offsets={topic: start},
+                                            checkpoint=f"{native_tables[side]}-checkpoint-{round_number}")  # fmt: skip
             runs[f"native_{side}"].append({"first_commit_s": native["first_commit_s"],
                                            "steady_batch_s": _median(native["batch_seconds"][1:])})  # fmt: skip
     best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}

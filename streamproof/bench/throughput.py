@@ -114,17 +114,19 @@ def native_delta_sink_rate(
     *,
     table: str | None = None,
     starting_offsets: dict[str, Any] | None = None,
+    checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """Baseline (e): ``benchmarks/native_delta_sink.py``, Spark's own Delta streaming sink as its docs teach it, on the
     pipeline file's topic, batch size, schema and Spark settings, in a child process like the pipeline's; into
     ``table`` (default: a new one) from ``starting_offsets`` (Spark's ``{topic: {partition: offset}}``; default: the
-    topic's start)."""
+    topic's start), its checkpoint at ``checkpoint`` (default: in the work folder)."""
     out = bench.workdir / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     # What `streamproof run` uses, as for the pipeline's child; the launch time, for its first commit's figure.
     env = {**os.environ, JIT_ENV: "tiered", "STREAMPROOF_BENCH_LAUNCHED_AT": repr(time.time())}
-    where = [str(table or out / "orders"), json.dumps(starting_offsets) if starting_offsets else "earliest"]
+    where = [str(table or out / "orders"), json.dumps(starting_offsets) if starting_offsets else "earliest",
+             checkpoint or str(out / "checkpoint")]  # fmt: skip
     done = subprocess.run([sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out), *where], env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
     if done.returncode != 0:
