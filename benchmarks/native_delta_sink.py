@@ -74,6 +74,7 @@ def main(pipeline_file: str, out: str, table: str | None = None, starting_offset
     print(json.dumps({"rows_in": rows, "seconds": round(seconds, 2), "batches": len(progress),
                       "batch_rows_per_second": per_batch, "batch_duration_ms": durations,
                       "batch_seconds": [p["batchDuration"] / 1000 for p in progress],
+                      "batch_rows": [p["numInputRows"] for p in progress],
                       "first_commit_s": None if first is None else round(first, 3)}))  # fmt: skip
     spark.stop()
 
