@@ -71,16 +71,26 @@ def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: boo
     writer.save(path)
 
 
-def start_transaction(spark: SparkSession, path: str) -> Any:
+def start_transaction(spark: SparkSession, path: str, *, latest: int | None = None) -> Any:
     """Delta's optimistic transaction on the table at ``path``; its snapshot's version is the table's latest (-1: no
-    table yet).
+    table yet). ``latest``: the latest version as the caller has just read it
+    (:func:`streamproof.sinks.delta_log.latest_version`, a few existence checks). When Delta's cached snapshot is of
+    that version, the transaction starts on it: Delta would otherwise list the table's log to update it, a listing
+    whose cost grows with the table's age (measured: 0.8 s more a batch at 50,000 commits, `streamproof bench age`).
+    A commit landing between that read and this transaction's commit is Delta's usual conflict: it is checked, as
+    after any snapshot.
 
     >>> int(start_transaction(spark, "/data/orders").snapshot().version())               # doctest: +SKIP
     11
     """
     jvm = spark._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
-    return jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    if latest is not None and latest >= 0:
+        cached = log.unsafeVolatileSnapshot()
+        if int(cached.version()) == latest:
+            return log.startTransaction(jvm.scala.Option.empty(), jvm.scala.Some(cached))
+    return log.startTransaction()
 
 
 def commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
@@ -229,7 +239,7 @@ class DeltaSink(FolderSink):
         if not batch.keyed:
             append_batch(rows, path, batch, merge_schema=merge_schema, partition_by=self.spec.partition_by)
             return SinkWrite(batch.rows)
-        txn = start_transaction(rows.sparkSession, path)
+        txn = start_transaction(rows.sparkSession, path, latest=self.head())
         version = int(txn.snapshot().version())
         if self._holds(batch, txn, version):
             return SinkWrite(0, replay_skipped=True)
@@ -315,7 +325,7 @@ class DeltaSink(FolderSink):
     def _merge(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         spark = rows.sparkSession
         if batch.keyed:
-            txn = start_transaction(spark, str(self.path))
+            txn = start_transaction(spark, str(self.path), latest=self.head())
             if self._holds(batch, txn, int(txn.snapshot().version())):
                 return SinkWrite(0, replay_skipped=True)
         latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
