@@ -33,7 +33,7 @@ from typing import Any
 
 from streamproof.bench.common import Bench, PipelineRun, ratio, rounded
 from streamproof.bench.throughput import native_delta_sink_rate
-from streamproof.config import dump_pipeline, load_pipeline
+from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.kafka_client import topic_end_offsets
@@ -51,7 +51,7 @@ def bench_age(bench: Bench, rounds: int = 2, commits: int = AGED_COMMITS) -> dic
     """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated, on the local
     disk. Not on HDFS: the single-DataNode HDFS of ``infra up --hdfs`` created 1,498 small files in about 7 minutes
     (3.5 a second), so making a 50,000-commit log there would take about 4 hours."""
-    result = _bench_on(bench, "local", None, rounds, commits)
+    result = _measure(bench, rounds, commits)
     return {
         "aged_commits": commits,
         "batch_rows": BATCH_ROWS,
@@ -63,13 +63,14 @@ def bench_age(bench: Bench, rounds: int = 2, commits: int = AGED_COMMITS) -> dic
     }
 
 
-def _bench_on(bench: Bench, where: str, storage: str | None, rounds: int, commits: int) -> dict[str, Any]:
-    """One storage's measurement: its own topic, pipelines, tables and copies (under ``storage``, a URI, if given)."""
+def _measure(bench: Bench, rounds: int, commits: int) -> dict[str, Any]:
+    """The measurement on the local disk: its own topic, pipelines, tables and the native sink's copies."""
+    where = "local"
     topic = f"bench-age-{where}-{time.strftime('%H%M%S')}"
     _produce(bench, topic, BATCH_ROWS, seed=0)
     files = {
-        side: _stored(bench.pipeline("throughput_delta", topic, f"age-{where}-{side}", pipeline_name=PIPELINE,
-                                     source={"max_offsets_per_trigger": BATCH_ROWS}), storage)
+        side: bench.pipeline("throughput_delta", topic, f"age-{where}-{side}", pipeline_name=PIPELINE,
+                             source={"max_offsets_per_trigger": BATCH_ROWS})
         for side in ("young", "aged")
     }  # fmt: skip
     for side, pipeline_file in files.items():
@@ -114,23 +115,8 @@ def _bench_on(bench: Bench, where: str, storage: str | None, rounds: int, commit
             ours <= target or (theirs is not None and ours <= theirs)
         )
     bench.emit(f"{where}: best of {rounds}: {json.dumps(best)}")
-    return {"storage": storage or "local disk", "ageing_s": round(ageing_s, 1), "runs": runs, "best": best,
+    return {"storage": "local disk", "ageing_s": round(ageing_s, 1), "runs": runs, "best": best,
             "ratios": ratios, "targets_met": targets}  # fmt: skip
-
-
-def _stored(pipeline_file: Path, storage: str | None) -> Path:
-    """The bench pipeline with its checkpoint and tables under ``storage`` (a URI), when given."""
-    if storage is None:
-        return pipeline_file
-    spec = load_pipeline(pipeline_file)
-    root = Location(f"{storage}/{pipeline_file.parent.name}")
-    assert spec.sink is not None
-    pipeline_file.write_text(dump_pipeline(spec.model_copy(update={
-        "checkpoint": str(root / "checkpoint"),
-        "transform": spec.transform.model_copy(update={"quarantine": str(root / "quarantine")}),
-        "sink": spec.sink.model_copy(update={"path": str(root / "orders")}),
-    })))  # fmt: skip
-    return pipeline_file
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:

@@ -107,7 +107,7 @@ def latest_version(table: Location, *, known: int = -1) -> int:
     pointer = checkpoint_pointer(table)  # read only when the version seen last is gone (or none was seen)
     if pointer is not None and pointer >= 0 and commit_file(table, pointer).exists():
         return _last_commit_from(table, pointer)
-    return max(_listed_commits(table), default=-1)
+    return max(_commit_versions((table / "_delta_log").names()), default=-1)
 
 
 def checkpoint_pointer(table: Location) -> int | None:
@@ -134,8 +134,9 @@ def _last_commit_from(table: Location, start: int) -> int:
     return found
 
 
-def _listed_commits(table: Location) -> set[int]:
-    return {int(match[1]) for name in (table / "_delta_log").names() if (match := _COMMIT.fullmatch(name))}
+def _commit_versions(names: list[str] | set[str]) -> set[int]:
+    """The versions of the commit files among a log's ``names``."""
+    return {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
 
 
 def newest_commit(table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0) -> SinkCommit | None:
@@ -226,7 +227,7 @@ def log_past_its_commits(table: Location, *, thorough: bool = False) -> LogPastI
     if not thorough and _nothing_past(table, latest_version(table)):
         return None
     names = set(log.names())  # something may be past the last commit: the whole answer needs the whole listing
-    commits = {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
+    commits = _commit_versions(names)
     last = max(commits, default=-1)
     stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
     pointer = checkpoint_pointer(table)  # torn (None): Delta itself lists the log then; nothing stranded by it
