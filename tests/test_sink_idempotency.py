@@ -372,3 +372,19 @@ def test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_t
     refusal = r"partitioned by \['event_date'\] but \[sink\] partition_by is \['amount'\]: set partition_by"
     with pytest.raises(PipelineError, match=refusal):
         opened(merge_text + 'partition_by = ["amount"]')
+
+
+def test_a_merge_into_a_table_of_other_columns_is_refused_in_one_line(spark: Any, kafka_broker: KafkaBroker,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """The MERGE path creates the table only when none exists (an existing table's columns are not checked before
+    the MERGE): a table of other columns is still a one-line refusal naming both schemas, not a JVM trace."""
+    path = tmp_path / "merge"
+    spark.createDataFrame([("o1", 1.0)], "order_id STRING, total DOUBLE").write.format("delta").save(str(path))
+    spec = _spec(f'kind = "delta"\npath = "{path}"\nmode = "merge"\nkey = "order_id"', tmp_path,
+                 kafka_broker.bootstrap_servers)  # fmt: skip
+    sink = open_sink(spec, spec.sink_specs[0])
+    sink.prepare(spark)
+    refusal = r"refused the MERGE of batch 0: .+; the table's columns are struct<order_id:string,total:double>, the"
+    with pytest.raises(PipelineError, match=refusal) as refused:
+        sink.write(_rows(spark, range(3)), _batch(0, 3, 3))
+    assert "\n" not in str(refused.value) and "Traceback" not in str(refused.value)

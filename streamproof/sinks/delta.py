@@ -324,13 +324,16 @@ class DeltaSink(FolderSink):
 
     def _merge(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         spark = rows.sparkSession
+        version = self.head()
         if batch.keyed:
-            txn = start_transaction(spark, str(self.path), latest=self.head())
-            if self._holds(batch, txn, int(txn.snapshot().version())):
+            txn = start_transaction(spark, str(self.path), latest=version)
+            version = int(txn.snapshot().version())
+            if self._holds(batch, txn, version):
                 return SinkWrite(0, replay_skipped=True)
         latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
-        created = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema)
-        (created.partitionedBy(*self.spec.partition_by) if self.spec.partition_by else created).execute()
+        if version < 0:  # only then: on an existing table it is a no-op that lists the table's log twice
+            created = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema)
+            (created.partitionedBy(*self.spec.partition_by) if self.spec.partition_by else created).execute()
         matches = F.expr(f"t.`{self.spec.key}` = s.`{self.spec.key}`")
         if self.spec.partition_by:  # a key keeps its partition (config/sinks.py): look for it in the batch's only
             matches = matches & partitions_of(rows, self.spec.partition_by)
@@ -347,6 +350,17 @@ class DeltaSink(FolderSink):
                 .whenNotMatchedInsertAll()
                 .execute()
             )  # fmt: skip
+        except AnalysisException as refused:  # a predictable mistake (the table's columns are not the batch's)
+            self.forget_held()
+            condition = str(refused.getCondition() or "")
+            if "DELTA" not in condition and "UNRESOLVED" not in condition:
+                raise
+            table = DeltaTable.forPath(spark, str(self.path)).toDF().schema.simpleString()
+            raise PipelineError(
+                f"{self.path} refused the MERGE of batch {batch.batch_id}: {first_line(refused)}; the table's columns "
+                f"are {table}, the batch's {rows.schema.simpleString()}: make the pipeline's [transform] schema match "
+                "the table, or write to a new table"
+            ) from None
         except Exception:
             self.forget_held()
             raise
