@@ -5,7 +5,8 @@ Usage::
     python benchmarks/profile_merge.py jobs                 # each Spark job of a 500,000-row MERGE and of an 8-row one
     python benchmarks/profile_merge.py variants             # 4 batches: append, MERGE as streamproof does it, the
                                                             #   same MERGE without Delta's appId lookup, with
-                                                            #   deletion vectors (2 rounds)
+                                                            #   deletion vectors, with its materialised source in
+                                                            #   memory (2 rounds)
     python benchmarks/profile_merge.py table-size 5000000   # MERGE batches of 20,000 and 500,000 rows into a table
                                                             #   of 5,000,000 keys, copy-on-write, then deletion vectors
 
@@ -36,6 +37,8 @@ from streamproof.session import build_session
 from streamproof.sinks.delta import TXN_APP_ID_CONF, TXN_VERSION_CONF, latest_per_key, newer_than
 
 BATCH = 500_000
+# Where Delta's MERGE keeps the source it materialises (a batch that is not a plain Delta scan): DISK_ONLY by default.
+SOURCE_STORAGE_LEVEL_CONF = "spark.databricks.delta.merge.materializeSource.rddStorageLevel"
 
 
 def orders(spark: SparkSession, first: int, count: int, keys: int, seed: int | None) -> DataFrame:
@@ -142,7 +145,18 @@ def variants(spark: SparkSession) -> None:
         "merge with deletion vectors": lambda path, rows, version: merge(
             spark, path, rows, version, {"delta.enableDeletionVectors": "true"}
         ),
+        "merge, its source materialised in memory": lambda path, rows, version: in_memory(
+            lambda: merge(spark, path, rows, version)
+        ),
     }
+
+    def in_memory(action: Callable[[], None]) -> None:
+        spark.conf.set(SOURCE_STORAGE_LEVEL_CONF, "MEMORY_AND_DISK")
+        try:
+            action()
+        finally:
+            spark.conf.unset(SOURCE_STORAGE_LEVEL_CONF)
+
     for round_ in ("warm-up", 1, 2):
         for name, write in ways.items():
             if round_ == "warm-up" and name != "append":
