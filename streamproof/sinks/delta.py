@@ -324,16 +324,16 @@ class DeltaSink(FolderSink):
 
     def _merge(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         spark = rows.sparkSession
-        version = self.head()
-        if batch.keyed:
-            txn = start_transaction(spark, str(self.path), latest=version)
-            version = int(txn.snapshot().version())
-            if self._holds(batch, txn, version):
-                return SinkWrite(0, replay_skipped=True)
-        latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
-        if version < 0:  # only then: on an existing table it is a no-op that lists the table's log twice
+        txn = start_transaction(spark, str(self.path), latest=self.head())  # on Delta's cached snapshot: no listing
+        version = int(txn.snapshot().version())
+        if batch.keyed and self._holds(batch, txn, version):
+            return SinkWrite(0, replay_skipped=True)
+        if version < 0:  # only then: on an existing table it is a command that lists the table's log twice
             created = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(rows.schema)
             (created.partitionedBy(*self.spec.partition_by) if self.spec.partition_by else created).execute()
+        else:
+            self._refuse_other_columns(rows, txn, batch)
+        latest = latest_per_key(rows, str(self.spec.key), self.spec.order_by)
         matches = F.expr(f"t.`{self.spec.key}` = s.`{self.spec.key}`")
         if self.spec.partition_by:  # a key keeps its partition (config/sinks.py): look for it in the batch's only
             matches = matches & partitions_of(rows, self.spec.partition_by)
@@ -350,17 +350,6 @@ class DeltaSink(FolderSink):
                 .whenNotMatchedInsertAll()
                 .execute()
             )  # fmt: skip
-        except AnalysisException as refused:  # a predictable mistake (the table's columns are not the batch's)
-            self.forget_held()
-            condition = str(refused.getCondition() or "")
-            if "DELTA" not in condition and "UNRESOLVED" not in condition:
-                raise
-            table = DeltaTable.forPath(spark, str(self.path)).toDF().schema.simpleString()
-            raise PipelineError(
-                f"{self.path} refused the MERGE of batch {batch.batch_id}: {first_line(refused)}; the table's columns "
-                f"are {table}, the batch's {rows.schema.simpleString()}: make the pipeline's [transform] schema match "
-                "the table, or write to a new table"
-            ) from None
         except Exception:
             self.forget_held()
             raise
@@ -369,6 +358,23 @@ class DeltaSink(FolderSink):
                 spark.conf.unset(name)
         self.note_written(batch)
         return SinkWrite(batch.rows)
+
+    def _refuse_other_columns(self, rows: DataFrame, txn: Any, batch: Batch) -> None:
+        """A MERGE's ``UPDATE *`` / ``INSERT *`` set the table's columns only: a batch column the table lacks would be
+        dropped without a word, and one of another type cast. Refused unless the batch has the table's columns, of its
+        types (nullability and order aside), read from the transaction's snapshot (no listing of the log)."""
+        table = StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
+
+        def columns(schema: StructType) -> set[tuple[str, str]]:
+            return {(field.name.lower(), field.dataType.simpleString()) for field in schema.fields}
+
+        if columns(rows.schema) == columns(table):
+            return
+        raise PipelineError(
+            f"{self.path} has the columns {table.simpleString()}, batch {batch.batch_id} has "
+            f"{rows.schema.simpleString()}: a MERGE would drop the batch's columns the table lacks and cast those of "
+            "another type; make the pipeline's [transform] schema match the table, or write to a new table"
+        )
 
     def commits(self) -> list[SinkCommit]:
         return [
