@@ -1,0 +1,53 @@
+"""How fast a client creates small files on the HDFS of ``streamproof infra up --hdfs``, with Hadoop's default close
+retry delay and with a short one.
+
+Usage::
+
+    streamproof infra up --hdfs
+    python benchmarks/profile_hdfs_small_files.py [hdfs://127.0.0.1:9000]
+
+Writes 60 files of 400 bytes (the size of a Delta commit) three times: Hadoop's defaults, then
+``dfs.client.block.write.locateFollowingBlock.initial.delay.ms = 10`` (default 400: how long a client waits before it
+asks the NameNode again to close a file whose block the DataNode has not reported yet), then the defaults again.
+Each file is a create, a write and a close through one FileSystem instance. Findings: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from streamproof.session import build_session
+
+CLOSE_RETRY_DELAY = "dfs.client.block.write.locateFollowingBlock.initial.delay.ms"
+
+
+def main() -> None:
+    uri = sys.argv[1] if len(sys.argv) > 1 else "hdfs://127.0.0.1:9000"
+    spark = build_session()
+    jvm = spark._jvm
+    assert jvm is not None, "a classic session has a JVM"
+    hadoop = jvm.org.apache.hadoop
+    try:
+        for label, settings in (("defaults", {}), ("close retry delay 10 ms", {CLOSE_RETRY_DELAY: "10"}),
+                                ("defaults again", {})):  # fmt: skip
+            conf = hadoop.conf.Configuration(spark._jsc.hadoopConfiguration())
+            for name, value in settings.items():
+                conf.set(name, value)
+            fs = hadoop.fs.FileSystem.newInstance(jvm.java.net.URI(uri), conf)  # not the cached instance
+            folder = f"/streamproof-small-files-{time.time_ns()}"
+            started = time.monotonic()
+            for index in range(60):
+                out = fs.create(hadoop.fs.Path(f"{folder}/{index:020d}.json"), True)
+                out.write(bytearray(b"x" * 400))
+                out.close()
+            seconds = time.monotonic() - started
+            print(f"{label}: 60 files in {seconds:.2f} s = {60 / seconds:.1f} files/s", flush=True)
+            fs.delete(hadoop.fs.Path(folder), True)
+            fs.close()
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
