@@ -1,7 +1,7 @@
 """The first batch of a restarted pipeline, with the first keyed Delta write of the run through streamproof's replay
-rule and Delta's transaction API (the table's newest commit files read, :meth:`streamproof.sinks.delta.DeltaSink.append`)
-or through Delta's writer and its own lookup (a state rebuild of the table): alternated, each in a fresh process, so
-each first batch runs on a cold JVM as after a crash.
+rule and Delta's transaction API (the table's newest commit files read,
+:meth:`streamproof.sinks.delta.DeltaSink.append`) or through Delta's writer and its own lookup (a state rebuild of the
+table): alternated, each in a fresh process, so each first batch runs on a cold JVM as after a crash.
 
 Usage (Kafka up, the topic filled, e.g. by ``streamproof bench throughput``)::
 
