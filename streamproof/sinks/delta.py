@@ -130,12 +130,22 @@ def fits_table(frame: DataFrame, txn: Any) -> bool:
     >>> fits_table(rows, start_transaction(spark, "/data/orders"))                       # doctest: +SKIP
     True
     """
-    table = StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
+    return column_types(frame.schema) == column_types(table_schema(txn))
 
-    def shape(schema: StructType) -> list[tuple[str, str]]:
-        return [(field.name.lower(), field.dataType.simpleString()) for field in schema.fields]
 
-    return shape(frame.schema) == shape(table)
+def table_schema(txn: Any) -> StructType:
+    """The table's schema as of the transaction's snapshot (its metadata, no read of the log)."""
+    return StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
+
+
+def column_types(schema: StructType) -> list[tuple[str, str]]:
+    """``(name in lower case, type)`` of each column, in order, nullability aside.
+
+    >>> from pyspark.sql.types import DoubleType, StringType, StructField
+    >>> column_types(StructType([StructField("Order_Id", StringType()), StructField("amount", DoubleType())]))
+    [('order_id', 'string'), ('amount', 'double')]
+    """
+    return [(field.name.lower(), field.dataType.simpleString()) for field in schema.fields]
 
 
 def txn_version(txn: Any, pipeline: str) -> int:
@@ -363,12 +373,8 @@ class DeltaSink(FolderSink):
         """A MERGE's ``UPDATE *`` / ``INSERT *`` set the table's columns only: a batch column the table lacks would be
         dropped without a word, and one of another type cast. Refused unless the batch has the table's columns, of its
         types (nullability and order aside), read from the transaction's snapshot (no listing of the log)."""
-        table = StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
-
-        def columns(schema: StructType) -> set[tuple[str, str]]:
-            return {(field.name.lower(), field.dataType.simpleString()) for field in schema.fields}
-
-        if columns(rows.schema) == columns(table):
+        table = table_schema(txn)
+        if set(column_types(rows.schema)) == set(column_types(table)):
             return
         raise PipelineError(
             f"{self.path} has the columns {table.simpleString()}, batch {batch.batch_id} has "
