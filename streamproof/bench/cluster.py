@@ -19,12 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamproof.bench.common import Bench, ratio, rounded
-from streamproof.config import dump_pipeline, load_pipeline
+from streamproof.bench.common import Bench, ratio, relocated, rounded
 from streamproof.errors import ConfigError
 from streamproof.faults import EXECUTOR_MID_WRITE, ArmedCrash
 from streamproof.infra import HdfsCluster, SparkCluster
-from streamproof.storage import Location
 
 FAULTED_BATCH = 2  # the third batch: two before it show the steady pace
 
@@ -44,13 +42,13 @@ def bench_cluster(bench: Bench, state_dir: Path) -> dict[str, Any]:
         conf = {"spark.cores.max": str(executors)}
         pipeline = bench.pipeline("throughput_delta", topic, f"cluster-{executors}",
                                   source={"max_offsets_per_trigger": batch})  # fmt: skip
-        runs[executors] = bench.drain(_on_cluster(pipeline, spark, storage, conf))
+        runs[executors] = bench.drain(relocated(pipeline, storage, master=spark.master_url, conf=conf))
     rates = {executors: run.steady_rows_per_second for executors, run in runs.items()}
     bench.emit(f"  steady pace after the first batch: {rates[1]:,.0f} rows/s on 1 executor, {rates[2]:,.0f} on 2")
 
-    pipeline_file = _on_cluster(
+    pipeline_file = relocated(
         bench.pipeline("throughput_delta", topic, "cluster-kill", source={"max_offsets_per_trigger": batch}),
-        spark, storage, {},
+        storage, master=spark.master_url,
     )  # fmt: skip
     child = bench.child(pipeline_file, crash=ArmedCrash(EXECUTOR_MID_WRITE, FAULTED_BATCH))
     run = child.wait(3600)
@@ -79,20 +77,3 @@ def bench_cluster(bench: Bench, state_dir: Path) -> dict[str, Any]:
         "executor_kill": kill,
         "latency": {"executor_kill_to_commit_s": kill["kill_to_commit_s"]},
     }
-
-
-def _on_cluster(pipeline_file: Path, spark: SparkCluster, storage: str | None, conf: dict[str, str]) -> Path:
-    """The bench pipeline on the cluster's master, with ``conf``; its files on HDFS under ``storage`` if given."""
-    spec = load_pipeline(pipeline_file)
-    changes: dict[str, Any] = {"spark": spec.spark.model_copy(update={"master": spark.master_url,
-                                                                    "conf": {**spec.spark.conf, **conf}})}  # fmt: skip
-    if storage is not None:
-        root = Location(f"{storage}/{pipeline_file.parent.name}")
-        assert spec.sink is not None
-        changes.update(
-            checkpoint=str(root / "checkpoint"),
-            transform=spec.transform.model_copy(update={"quarantine": str(root / "quarantine")}),
-            sink=spec.sink.model_copy(update={"path": str(root / "orders")}),
-        )
-    pipeline_file.write_text(dump_pipeline(spec.model_copy(update=changes)))
-    return pipeline_file

@@ -260,6 +260,38 @@ class Bench:
         return run
 
 
+def relocated(
+    pipeline_file: Path, storage: str | None, *, master: str | None = None, conf: dict[str, str] | None = None
+) -> Path:
+    """The bench pipeline file rewritten in place: its checkpoint, quarantine and sink table under ``storage`` (a URI,
+    in a folder named as the pipeline's), when given; on ``master``, when given; ``conf`` added to its Spark settings.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp()) / "age-hdfs-young"
+    >>> _ = folder.mkdir()
+    >>> spec = load_pipeline(PIPELINES / "throughput_delta.toml")
+    >>> _ = (folder / "pipeline.toml").write_text(dump_pipeline(spec))
+    >>> moved = load_pipeline(relocated(folder / "pipeline.toml", "hdfs://127.0.0.1:9000/bench", conf={"k": "v"}))
+    >>> moved.checkpoint, moved.spark.conf["k"]
+    ('hdfs://127.0.0.1:9000/bench/age-hdfs-young/checkpoint', 'v')
+    """
+    spec = load_pipeline(pipeline_file)
+    spark_changes: dict[str, Any] = {"conf": {**spec.spark.conf, **(conf or {})}}
+    if master is not None:
+        spark_changes["master"] = master
+    changes: dict[str, Any] = {"spark": spec.spark.model_copy(update=spark_changes)}
+    if storage is not None:
+        root = f"{storage}/{pipeline_file.parent.name}"
+        assert spec.sink is not None, "a bench pipeline has a sink"
+        changes.update(
+            checkpoint=f"{root}/checkpoint",
+            transform=spec.transform.model_copy(update={"quarantine": f"{root}/quarantine"}),
+            sink=spec.sink.model_copy(update={"path": f"{root}/orders"}),
+        )
+    pipeline_file.write_text(dump_pipeline(spec.model_copy(update=changes)))
+    return pipeline_file
+
+
 def phases_line(batch: dict[str, Any]) -> str:
     """One batch's breakdown for the bench's output (streamproof.pipeline.phases), seconds.
 

@@ -173,7 +173,8 @@ def bench(
         typer.Argument(
             help="throughput, latency, recovery, sinks, scaling, tuning (default: these six); partitioned (a "
             "partitioned Delta table against the same unpartitioned); cluster (on the cluster of `infra up "
-            "--spark-workers 2`); age (a sink of 50,000 commits against a young one).",
+            "--spark-workers 2`); age (a sink of 50,000 commits against a young one; on HDFS too under `infra up "
+            "--hdfs`).",
             show_default=False,
         ),
     ] = None,
@@ -199,7 +200,8 @@ def bench(
     if plot is not None and "scaling" not in chosen:
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
     options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds},
-               "age": {"rounds": rounds}, "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
+               "age": {"rounds": rounds, "state_dir": state_path(state_dir)},
+               "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
     document = run_on_local_servers(chosen, state_dir=state_path(state_dir), bootstrap=bootstrap_servers,
                                     events=events, emit=emit_plain, options=options)  # fmt: skip
     path = write_results(document, results_dir, json_file)
