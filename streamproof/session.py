@@ -122,6 +122,7 @@ def session_conf(
         # A micro-batch is cached once to feed two writes (sink and quarantine) and dropped right after:
         # compressing it costs more than it saves (measured: 25% of the batch's materialisation time).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        **HDFS_CLOSE_RETRY,
     }
     if not settings.master.startswith("local"):
         conf.update(CLUSTER_DEFAULTS)
@@ -130,6 +131,17 @@ def session_conf(
     conf.update(settings.conf)
     return conf
 
+
+# An HDFS client that closes a file before the DataNode has reported its block asks the NameNode again after a delay:
+# Hadoop's default is 400 ms, doubling, 5 times (12.4 s in all). Every small file a batch writes on HDFS (Spark's
+# offsets and commits, a Delta commit, its checksum) mostly pays the first 400 ms. With 10 ms and 10 retries (10.2 s
+# in all before it gives up, as before): 74.9 small files/s against 4.2 and 3.2 on the HDFS of `infra up --hdfs`
+# (benchmarks/profile_hdfs_small_files.py); the bench pipeline on that HDFS, alternated, steady batch 1.343 s against
+# 1.981 s, first committed batch 11.07 s against 12.00 s (benchmarks/profile_hdfs_pipeline.py). No effect elsewhere.
+HDFS_CLOSE_RETRY = {
+    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "10",
+    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.retries": "10",
+}
 
 # On a cluster: one core per executor (a task a core, as on a 2-core laptop), executors small enough for two of them
 # next to a driver on 2 cores (the test cluster's workers offer 1 core and 1g each); `[spark.conf]` overrides them.

@@ -60,15 +60,6 @@ HDFS_SITE = """<?xml version="1.0"?>
   <property><name>dfs.namenode.heartbeat.recheck-interval</name><value>15000</value></property>
 </configuration>
 """
-# A client that closes a file before the DataNode has reported its block asks the NameNode again after a delay,
-# 400 ms by Hadoop's default, doubling, 5 times. On this single-DataNode HDFS nearly every small file pays it:
-# 4.2 and 3.2 files/s with the defaults, 74.9 with 10 ms (benchmarks/profile_hdfs_small_files.py). A 10 ms delay
-# with 10 retries gives up after about 10 s, as the defaults do after 12.4 s. Spark settings, for a pipeline's
-# `[spark] conf`; `streamproof bench age` gives them to every run on HDFS, its own and the native sink's alike.
-FAST_CLOSE_CONF = {
-    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "10",
-    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.retries": "10",
-}
 LOG4J_PROPERTIES = """log4j.rootLogger=INFO,FILE
 log4j.appender.FILE=org.apache.log4j.FileAppender
 log4j.appender.FILE.File={log_file}
