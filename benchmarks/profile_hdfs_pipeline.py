@@ -24,6 +24,7 @@ from pathlib import Path
 
 from streamproof.bench.common import Bench, relocated
 from streamproof.session import HDFS_CLOSE_RETRY
+from streamproof.storage import Location
 
 EVENTS, BATCH_ROWS = 100_000, 20_000
 HADOOP_DEFAULTS = {  # hdfs-default.xml's
@@ -38,13 +39,17 @@ def main() -> None:
     uri = sys.argv[2] if len(sys.argv) > 2 else "hdfs://127.0.0.1:9000"
     workdir = Path(".streamproof", "bench", f"hdfs-pipeline-{time.strftime('%Y%m%dT%H%M%S')}").resolve()
     bench = Bench(bootstrap="127.0.0.1:9092", workdir=workdir, events=EVENTS)
+    storage = f"{uri}/profile-hdfs-pipeline/{workdir.name}"
     try:
-        measure(bench, rounds, uri)
+        measure(bench, rounds, storage)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+        bench.spark()  # HDFS is reached through a Spark session's JVM
+        Location(storage).delete(recursive=True)
+        bench.spark().stop()
 
 
-def measure(bench: Bench, rounds: int, uri: str) -> None:
+def measure(bench: Bench, rounds: int, storage: str) -> None:
     topic = bench.topic(EVENTS)
     figures: dict[str, list[dict[str, float]]] = {label: [] for label in SETTINGS}
     for round_number in range(1, rounds + 1):
@@ -52,7 +57,7 @@ def measure(bench: Bench, rounds: int, uri: str) -> None:
             name = f"{label.replace(' ', '-')}-{round_number}"
             pipeline = relocated(bench.pipeline("throughput_delta", topic, name,
                                                 source={"max_offsets_per_trigger": BATCH_ROWS}),
-                                 f"{uri}/profile-hdfs-pipeline/{bench.workdir.name}", conf=conf)  # fmt: skip
+                                 storage, conf=conf)  # fmt: skip
             run = bench.drain(pipeline)
             full = [batch["duration_s"] for batch in run.batches[1:] if batch["rows"] >= 0.9 * BATCH_ROWS]
             figures[label].append({"first_commit_s": round(run.batches[0]["t"], 3),

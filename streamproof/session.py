@@ -78,7 +78,12 @@ def session_conf(
     settings: SparkSettings, *, archive_classes_to: Path | None = None, ui: bool = False
 ) -> dict[str, str]:
     """Spark configuration streamproof starts every session with (user ``[spark.conf]`` wins); ``ui``: serve
-    Spark's web UI on ``[spark] ui_port`` (only a pipeline run does: the other commands live seconds)."""
+    Spark's web UI on ``[spark] ui_port`` (only a pipeline run does: the other commands live seconds).
+
+    >>> delay = "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms"
+    >>> session_conf(SparkSettings())[delay], session_conf(SparkSettings(conf={delay: "400"}))[delay]
+    ('10', '400')
+    """
     conf = {
         "spark.master": settings.master,
         "spark.driver.memory": settings.driver_memory,
@@ -133,11 +138,11 @@ def session_conf(
 
 
 # An HDFS client that closes a file before the DataNode has reported its block asks the NameNode again after a delay:
-# Hadoop's default is 400 ms, doubling, 5 times (12.4 s in all). Every small file a batch writes on HDFS (Spark's
-# offsets and commits, a Delta commit, its checksum) mostly pays the first 400 ms. With 10 ms and 10 retries (10.2 s
-# in all before it gives up, as before): 74.9 small files/s against 4.2 and 3.2 on the HDFS of `infra up --hdfs`
-# (benchmarks/profile_hdfs_small_files.py); the bench pipeline on that HDFS, alternated, steady batch 1.343 s against
-# 1.981 s, first committed batch 11.07 s against 12.00 s (benchmarks/profile_hdfs_pipeline.py). No effect elsewhere.
+# Hadoop's default is 400 ms, doubling, 5 retries (it gives up after 12.4 s). Each small file a batch writes on HDFS
+# (Spark's offsets and commits, a Delta commit, its checksum) waits it when the report comes after the close. With
+# 10 ms and 10 retries (it gives up after 10.2 s): 74.9 small files/s against 4.2 and 3.2 on the HDFS of `infra up
+# --hdfs` (benchmarks/profile_hdfs_small_files.py); the bench pipeline on that HDFS, alternated, steady batch 0.678
+# and 0.835 of Hadoop's default's in two runs, first batch 0.923 and 0.972 (benchmarks/profile_hdfs_pipeline.py).
 HDFS_CLOSE_RETRY = {
     "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "10",
     "spark.hadoop.dfs.client.block.write.locateFollowingBlock.retries": "10",
