@@ -141,11 +141,15 @@ def session_conf(
 # Hadoop's default is 400 ms, doubling, 5 retries (it gives up after 12.4 s). Each small file a batch writes on HDFS
 # (Spark's offsets and commits, a Delta commit, its checksum) waits it when the report comes after the close. With
 # 10 ms and 10 retries (it gives up after 10.2 s): 74.9 small files/s against 4.2 and 3.2 on the HDFS of `infra up
-# --hdfs` (benchmarks/profile_hdfs_small_files.py); the bench pipeline on that HDFS, alternated, steady batch 0.678
-# and 0.835 of Hadoop's default's in two runs, first batch 0.923 and 0.972 (benchmarks/profile_hdfs_pipeline.py).
+# --hdfs` (benchmarks/profile_hdfs_small_files.py); the bench pipeline on that HDFS, steady batch 0.678, 0.835 and
+# 0.482 of Hadoop's default's in three runs, first batch 0.923, 0.972 and 0.948 (benchmarks/profile_hdfs_pipeline.py).
 HDFS_CLOSE_RETRY = {
     "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "10",
     "spark.hadoop.dfs.client.block.write.locateFollowingBlock.retries": "10",
+}
+HADOOP_CLOSE_RETRY = {  # what it replaces (hdfs-default.xml), for the benchmarks that compare the two
+    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.initial.delay.ms": "400",
+    "spark.hadoop.dfs.client.block.write.locateFollowingBlock.retries": "5",
 }
 
 # On a cluster: one core per executor (a task a core, as on a 2-core laptop), executors small enough for two of them

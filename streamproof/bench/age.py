@@ -13,8 +13,9 @@ four files a version), so a listing of the log, which Delta's own snapshot makes
 real one's; and they carry no data, so the aged table's state (its Delta checkpoint) is as small as the young one's:
 this measures the log's length, not a large table's state.
 
-Each round produces 60,000 new events (three batches), then drains the young pipeline, the aged one, and the native
-sink on the young and the aged copy, each in a child process started cold: the first figure is seconds from the
+Each round produces 60,000 new events (three batches), then drains the young pipeline and the aged one, and the
+native sink on the young and the aged copy, in that order in odd rounds and the aged first in even ones (an even
+``--rounds`` balances it), each in a child process started cold: the first figure is seconds from the
 process start to its first committed batch, the second the median seconds of its later full batches; the best of the
 rounds is kept.
 
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamproof.bench.common import Bench, PipelineRun, ratio, relocated, rounded
+from streamproof.bench.common import Bench, PipelineRun, delete_quietly, ratio, relocated, rounded
 from streamproof.bench.throughput import native_delta_sink_rate
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
@@ -55,15 +56,15 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
     disk, and on HDFS too when ``streamproof infra up --hdfs`` runs (its tables deleted from HDFS afterwards)."""
     hdfs = HdfsCluster(state_dir)
     results = {"local": _measure(bench, "local", None, rounds, commits)}
-    if hdfs.running():
-        storage = Location(f"{hdfs.uri}/bench/{bench.workdir.name}")
+    if hdfs.running() and hdfs.live_datanodes() >= 1:
+        storage = Location(f"{hdfs.uri}/bench/{bench.workdir.name}/age")  # bench cluster's are beside it
         try:
             results["hdfs"] = _measure(bench, "hdfs", str(storage), rounds, commits)
         finally:
-            bench.spark()  # HDFS is reached through a Spark session's JVM
-            storage.delete(recursive=True)
+            delete_quietly(bench, storage)
     else:
-        bench.emit("HDFS is not running (`streamproof infra up --hdfs`): measured on the local disk only")
+        bench.emit("HDFS is not running with a live DataNode (`streamproof infra up --hdfs`): measured on the local "
+                   "disk only")  # fmt: skip
     return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
             "storage": results,
             "ratios": {f"{where}_{name}": value for where, result in results.items()
@@ -75,6 +76,7 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
 def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits: int) -> dict[str, Any]:
     """One storage's measurement: its own topic, pipelines, tables and the native sink's copies (under ``storage``, a
     URI, if given)."""
+    measure_started = time.monotonic()
     topic = f"bench-age-{where}-{time.strftime('%H%M%S')}"
     _produce(bench, topic, BATCH_ROWS, seed=0)
     files = {
@@ -93,7 +95,8 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
     started = time.monotonic()
     for side, table in native_tables.items():  # the native sink's own copies: it writes other rows than ours
         _table(files[side]).copy_tree(table)
-    bench.emit(f"{where}: copied both tables for the native sink in {time.monotonic() - started:.0f} s")
+    copying_s = time.monotonic() - started
+    bench.emit(f"{where}: copied both tables for the native sink in {copying_s:.0f} s")
     runs: dict[str, list[dict[str, float]]] = {f"{who}_{side}": [] for who in ("streamproof", "native")
                                                for side in files}  # fmt: skip
     for round_number in range(1, rounds + 1):
@@ -129,8 +132,9 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
             ours <= target or (theirs is not None and ours <= theirs)
         )
     bench.emit(f"{where}: best of {rounds}: {json.dumps(best)}")
-    return {"storage": storage or "local disk", "ageing_s": round(ageing_s, 1), "runs": runs, "best": best,
-            "ratios": ratios, "targets_met": targets}  # fmt: skip
+    return {"storage": storage or "local disk", "ageing_s": round(ageing_s, 1), "copying_s": round(copying_s, 1),
+            "seconds": round(time.monotonic() - measure_started, 1), "runs": runs, "best": best, "ratios": ratios,
+            "targets_met": targets}  # fmt: skip
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:

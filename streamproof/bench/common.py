@@ -34,6 +34,7 @@ from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV
 from streamproof.kafka_client import topic_end_offsets, topic_exists
 from streamproof.pipeline.events import READY, STARTED, BatchCommitted, Event
 from streamproof.session import build_session
+from streamproof.storage import Location
 
 DEFAULT_EVENTS = 2_000_000
 PIPELINES = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "pipelines"
@@ -281,15 +282,25 @@ def relocated(
         spark_changes["master"] = master
     changes: dict[str, Any] = {"spark": spec.spark.model_copy(update=spark_changes)}
     if storage is not None:
-        root = f"{storage}/{pipeline_file.parent.name}"
+        root = Location(f"{storage}/{pipeline_file.parent.name}")
         assert spec.sink is not None, "a bench pipeline has a sink"
         changes.update(
-            checkpoint=f"{root}/checkpoint",
-            transform=spec.transform.model_copy(update={"quarantine": f"{root}/quarantine"}),
-            sink=spec.sink.model_copy(update={"path": f"{root}/orders"}),
+            checkpoint=str(root / "checkpoint"),
+            transform=spec.transform.model_copy(update={"quarantine": str(root / "quarantine")}),
+            sink=isolated_sink(spec.sink, root),
         )
     pipeline_file.write_text(dump_pipeline(spec.model_copy(update=changes)))
     return pipeline_file
+
+
+def delete_quietly(bench: Bench, folder: Location) -> None:
+    """Delete a bench's folder on distributed storage after its measurement; a failure is printed, not raised, so
+    that it does not hide the measurement's own error (or its results)."""
+    try:
+        bench.spark()  # HDFS is reached through a Spark session's JVM
+        folder.delete(recursive=True)
+    except Exception as error:  # noqa: BLE001 - cleaning up: say it and go on
+        bench.emit(f"could not delete {folder}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
 
 
 def phases_line(batch: dict[str, Any]) -> str:
