@@ -25,7 +25,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from streamproof.config import PipelineSpec, SparkSettings, dump_pipeline, load_pipeline
-from streamproof.errors import PipelineError
+from streamproof.errors import PipelineError, first_line
 from streamproof.faults import ArmedCrash, process_table, process_tree_groups
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
@@ -300,7 +300,7 @@ def delete_quietly(bench: Bench, folder: Location) -> None:
         bench.spark()  # HDFS is reached through a Spark session's JVM
         folder.delete(recursive=True)
     except Exception as error:  # noqa: BLE001 - cleaning up: say it and go on
-        bench.emit(f"could not delete {folder}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        bench.emit(f"could not delete {folder}: {first_line(error) or type(error).__name__}")
 
 
 def phases_line(batch: dict[str, Any]) -> str:
