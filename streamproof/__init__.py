@@ -43,9 +43,10 @@ if TYPE_CHECKING:
     from streamproof.harness.proof import Proof
     from streamproof.pipeline.events import RunSummary
     from streamproof.reconcile import Report
+    from streamproof.your_steps import this_batch
 
 __version__ = "0.1.0"
-__all__ = ["Pipeline", "Proof", "Report", "RunSummary", "prove", "run", "verify"]
+__all__ = ["Pipeline", "Proof", "Report", "RunSummary", "prove", "run", "this_batch", "verify"]
 
 # Every room is a module of this package, so any `import streamproof.<room>` runs this file first: PySpark's Python
 # workers unpickling a sink's task, pytest loading the plugin in every run, each `streamproof` command. Importing the
@@ -55,7 +56,7 @@ __all__ = ["Pipeline", "Proof", "Report", "RunSummary", "prove", "run", "verify"
 _FACE = {
     "Pipeline": "streamproof.api", "prove": "streamproof.api", "run": "streamproof.api", "verify": "streamproof.api",
     "Proof": "streamproof.harness.proof", "Report": "streamproof.reconcile",
-    "RunSummary": "streamproof.pipeline.events",
+    "RunSummary": "streamproof.pipeline.events", "this_batch": "streamproof.your_steps",
 }  # fmt: skip
 
 

@@ -11,7 +11,9 @@ Points (DESIGN.md):
 
 * ``before-sink-write``: the offset log holds the batch, nothing of it is written;
 * ``mid-sink-write``: while the sink's write job runs (data files partly written, no commit); in a
-  fan-out, ``mid-sink-write:<sink label>`` picks the sink (default: the first);
+  fan-out, ``mid-sink-write:<sink label>`` picks the sink (default: the first). In your own sink (``kind =
+  "python"``) it is a moment of your write, found while it runs (:mod:`streamproof.your_steps`):
+  ``mid-sink-write#k`` (``mid-sink-write:<label>#k``) crashes after its k-th durable step (default: the first);
 * ``after-sink-commit``: the sink transaction is durable, Spark's ``commits/<batch>`` is not written;
 * ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``, and the next batch has written nothing;
 * ``random``: killed from outside at a uniformly random moment (the harness does it; no hook).
@@ -73,18 +75,39 @@ class ArmedCrash:
     point: str
     batch_id: int
     sink: str | None = None  # mid-sink-write only: the label of the sink whose write is killed
+    moment: int | None = None  # mid-sink-write in your own sink: after its k-th durable step (None: the first)
 
     def encode(self) -> str:
-        return f"{self.point}{':' + self.sink if self.sink else ''}@{self.batch_id}"
+        moment = f"#{self.moment}" if self.moment is not None else ""
+        return f"{self.point}{':' + self.sink if self.sink else ''}{moment}@{self.batch_id}"
+
+
+def split_moment(text: str) -> tuple[str, int | None]:
+    """``"mid-sink-write:ledger#2"`` -> ``("mid-sink-write:ledger", 2)``: the moment of your write a crash is armed at.
+
+    >>> split_moment("mid-sink-write#3"), split_moment("after-sink-commit")
+    (('mid-sink-write', 3), ('after-sink-commit', None))
+    >>> split_moment("after-sink-commit#2")
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: crash point 'after-sink-commit#2': only mid-sink-write has moments (#k, k >= 1: ...
+    """
+    where, mark, moment = text.partition("#")
+    if not mark:
+        return text, None
+    if where.partition(":")[0] != MID_SINK_WRITE or not moment.isdigit() or int(moment) < 1:
+        raise ConfigError(f"crash point {text!r}: only {MID_SINK_WRITE} has moments (#k, k >= 1: after the k-th "
+                          "durable step of your write)")  # fmt: skip
+    return where, int(moment)
 
 
 def split_point(text: str) -> tuple[str, str | None]:
     """``"mid-sink-write:kafka"`` -> ``("mid-sink-write", "kafka")``; a sink may be named for the points of a write.
 
-    >>> split_point("after-sink-commit"), split_point("speculation:pg")
-    (('after-sink-commit', None), ('speculation', 'pg'))
+    >>> split_point("after-sink-commit"), split_point("speculation:pg"), split_point("mid-sink-write:ledger#2")
+    (('after-sink-commit', None), ('speculation', 'pg'), ('mid-sink-write', 'ledger'))
     """
-    point, _, sink = text.partition(":")
+    point, _, sink = split_moment(text)[0].partition(":")
     if point not in POINTS or (sink and point not in WRITE_POINTS):
         raise ConfigError(
             f"crash point {text!r}: expected one of {', '.join(POINTS)} (or <point of a write>:<sink label>)"
@@ -96,16 +119,19 @@ def parse_crash(text: str) -> ArmedCrash:
     """``"after-sink-commit@3"`` -> ``ArmedCrash("after-sink-commit", 3)``.
 
     >>> parse_crash("mid-sink-write:postgres@2")
-    ArmedCrash(point='mid-sink-write', batch_id=2, sink='postgres')
+    ArmedCrash(point='mid-sink-write', batch_id=2, sink='postgres', moment=None)
+    >>> parse_crash("mid-sink-write:ledger#2@3").encode()
+    'mid-sink-write:ledger#2@3'
     """
     where, _, batch = text.partition("@")
     if not batch.isdigit():
         raise ConfigError(f"{CRASH_ENV}={text!r}: expected <point>@<batch id>, e.g. after-sink-commit@1")
     try:
         point, sink = split_point(where)
+        moment = split_moment(where)[1]
     except ConfigError as error:
         raise ConfigError(f"{CRASH_ENV}={text!r}: {error}") from None
-    return ArmedCrash(point, int(batch), sink)
+    return ArmedCrash(point, int(batch), sink, moment)
 
 
 def parse_crashes(text: str) -> list[ArmedCrash]:
@@ -269,6 +295,12 @@ def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> str | None
         if crash.sink == sink or (crash.sink is None and first_sink):
             return crash.point
     return None
+
+
+def armed_moment() -> int:
+    """The moment of your write ``mid-sink-write`` is armed at (``#k``; the first when none is named): asked by your
+    sink once :func:`mid_write_armed` said the point is armed for it."""
+    return (_ARMED.moment if _ARMED is not None else None) or 1
 
 
 @contextlib.contextmanager

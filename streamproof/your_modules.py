@@ -27,6 +27,26 @@ from streamproof.errors import ConfigError
 _SHIPPED: set[tuple[int, str, str]] = set()  # (SparkContext, package, content digest) already on addPyFile
 
 
+def load_attribute(name: str, key: str = "transform.python") -> Any:
+    """What ``package.module:name`` names (a function, a class, an object), imported by name; a module or name that
+    is not there is a :class:`~streamproof.errors.ConfigError` naming ``key``.
+
+    >>> load_attribute("json:decoder").__name__
+    'json.decoder'
+    """
+    module_name, _, attribute = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{key}: cannot import module {module_name!r} ({error}): put its folder on PYTHONPATH (or "
+                          "install it) where streamproof runs") from None  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - the user's module failed while importing: say where, in one line
+        raise ConfigError(f"{key}: importing {module_name!r} failed: {type(error).__name__}: {error}") from None
+    if not hasattr(module, attribute):
+        raise ConfigError(f"{key}: module {module_name!r} has no {attribute!r}")
+    return getattr(module, attribute)
+
+
 def load_function(name: str, key: str = "transform.python") -> Callable[..., Any]:
     """The function ``package.module:function``, imported by name; a module or name that is not there is a
     :class:`~streamproof.errors.ConfigError` naming ``key``.
@@ -39,14 +59,7 @@ def load_function(name: str, key: str = "transform.python") -> Callable[..., Any
     streamproof.errors.ConfigError: transform.python: cannot import module 'no_such_module_here' (No module named ...
     """
     module_name, _, attribute = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"{key}: cannot import module {module_name!r} ({error}): put its folder on PYTHONPATH (or "
-                          "install it) where streamproof runs") from None  # fmt: skip
-    except Exception as error:  # noqa: BLE001 - the user's module failed while importing: say where, in one line
-        raise ConfigError(f"{key}: importing {module_name!r} failed: {type(error).__name__}: {error}") from None
-    function = getattr(module, attribute, None)
+    function = load_attribute(name, key)
     if not callable(function):
         raise ConfigError(f"{key}: module {module_name!r} has no function {attribute!r}")
     return function  # type: ignore[no-any-return]

@@ -271,20 +271,25 @@ def test_your_sinks_get_the_guarantee_their_code_gives(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """examples/your_code/your_sinks.toml: 2,000 events in 4 partitions, batches of 500, five sinks of your own,
-    SIGKILLed three times under exactly-once (streamproof hands each sink every batch, replays included): between the
-    two commits of the ledger-checked-before sink (its batch.step), in a task of the per-source-partition sink after
-    its first partition committed, and after every sink's write (before Spark's commit). The ledger in the rows'
-    transaction and the ledger keyed on the rows' Kafka partition hold: 0/0/0; the ledger written after the rows, and
-    the naive writer, duplicate."""
+    """examples/your_code/your_sinks.toml: 2,000 events in 4 partitions, batches of 500, five foreachBatch functions
+    of your own, no marker in them, SIGKILLed three times under exactly-once (streamproof hands each sink every batch,
+    replays included) at moments it found in their writes: between the two commits of the ledger-checked-before sink
+    (its second psycopg commit, moment #2), in a task of the per-source-partition sink after its partition committed
+    (#2: the first is the driver's table creation), and after every sink's write (before Spark's commit). The ledger
+    in the rows' transaction and the ledger keyed on the rows' Kafka partition hold: 0/0/0; the ledger written after
+    the rows, and the naive writer, duplicate."""
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
     monkeypatch.syspath_prepend(str(EXAMPLE))
     topic = "your-sinks"
     generate(kafka_broker.bootstrap_servers, topic, 2_000, partitions=4, malformed=0.005, seed=31)
     pipeline = _your_sinks(tmp_path, kafka_broker, streamproof_postgres, topic)
-    points = ["mid-sink-write:ledger-checked-before", "mid-sink-write:per-source-partition", "after-sink-commit"]
+    points = ["mid-sink-write:ledger-checked-before#2", "mid-sink-write:per-source-partition#2", "after-sink-commit"]
     harness = run_with_crashes(pipeline, points, log_dir=tmp_path / "logs", emit=print)
     assert not harness.missed and len(harness.crashes) == 3, harness.missed
+    landed = [crash.facts["moment"] for crash in harness.crashes[:2]]
+    assert landed[0]["what"] == "after step 2: psycopg commit" and landed[0]["where"] == "driver", landed
+    assert landed[1]["what"].startswith("in a task of step 2 (foreachPartition), after its psycopg commit 1"), landed
+    assert harness.moments["ledger-checked-before"] == [f"after step {n}: psycopg commit" for n in (1, 2, 3)]
 
     # per-partition (keyed on Spark's partition id) is left out: whether a replay's ids hold the same records as its
     # first attempt's is Spark's planning, not the test's (the matrix in docs/your-code.md found them to differ).

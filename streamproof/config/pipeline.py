@@ -276,6 +276,20 @@ class PipelineSpec(Strict):
         return self.resolve_path(self.checkpoint or f".streamproof/checkpoints/{self.name}")
 
     @property
+    def state_dir(self) -> Location:
+        """What streamproof records of the pipeline outside its checkpoint, beside it (``<checkpoint>.streamproof``),
+        so that a lost, restored or recovered checkpoint cannot take it along: the batches handed to your own sinks,
+        the lookup versions each batch read, the tracebacks of your code's failures.
+
+        >>> spec = PipelineSpec.model_validate({"name": "p", "checkpoint": "/data/cp/orders", "source": {"kind":
+        ...     "kafka", "topic": "t"}, "transform": {"schema": "id STRING"}, "sink": {"kind": "delta", "path": "/t"}})
+        >>> str(spec.state_dir)
+        '/data/cp/orders.streamproof'
+        """
+        checkpoint = self.checkpoint_dir
+        return checkpoint.with_name(f"{checkpoint.name}.streamproof")
+
+    @property
     def quarantine_path(self) -> Location:
         if self.transform.quarantine:
             return self.resolve_path(self.transform.quarantine)

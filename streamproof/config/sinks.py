@@ -204,8 +204,17 @@ class PythonSinkSpec(SinkSpecBase):
     kind: Literal["python"]
     write: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
     read: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")
-    # Handed to both functions (a table name, a connection's settings): one module serves several sinks.
+    # Keyword arguments of write (a table name, a path, a connection's settings) and read's second argument: one
+    # module serves several sinks. --matrix gives each cell its own copy of what the options name: a "table" or
+    # "*_table" gets a suffix, a "path" or "*_path" a folder of the cell's.
     options: dict[str, Any] = Field(default_factory=dict)
+    # What verification compares the sink with: every valid record (default), or with ``key`` one row per key
+    # holding its latest record by ``order_by`` (an upsert or MERGE written by your code).
+    key: str | None = None
+    order_by: str = "event_time"
+
+    def schema_columns(self) -> list[tuple[str, str]]:
+        return [("key", self.key), ("order_by", self.order_by)] if self.key else []
 
 
 SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec,

@@ -37,7 +37,7 @@ from typing import Any
 
 from streamproof import faults
 from streamproof.checkpoint.log import next_batch_to_run
-from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
+from streamproof.config import PipelineSpec, PythonSinkSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError, log_tail
 from streamproof.guarantees import wiring_for
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
@@ -49,8 +49,9 @@ from streamproof.harness.cluster import (
     write_attempts,
 )
 from streamproof.harness.evidence import crash_facts, crash_happened
-from streamproof.pipeline.events import BatchCommitted, Event, WriteStarted
+from streamproof.pipeline.events import BatchCommitted, Event, WriteMoments, WriteStarted
 from streamproof.session import local_session
+from streamproof.your_steps import landed
 
 Emit = Callable[[str], None]
 
@@ -103,6 +104,9 @@ class HarnessResult:
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
     missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
     missed_at: list[str] = field(default_factory=list)  # where each of ``missed`` was armed (``point[:sink]``)
+    # Your own sinks: the moments a clean write of a fresh batch went through, by sink label (streamproof.your_steps):
+    # where mid-sink-write#1..#n can crash it.
+    moments: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -122,6 +126,7 @@ class HarnessRun:
     number: int
     committed: list[tuple[float, BatchCommitted]] = field(default_factory=list)
     writes_started: list[tuple[int, str]] = field(default_factory=list)  # (batch id, sink label), as they began
+    moments: list[WriteMoments] = field(default_factory=list)  # your sinks' writes, as they returned
 
 
 class Harness:
@@ -155,6 +160,11 @@ class Harness:
             self.emit(event.line())
         if isinstance(event, WriteStarted):
             run.writes_started.append((event.batch_id, event.sink))
+        if isinstance(event, WriteMoments):
+            run.moments.append(event)
+            fresh = run.number == 1 or event.batch_id != run.moments[0].batch_id
+            if event.missed is None and fresh:  # a run's first batch may be a replay, whose write may differ
+                self.result.moments[event.sink] = event.moments
         if not isinstance(event, BatchCommitted):
             return
         run.committed.append((at, event))
@@ -292,23 +302,33 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                     f'--crash-at {point}: a fault of a cluster\'s machines needs [spark] master = "spark://..." '
                     "(`streamproof infra up --spark-workers 2 --hdfs`, docs/cluster.md)"
                 )
-        groups, drained = runs_of(points), False
-        for number, group in enumerate(groups):
+        yours = {sink.name for sink in spec.sink_specs if isinstance(sink, PythonSinkSpec)}
+        groups, drained, number = runs_of(points), False, 0
+        while number < len(groups):
+            group, number = groups[number], number + 1
             # The second batch of this run: the first may be a replay, the crash should hit a fresh one. An
             # at-most-once start numbers its batches from 0 again (it wipes Spark's logs).
             fresh_numbering = wiring_for(spec.guarantee).progress_before_write
             first = 0 if fresh_numbering else next_batch_to_run(spec.checkpoint_dir)
             if faults.split_point(group[0])[0] in faults.CLUSTER_POINTS:
-                last = number == len(groups) - 1  # then the run that survives its faults drains the source too
+                last = number == len(groups)  # then the run that survives its faults drains the source too
                 drained = _survive_faults(harness, group, first + 1, cluster, log_dir / "spark-events", last)
                 continue
             (where,) = group
             point, sink = faults.split_point(where)
-            armed = faults.ArmedCrash(point, first + 1, sink)
+            target = sink or labels[0]
+            moment = faults.split_moment(where)[1]
+            armed = faults.ArmedCrash(point, first + 1, sink, moment)
             run = harness.start(armed)
             code = harness.wait_for_exit(run)
             killed_at = time.monotonic()
             if code != -signal.SIGKILL:
+                not_reached = [event.missed for event in run.moments if event.batch_id == armed.batch_id
+                               and event.sink == target and event.missed]  # fmt: skip
+                if point == faults.MID_SINK_WRITE and target in yours and not_reached and code == 0:
+                    harness.miss(where, f"{not_reached[0]}; log: {run.child.log_path}")
+                    drained = True  # the run went on to the end of the source
+                    continue
                 raise PipelineError(
                     f"crash {armed.encode()} missed: run {run.number} exited with code {code} instead of dying "
                     f"by SIGKILL (too little data for two batches?); log: {run.child.log_path}"
@@ -316,10 +336,19 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             started = [sink for batch, sink in run.writes_started if batch == armed.batch_id]
             crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
                           facts=crash_facts(spec, armed.batch_id, started), killed_monotonic=killed_at)  # fmt: skip
+            if point == faults.MID_SINK_WRITE and target in yours:
+                crash.facts["moment"] = landed(run.child.log_path.parent / "faults", armed.batch_id, target)
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
-            if missing := crash_happened(point, crash.facts, sink or labels[0]):
+            if missing := crash_happened(point, crash.facts, target):
                 harness.miss(where, f"{missing}; log: {run.child.log_path}")
+            elif point == faults.MID_SINK_WRITE and target in yours and not crash.facts.get("moment"):
+                harness.miss(where, f"{where}: the kill came from no moment of {target}'s write; log: "
+                                    f"{run.child.log_path}")  # fmt: skip
+            if point == faults.MID_SINK_WRITE and target in yours and moment is None:
+                # Every moment of your write in turn: the first taught how many there are.
+                learned = harness.result.moments.get(target, [])
+                groups[number:number] = [[f"{where}#{k}"] for k in range(2, len(learned) + 1)]
         if not drained:
             harness.drain()
     finally:

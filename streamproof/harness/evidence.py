@@ -125,4 +125,7 @@ def evidence_text(facts: dict[str, Any]) -> str:
     else:
         parts.append("every sink holds the batch" if facts.get("sink_has_batch") else "no sink holds the batch")
     parts.append("in the commit log" if facts.get("checkpoint_committed") else "not in the commit log")
+    moment = facts.get("moment")
+    if moment:  # your own sink: where in its write the crash landed (streamproof.your_steps)
+        parts.append(f"killed {moment['what']} ({moment['where']})")
     return "; ".join(parts)

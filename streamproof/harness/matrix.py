@@ -89,7 +89,7 @@ def fault_hits(where: str, sink: str, labels: Sequence[str]) -> bool:
     ...                                                         "after-sink-commit", "worker-loss:delta")]
     [False, True, True, False]
     """
-    point, _, named = where.partition(":")
+    point, named = faults.split_point(where)
     return point not in faults.WRITE_POINTS or (named or labels[0]) == sink
 
 
@@ -108,7 +108,7 @@ def damage_to(sink: str, where: str, labels: Sequence[str], guarantee: str, *, h
     ...  for sink in ("delta", "pg", "kafka")]
     ['clean', 'lost', 'lost']
     """
-    point, _, named = where.partition(":")
+    point, named = faults.split_point(where)
     if point == faults.MID_SINK_WRITE and not fault_hits(where, sink, labels):
         written_before = labels.index(sink) < labels.index(named or labels[0])
         return expected_damage(guarantee, faults.AFTER_SINK_COMMIT if written_before else faults.MID_SINK_WRITE,
@@ -181,16 +181,15 @@ class MatrixCell:
 
     @property
     def as_expected(self) -> bool:
-        if self.expected == OBSERVED:  # your sink: what it shows is what the matrix reports (guarantee_given)
-            return not self.identity_gap
-        if self.missed or self.identity_gap:
+        """Whether the cell showed the damage its guarantee predicts: rows no record explains (unexpected) never are."""
+        if self.missed or self.identity_gap or self.unexpected:
             return False
         if self.expected == "clean":
             return self.outcome == "clean"
         if self.expected.startswith("may-"):
             return self.outcome in ("clean", {"may-duplicate": "duplicated", "may-lose": "lost"}[self.expected])
         if wiring_for(self.guarantee).may_lose:
-            return self.lost > 0 and self.duplicated == 0 and self.unexpected == 0
+            return self.lost > 0 and self.duplicated == 0
         return getattr(self, self.expected) > 0 and self.lost == 0
 
     @property
@@ -200,6 +199,9 @@ class MatrixCell:
             return ""
         if self.missed:
             return f"its fault left no evidence ({'; '.join(self.missed)})"
+        if self.unexpected and self.outcome != "unknown":
+            return (f"{self.unexpected:,} rows no source record explains (lost {self.lost:,}, duplicated "
+                    f"{self.duplicated:,}): no guarantee allows them")  # fmt: skip
         if self.identity_gap:
             return f"{self.identity_gap:,} records the reconciliation could not account for"
         counts = f"lost {self.lost:,}, duplicated {self.duplicated:,}, unexpected {self.unexpected:,}"
@@ -268,13 +270,26 @@ def isolated_sink(sink: AnySinkSpec, workdir: Path | Location) -> AnySinkSpec:
         return sink.model_copy(update={"path": str(workdir / "tables" / sink.name)})
     if isinstance(sink, PostgresSinkSpec):
         return sink.model_copy(update={"table": f"{sink.table[:48]}_{suffix}"})
-    if isinstance(sink, PythonSinkSpec):  # your sink: the table its options name (the convention of the examples)
+    if isinstance(sink, PythonSinkSpec):  # your sink: the tables and paths its options name (PythonSinkSpec.options)
         options = dict(sink.options)
-        if isinstance(options.get("table"), str):
-            options["table"] = f"{options['table'][:48]}_{suffix}"
+        for key, value in sink.options.items():
+            if isinstance(value, str) and _copied_per_cell(key) == "table":
+                options[key] = f"{value[:48]}_{suffix}"
+            elif isinstance(value, str) and _copied_per_cell(key) == "path":
+                options[key] = str(workdir / "tables" / f"{sink.name}-{key}")
         return sink.model_copy(update={"options": options})
     marker = None if sink.marker_topic is None else f"{sink.marker_topic}-{suffix}"
     return sink.model_copy(update={"topic": f"{sink.topic}-{suffix}", "marker_topic": marker})
+
+
+def _copied_per_cell(option: str) -> str | None:
+    """What an option of your sink names that each cell gets a copy of: "table" (``table``, ``*_table``), "path"
+    (``path``, ``*_path``), or None.
+
+    >>> _copied_per_cell("control_path"), _copied_per_cell("table"), _copied_per_cell("conninfo")
+    ('path', 'table', None)
+    """
+    return next((kind for kind in ("table", "path") if option == kind or option.endswith(f"_{kind}")), None)
 
 
 def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path | Location,
@@ -331,11 +346,13 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     storage = spec.checkpoint_dir.parent / f"matrix-{stamp}" if spec.on_distributed_storage else Location(workdir)
     avro = avro_contract(with_subject_pinned(spec))  # the registry asked once for every cell's data
     for yours in spec.sink_specs:
-        if isinstance(yours, PythonSinkSpec) and not isinstance(yours.options.get("table"), str):
-            emit(f"sink {yours.name}: its options name no table, which each cell would get a copy of: every cell "
-                 "writes to the same target, and their counts mix")  # fmt: skip
-    cells = []
-    for guarantee, point, armed in _cells(spec, guarantees, points, cluster):
+        if isinstance(yours, PythonSinkSpec) and not any(map(_copied_per_cell, yours.options)):
+            emit(f"sink {yours.name}: its options name no table or path (table, path, *_table, *_path), which each "
+                 "cell would get a copy of: every cell writes to the same target, and their counts mix")  # fmt: skip
+    cells: list[MatrixCell] = []
+    planned = _cells(spec, guarantees, points, cluster)
+    while planned:
+        guarantee, point, armed = planned.pop(0)
         max_offsets = max(100, -(-count // batches_of_cell(guarantee, len(armed))))
         started = time.monotonic()
         name = f"{guarantee}-{point}"
@@ -359,11 +376,13 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                      f"{report.duplicated}, unexpected {report.unexpected}): not a cell")  # fmt: skip
                 continue
             restarts = [crash.restarted_in_s for crash in crashes if crash.restarted_in_s is not None]
-            expected = OBSERVED if isinstance(sink.spec, PythonSinkSpec) else worst_damage(
+            expected = worst_damage(
                 damage_to(sink.name, where, labels, guarantee, has_invalid_records=malformed > 0,
                           check=check_for(sink.spec).kind, partial_writes_visible=sink.partial_writes_visible)
                 for where in armed
             )  # fmt: skip
+            if isinstance(sink.spec, PythonSinkSpec):
+                expected = your_expected_damage(guarantee, expected, faults.split_point(point)[0])
             cell = MatrixCell(
                 guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
                 duplicated=report.duplicated, unexpected=report.unexpected,
@@ -377,42 +396,108 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                  f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected}); evidence: "
                  f"{cell.evidence}")  # fmt: skip
             cells.append(cell)
+        if wiring_for(guarantee).exactly_once:  # the first moment of your writes taught how many they have
+            planned[0:0] = moment_cells(guarantee, armed, labels, harness.moments)
     for yours in spec.sink_specs:
         if isinstance(yours, PythonSinkSpec):
             emit(guarantee_given(cells, yours.name))
     return cells
 
 
-OBSERVED = "observed"  # the expectation of a cell of your own sink: none, the matrix says what it gave
-
-
 def guarantee_given(cells: Sequence[MatrixCell], sink: str) -> str:
     """What your own sink (``kind = "python"``) gave, from its exactly-once cells: streamproof hands it every batch
-    there, replays after each crash included, and keeps no record in it, so loss or duplicates are its code's. A cell
-    whose crash never landed in it (``mid-sink-write`` without a ``batch.step(...)`` in the write) is named, not
-    counted.
+    there, replays after each crash included, and keeps no record in it, so loss or duplicates are its code's. Each
+    cell is named with the moment of your write its crash landed at; a cell whose crash could not land in your write
+    (no moment streamproof can see there) is "not exercised", and never makes the verdict "exactly-once".
 
-    >>> def cell(point, **counts):
+    >>> def cell(point, moment=None, missed=(), **counts):
+    ...     crashes = [{"facts": {"moment": {"what": moment, "where": "driver"}}}] if moment else []
     ...     return MatrixCell("exactly-once", "ledger", point, **{"lost": 0, "duplicated": 0, "unexpected": 0,
-    ...                       **counts}, crashes=[], restart_s=None, expected=OBSERVED, seconds=1.0)
-    >>> guarantee_given([cell("mid-sink-write", duplicated=120), cell("after-sink-commit")], "ledger")
-    'ledger (your sink) gave at-least-once: duplicated 120 at mid-sink-write; clean at after-sink-commit'
+    ...                       **counts}, crashes=crashes, restart_s=None, expected="clean", seconds=1.0,
+    ...                       missed=list(missed))
+    >>> print(guarantee_given([cell("mid-sink-write#1", "after step 1: save", duplicated=120),
+    ...                        cell("mid-sink-write#2", "after step 2: save"), cell("after-sink-commit")], "ledger"))
+    ledger (your sink) gave at-least-once: duplicated 120 at mid-sink-write#1 (after step 1: save); clean at \
+mid-sink-write#2 (after step 2: save); clean at after-sink-commit
+    >>> guarantee_given([cell("mid-sink-write#1", missed=["not reached: nothing durable"]), cell("after-sink-commit")],
+    ...                 "ledger")
+    'ledger (your sink) gave exactly-once where exercised: clean at after-sink-commit; mid-sink-write#1 not exercised \
+(not reached: nothing durable)'
     """
     mine = [cell for cell in cells if cell.sink == sink and cell.exactly_once]
     landed = [cell for cell in mine if not cell.missed]
     lost = any(cell.lost for cell in landed)
     doubled = any(cell.duplicated for cell in landed)
     wrong = any(cell.unexpected for cell in landed)  # rows no record explains: no guarantee allows them
-    verdict = ("no guarantee" if wrong or (lost and doubled) else "at-most-once" if lost else "at-least-once"
-               if doubled else "exactly-once" if landed else "nothing yet (no crash landed in it)")  # fmt: skip
+    if not landed:
+        verdict = "nothing proven (no crash landed in its write)"
+    elif wrong or (lost and doubled):
+        verdict = "no guarantee"
+    elif lost or doubled:
+        verdict = "at-most-once" if lost else "at-least-once"
+    else:
+        verdict = "exactly-once" if len(landed) == len(mine) else "exactly-once where exercised"
     parts = []
     for cell in landed:
-        damage = [f"{name} {count:,}" for name, count in (("lost", cell.lost), ("duplicated", cell.duplicated),
-                                                            ("unexpected", cell.unexpected)) if count]  # fmt: skip
-        parts.append(f"{', '.join(damage) or 'clean'} at {cell.point}")
-    parts += [f"{cell.point} not exercised (the crash never reached a batch.step() of its write)" for cell in mine
-              if cell.missed]  # fmt: skip
+        counts = (("lost", cell.lost), ("duplicated", cell.duplicated), ("unexpected", cell.unexpected))
+        damage = ", ".join(f"{name} {count:,}" for name, count in counts if count) or "clean"
+        moments = [crash["facts"]["moment"]["what"] for crash in cell.crashes if crash.get("facts", {}).get("moment")]
+        parts.append(f"{damage} at {cell.point}" + (f" ({'; '.join(moments)})" if moments else ""))
+    parts += [f"{cell.point} not exercised ({'; '.join(cell.missed)})" for cell in mine if cell.missed]
     return f"{sink} (your sink) gave {verdict}: {'; '.join(parts)}"
+
+
+def first_moment_of_yours(where: str, labels: Sequence[str], yours: set[str]) -> bool:
+    """Whether ``where`` is a ``mid-sink-write`` of your own sink that names no moment: the matrix arms its first
+    (``#1``), and a cell of each further moment its write turns out to have (:func:`moment_cells`).
+
+    >>> first_moment_of_yours("mid-sink-write:ledger", ["delta", "ledger"], {"ledger"})
+    True
+    >>> first_moment_of_yours("mid-sink-write", ["delta", "ledger"], {"ledger"})
+    False
+    """
+    point, sink = faults.split_point(where)
+    return point == faults.MID_SINK_WRITE and "#" not in where and (sink or labels[0]) in yours
+
+
+def moment_cells(guarantee: str, armed: Sequence[str], labels: Sequence[str],
+                 moments: dict[str, list[str]]) -> list[tuple[str, str, list[str]]]:  # fmt: skip
+    """The cells of the further moments of your own sinks' writes, once a cell armed at their first (``#1``) taught how
+    many there are (``moments``, by sink label): cell ``mid-sink-write#k`` crashes each that has a k-th (a run each).
+
+    >>> learned = {"a": ["1", "2", "3"], "b": ["1", "2"]}
+    >>> for cell in moment_cells("exactly-once", ["mid-sink-write:a#1", "mid-sink-write:b#1"], ["a", "b"], learned):
+    ...     print(cell)
+    ('exactly-once', 'mid-sink-write#2', ['mid-sink-write:a#2', 'mid-sink-write:b#2'])
+    ('exactly-once', 'mid-sink-write#3', ['mid-sink-write:a#3'])
+    """
+    firsts = {where[: -len("#1")]: len(moments.get(faults.split_point(where)[1] or labels[0], []))
+              for where in armed if where.endswith("#1")}  # fmt: skip
+    return [(guarantee, f"{faults.MID_SINK_WRITE}#{k}", [f"{where}#{k}" for where, n in firsts.items() if n >= k])
+            for k in range(2, max(firsts.values(), default=0) + 1)]  # fmt: skip
+
+
+def your_expected_damage(guarantee: str, damage: str, point: str) -> str:
+    """The damage a cell must leave in your own sink, given the damage a sink streamproof writes would show there
+    (``damage``): none under exactly-once (streamproof hands your write every batch, replays included; whether it then
+    writes twice or loses is your code's, and the matrix fails on either); under the weaker guarantees your code may
+    absorb a replay, or finish its write before the crash, so a certain damage inside or after your write is a possible
+    one (a batch never handed to you stays lost).
+
+    >>> your_expected_damage("exactly-once", "clean", "after-sink-commit")
+    'clean'
+    >>> [your_expected_damage("at-least-once", "duplicated", p) for p in ("mid-sink-write", "after-sink-commit")]
+    ['may-duplicate', 'may-duplicate']
+    >>> [your_expected_damage("at-most-once", "lost", p) for p in ("mid-sink-write", "before-sink-write")]
+    ['may-lose', 'lost']
+    """
+    if wiring_for(guarantee).exactly_once:
+        return "clean"
+    if damage == "duplicated":
+        return "may-duplicate"
+    if damage == "lost" and point == faults.MID_SINK_WRITE:
+        return "may-lose"
+    return damage
 
 
 def cluster_points(spec: PipelineSpec, cluster: ClusterFaults | None) -> tuple[str, ...]:
@@ -456,9 +541,12 @@ def _cells(spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] 
     named = list(points) if points is not None else list(faults.NAMED_POINTS)
     labels = [sink.name for sink in spec.sink_specs]
 
+    yours = {sink.name for sink in spec.sink_specs if isinstance(sink, PythonSinkSpec)}
+
     def each_sink(point: str) -> list[str]:  # a point of one sink's write, unless the point names its sink
         in_a_write = faults.split_point(point)[0] in faults.WRITE_POINTS and ":" not in point
-        return [f"{point}:{label}" for label in labels] if in_a_write and len(labels) > 1 else [point]
+        wheres = [f"{point}:{label}" for label in labels] if in_a_write and len(labels) > 1 else [point]
+        return [f"{where}#1" if first_moment_of_yours(where, labels, yours) else where for where in wheres]
 
     cells = [(guarantee, point, each_sink(point)) for guarantee in guarantees for point in named
              if faults.split_point(point)[0] not in faults.CLUSTER_POINTS]  # fmt: skip

@@ -39,7 +39,7 @@ from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.guarantees import wiring_for
-from streamproof.pipeline.events import Event, WriteStarted
+from streamproof.pipeline.events import Event, WriteMoments, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.task_faults import held_back
 from streamproof.transform import (
@@ -214,6 +214,10 @@ class BatchWriter:
                 with faults.sink_write(batch_id, context, sink.name, first_sink=index == 0, in_tasks=in_tasks,
                                        files_in=sink.data_files_folder):  # fmt: skip
                     writes[sink.name] = self._write_retrying(sink, rows, armed)
+                went = writes[sink.name]
+                if went.moments is not None:  # your sink: the crash harness learns its moments
+                    moments = WriteMoments(self.spec.name, batch_id, sink.name, list(went.moments), went.moment_missed)
+                    self.publish(moments)
                 if batch.keyed:
                     self._note_head(sink)
                 seconds[sink.name] = time.monotonic() - started

@@ -118,7 +118,24 @@ class WriteStarted:
         return f"[{self.pipeline}] batch {self.batch_id}: writing {self.sink}"
 
 
-Event = Notice | BatchCommitted | WriteStarted
+@dataclass(frozen=True)
+class WriteMoments:
+    """The moments your own sink's write of a batch went through (:mod:`streamproof.your_steps`), after it returned:
+    how many a crash can land at in the next batch. ``missed``: why the moment armed in it was not reached."""
+
+    kind: ClassVar[str] = "moments"
+    shown: ClassVar[bool] = False  # for programs: the crash harness learns a write's moments from it
+    pipeline: str
+    batch_id: int
+    sink: str
+    moments: list[str] = field(default_factory=list)
+    missed: str | None = None
+
+    def line(self) -> str:
+        return f"[{self.pipeline}] batch {self.batch_id}: {self.sink} went through {len(self.moments)} moments"
+
+
+Event = Notice | BatchCommitted | WriteStarted | WriteMoments
 
 
 @dataclass
@@ -171,6 +188,8 @@ def decode(text: str) -> Event:
     kind = data.pop("event")
     if kind == BatchCommitted.kind:
         return BatchCommitted(**data)
+    if kind == WriteMoments.kind:
+        return WriteMoments(**data)
     return WriteStarted(**data) if kind == WriteStarted.kind else Notice(**data)
 
 

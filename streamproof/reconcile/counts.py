@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from streamproof.config import COORDINATES, AnySinkSpec, DeltaSinkSpec, PostgresSinkSpec
+from streamproof.config import COORDINATES, AnySinkSpec, DeltaSinkSpec, PostgresSinkSpec, PythonSinkSpec
 
 VALID = "_valid"
 DROPPED = "_dropped"  # a record that by configuration goes nowhere (a late record with dedup.late = "drop")
@@ -132,6 +132,8 @@ def check_for(sink: AnySinkSpec) -> Check:
     if isinstance(sink, DeltaSinkSpec) and sink.mode == "merge":
         return Check("latest", key=sink.key, order_by=sink.order_by)
     if isinstance(sink, PostgresSinkSpec) and sink.mode == "upsert":
+        return Check("latest", key=sink.key, order_by=sink.order_by)
+    if isinstance(sink, PythonSinkSpec) and sink.key:
         return Check("latest", key=sink.key, order_by=sink.order_by)
     if isinstance(sink, PostgresSinkSpec) and sink.mode == "accumulate":
         return Check("totals", by=sink.by, sums=tuple(sink.sum))

@@ -1,84 +1,71 @@
-"""``[sink] kind = "python"``: your own sink, written in PySpark (a ``foreachBatch`` function, as you would write it).
+"""``[sink] kind = "python"``: your own sink, the ``foreachBatch`` function (or ``ForeachWriter``) you wrote for Spark,
+run unchanged.
 
-streamproof hands your ``write`` function every batch, replays after a crash included, with a :class:`YourBatch`
-(id, pipeline, start and end offsets, the sink's ``options``), and keeps no record of its own in your sink: whether
-a replay writes twice is your code's decision, which is the question ``prove --matrix`` answers for it
-(:func:`streamproof.harness.matrix.guarantee_given`). ``read`` returns what the sink holds, with the ``_src_*``
-lineage columns, for verification.
+streamproof calls it as Spark does, for every batch, replays after a crash included:
 
-A proof cannot see inside your write: mark each moment between two of its commits with ``batch.step("...")``; the
-``mid-sink-write`` crash point is a SIGKILL at the first one a write reaches (in the driver, or in a task).
+* a function ``write(batch_df, batch_id)``: ``batch_id`` is a plain ``int`` (Spark's), and the sink's ``options``
+  are passed as keyword arguments the function names (``write(batch_df, batch_id, table="orders")``, as
+  ``functools.partial`` would), so one module serves several sinks;
+* a ``ForeachWriter``: a class (made with the options as keyword arguments) or an object with ``process(row)`` and,
+  optionally, ``open(partition_id, epoch_id)`` and ``close(error)``, run through the batch's partitions as Spark's
+  ``foreach`` runs it (``epoch_id`` is the batch id).
 
-Example (the shape of a write function; examples/your_code/shop/sinks.py has four)::
+What streamproof knows of the batch beside the id is :func:`streamproof.this_batch` (offsets, a ``key`` that
+survives any checkpoint). It keeps no record of its own in your sink: whether a replay writes twice is your code's
+decision, which is the question ``prove --matrix`` answers for it, at every moment of your write it finds by itself
+(:mod:`streamproof.your_steps`). ``read`` returns what the sink holds, with the ``_src_*`` lineage columns, for
+verification. An exception in your code stops the run with one line naming the function, the batch and the
+exception; its traceback goes to a file beside the checkpoint (:attr:`PipelineSpec.state_dir`), named in that line.
 
-    >>> def write(rows, batch):                                                     # doctest: +SKIP
-    ...     with psycopg.connect(batch.options["conninfo"]) as connection:         # one transaction:
-    ...         if not already_written(connection, batch.pipeline, batch.id):     # the ledger checked,
-    ...             insert(connection, rows.collect())                              # the rows and
-    ...             record(connection, batch.pipeline, batch.id)                    # the ledger written together
+Example (examples/your_code/shop/ holds four shapes as users write them)::
+
+    >>> def idempotent_write(batch_df, batch_id, data_path="/data/orders"):        # doctest: +SKIP
+    ...     batch_df.write.format("delta").mode("append").save(data_path)
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-import os
+import re
 import sys
-from dataclasses import dataclass, field
+import time
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from streamproof import faults
+from streamproof import faults, your_steps
 from streamproof.config import PipelineSpec, PythonSinkSpec
-from streamproof.errors import ConfigError
+from streamproof.errors import ConfigError, PipelineError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.your_modules import importable_beside, load_function, ship_module
+from streamproof.task_faults import fault_folder
+from streamproof.your_modules import importable_beside, load_attribute, ship_module
+from streamproof.your_steps import WriteSteps, YourBatch
 
-Offsets = dict[str, dict[str, int]]
-
-
-@dataclass(frozen=True)
-class YourBatch:
-    """What your sink's ``write`` gets beside the rows. Picklable: usable inside ``foreachPartition``.
-
-    >>> batch = YourBatch(7, "orders", {"orders": {"0": 10}}, {"orders": {"0": 20}})
-    >>> batch.id, batch.step("rows committed")
-    (7, None)
-    """
-
-    id: int
-    pipeline: str
-    start_offsets: Offsets | None
-    end_offsets: Offsets
-    options: dict[str, Any] = field(default_factory=dict)
-    crash_at_step: bool = False  # armed by the proof's mid-sink-write point for this sink and batch
-    driver_pid: int = 0
-
-    def step(self, name: str) -> None:
-        """A moment between two commits of your write: where the proof's ``mid-sink-write`` crash lands (SIGKILL of
-        the whole run, from the driver or from a task). Does nothing otherwise."""
-        if not self.crash_at_step:
-            return
-        print(f"[streamproof] mid-sink-write at step {name!r} of batch {self.id}: SIGKILL", file=sys.stderr, flush=True)
-        if os.getpid() == self.driver_pid:
-            faults.kill_own_process_group()
-        faults.kill_from_task(self.driver_pid)
+FOREACH_METHODS = ("open", "process", "close")
 
 
 class PythonSink(Sink):
-    """Your sink: streamproof calls ``write`` with every batch and ``read`` for verification, and claims nothing."""
+    """Your sink: streamproof calls your write with every batch and ``read`` for verification, and claims nothing."""
 
     kind = "python"
     spec: PythonSinkSpec
-    # The mid-sink-write point is met inside your write, at its first batch.step(...): no watcher kills from outside.
+    # The mid-sink-write point is met inside your write, at the moment it is armed at: no watcher kills from outside.
     writes_in_python_tasks = True
     keeps_batch_records = False
 
     def __init__(self, pipeline: PipelineSpec, spec: PythonSinkSpec) -> None:
         super().__init__(pipeline, spec)
         importable_beside(pipeline)
-        self._write = load_function(spec.write, key=f"sink {spec.name}: write")
-        self._read = load_function(spec.read, key=f"sink {spec.name}: read") if spec.read else None
+        key = f"sink {spec.name}: write"
+        written = load_attribute(spec.write, key=key)
+        self._writer = foreach_writer(written, dict(spec.options), f"{key} ({spec.write})")
+        self._write = None if self._writer is not None else foreach_batch_function(written, spec)
+        self._read = load_attribute(spec.read, key=f"sink {spec.name}: read") if spec.read else None
+        if self._read is not None and not callable(self._read):
+            raise ConfigError(f"sink {spec.name}: read = {spec.read!r} is not a function")
 
     @property
     def location(self) -> str:
@@ -93,12 +80,39 @@ class PythonSink(Sink):
         return False  # your code decides what a replay writes: every batch is handed to it
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        """Call your ``write(rows, batch)``; its return value is ignored, and the batch counts as written."""
+        """Call your write with the batch (Spark's signature), counting the moments it goes through; an armed
+        ``mid-sink-write`` crash kills the run at its moment. Its return value is ignored."""
         yours = YourBatch(batch.batch_id, batch.pipeline, batch.start_offsets, batch.end_offsets,
-                          dict(self.spec.options), crash_at_step=batch.task_fault == faults.MID_SINK_WRITE,
-                          driver_pid=os.getpid())  # fmt: skip
-        self._write(rows, yours)
-        return SinkWrite(batch.rows)
+                          dict(self.spec.options))  # fmt: skip
+        armed = faults.armed_moment() if batch.task_fault == faults.MID_SINK_WRITE else None
+        steps = WriteSteps(batch.batch_id, self.name, armed, fault_folder(), yours)
+        try:
+            with your_steps.counting(steps):
+                if self._writer is not None:
+                    run_foreach_writer(rows, self._writer, batch.batch_id)
+                else:
+                    assert self._write is not None
+                    self._write(rows, batch.batch_id, **self.spec.options)
+        except Exception as error:
+            raise self._failed(error, batch.batch_id) from None
+        missed = None if armed is None else not_reached(self.spec.write, batch.batch_id, armed, steps.moments)
+        if missed is not None:
+            print(f"[streamproof] {missed}", file=sys.stderr, flush=True)
+        return SinkWrite(batch.rows, moments=tuple(steps.moments), moment_missed=missed)
+
+    def _failed(self, error: BaseException, batch_id: int) -> PipelineError:
+        """Your code raised: its traceback to a file beside the checkpoint, one line for people."""
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        where = self.pipeline.state_dir / "errors" / f"batch-{batch_id}-{self.name}-{stamp}.txt"
+        try:
+            where.parent.mkdir()
+            where.write_text("".join(traceback.format_exception(error)))
+            kept = f" (traceback: {where})"
+        except OSError:
+            traceback.print_exception(error, file=sys.stderr)
+            kept = " (traceback in the run's log)"
+        return PipelineError(f"sink {self.name}: your write {self.spec.write} failed in batch {batch_id}: "
+                             f"{your_exception(error)}{kept}")  # fmt: skip
 
     def commits(self) -> list[SinkCommit]:
         return []  # streamproof keeps no record in your sink
@@ -113,3 +127,132 @@ class PythonSink(Sink):
         if held is not None and not isinstance(held, DataFrame):
             raise ConfigError(f"sink {self.name}: read returned {type(held).__name__}, not a DataFrame (or None)")
         return held
+
+
+def foreach_batch_function(function: Any, spec: PythonSinkSpec) -> Callable[..., Any]:
+    """Your ``foreachBatch`` function, checked: Spark's signature ``f(batch_df, batch_id)``, and every option of the
+    sink a keyword parameter of it.
+
+    >>> def write(batch_df, batch_id, table="orders"): ...
+    >>> spec = PythonSinkSpec(kind="python", write="shop:write", options={"tabel": "x"})
+    >>> foreach_batch_function(write, spec)
+    Traceback (most recent call last):
+    ...
+    streamproof.errors.ConfigError: sink python: options tabel are not parameters of shop:write(batch_df, ...
+    """
+    key = f"sink {spec.name}: write = {spec.write!r}"
+    if not callable(function):
+        raise ConfigError(f"{key} is neither a function nor a ForeachWriter (an object with process(row))")
+    signature = inspect.signature(function)
+    parameters = list(signature.parameters.values())
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    variadic = any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    if len(positional) < 2 and not variadic:
+        raise ConfigError(f"{key} takes {signature}; Spark calls a foreachBatch function as f(batch_df, batch_id)")
+    named = {p.name for p in parameters[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+        unknown = [option for option in spec.options if option not in named]
+        if unknown:
+            raise ConfigError(
+                f"sink {spec.name}: options {', '.join(unknown)} are not parameters of {spec.write}{signature}: "
+                "name each as a keyword parameter of it, or remove it from options"
+            )
+    missing = [p.name for p in parameters[2:] if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD,
+               p.KEYWORD_ONLY) and p.name not in spec.options]  # fmt: skip
+    if missing:
+        raise ConfigError(f"sink {spec.name}: {spec.write}{signature} needs {', '.join(missing)}: give "
+                          f"{' and '.join(missing)} in the sink's options")  # fmt: skip
+    return function  # type: ignore[no-any-return]
+
+
+def foreach_writer(written: Any, options: dict[str, Any], what: str) -> Any | None:
+    """Your ``ForeachWriter``: an object with ``process(row)`` (optionally ``open``/``close``), or a class of them
+    made with ``options`` as keyword arguments; None when ``written`` is a plain function (a foreachBatch function).
+
+    >>> class Writer:
+    ...     def process(self, row): ...
+    >>> type(foreach_writer(Writer, {}, "w")).__name__, foreach_writer(print, {}, "w")
+    ('Writer', None)
+    """
+    if not hasattr(written, "process"):
+        return None
+    for method in FOREACH_METHODS:
+        if hasattr(written, method) and not callable(getattr(written, method)):
+            raise ConfigError(f"{what}: its {method} is not a method")
+    if not inspect.isclass(written):
+        return written
+    try:
+        return written(**options)
+    except TypeError as error:
+        raise ConfigError(f"{what}: {written.__name__}(**options) failed ({error}): its constructor takes the sink's "
+                          "options as keyword arguments") from None  # fmt: skip
+
+
+def run_foreach_writer(rows: DataFrame, writer: Any, batch_id: int) -> None:
+    """Run ``writer`` through the batch's partitions as Spark's ``foreach`` does: per partition ``open(partition_id,
+    epoch_id)``, ``process(row)`` for each row if it said yes, ``close(error)``; a step of your write whose tasks
+    count their commits."""
+    with your_steps.task_job("ForeachWriter", rows.sparkSession.sparkContext) as tasks:
+        partition = functools.partial(_foreach_partition, writer, batch_id)
+        rows.rdd.foreachPartition(partition if tasks is None else functools.partial(tasks.run, partition))
+
+
+def _foreach_partition(writer: Any, epoch_id: int, rows: Iterator[Any]) -> None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition_id = context.partitionId() if context is not None else 0
+    go_on = writer.open(partition_id, epoch_id) if hasattr(writer, "open") else True
+    error: Exception | None = None
+    try:
+        if go_on:
+            for row in rows:
+                writer.process(row)
+    except Exception as raised:  # noqa: BLE001 - handed to close(error), as Spark does, then raised again
+        error = raised
+    finally:
+        if hasattr(writer, "close"):
+            writer.close(error)
+    if error is not None:
+        raise error
+
+
+def not_reached(write: str, batch_id: int, armed: int, moments: list[str]) -> str:
+    """Why ``mid-sink-write#armed`` did not land in the write of ``batch_id``: it went through fewer moments.
+
+    >>> not_reached("shop:write", 3, 2, ["after step 1: DataFrameWriter.save('/t')"])
+    "mid-sink-write#2 not reached: shop:write's write of batch 3 went through 1 moment (after step 1: ...)"
+    >>> not_reached("shop:write", 3, 1, [])[:107]
+    'mid-sink-write#1 not reached: shop:write made nothing durable that streamproof can see in batch 3 (no Spark'
+    """
+    if not moments:
+        return (f"mid-sink-write#{armed} not reached: {write} made nothing durable that streamproof can see in batch "
+                f"{batch_id} (no Spark write, Delta commit, DB-API or JDBC commit, Kafka transaction, or "
+                "this_batch().step()): its moments cannot be crashed, the proof did not exercise it")  # fmt: skip
+    plural = "moment" if len(moments) == 1 else "moments"
+    return (f"mid-sink-write#{armed} not reached: {write}'s write of batch {batch_id} went through {len(moments)} "
+            f"{plural} ({'; '.join(moments)})")  # fmt: skip
+
+
+_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\w*)(: .*)?$")
+
+
+def your_exception(error: BaseException) -> str:
+    """Your code's exception in one line, ``Type: message``: itself when it was raised in the driver, the last Python
+    exception in the traceback Spark wraps a failed task's in (no Py4J or JVM lines).
+
+    >>> your_exception(ValueError("bad row"))
+    'ValueError: bad row'
+    >>> your_exception(RuntimeError("Job aborted: Traceback (most recent call last):\\n  File x\\nKeyError: 'i'\\n"))
+    "KeyError: 'i'"
+    """
+    text = str(error)
+    if type(error).__module__.split(".")[0] not in ("py4j", "pyspark") and "Traceback (most recent call" not in text:
+        first = text.strip().splitlines()[0] if text.strip() else ""
+        return f"{type(error).__name__}: {first}".rstrip(": ")
+    python = text[text.rfind("Traceback (most recent call last)") :]
+    found = [match for line in python.splitlines() if (match := _PYTHON_ERROR.match(line.strip()))]
+    found = [match for match in found if not match.group(1).startswith(("py4j", "java", "org.apache"))]
+    if found:
+        return found[-1].group(0)[:300]
+    return f"{type(error).__name__}: {text.strip().splitlines()[0][:300] if text.strip() else ''}"
