@@ -1,6 +1,6 @@
 """Reports and proofs for people: terminal tables (rich) and self-contained HTML pages.
 
-The figures come from :class:`streamproof.reconcile.Report` and :class:`streamproof.harness.matrix.MatrixCell`
+The figures come from :class:`streamproof.reconcile.Report` and :class:`streamproof.harness.cells.MatrixCell`
 unchanged; nothing here computes a count.
 """
 
@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from streamproof.guarantees import wiring_for
+from streamproof.harness.cells import MatrixCell
 from streamproof.harness.crashes import TimelineEvent
-from streamproof.harness.matrix import MatrixCell
 from streamproof.reconcile import Report
 from streamproof.reconcile.counts import SAMPLES
 from streamproof.reconcile.independent import COMPARED

@@ -27,7 +27,8 @@ from conftest import run_cli, stateful_example
 from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline
 from streamproof.faults import AFTER_SINK_COMMIT
 from streamproof.generator import generate
-from streamproof.harness.matrix import MatrixCell, run_matrix
+from streamproof.harness.cells import MatrixCell
+from streamproof.harness.matrix import run_matrix
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from streamproof.harness.cells import MatrixCell
 from streamproof.harness.evidence import crash_happened, evidence_text
-from streamproof.harness.matrix import MatrixCell
 from streamproof.render import matrix_table
 
 LOGGED = {"offsets_logged": True, "checkpoint_committed": False}

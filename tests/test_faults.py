@@ -164,7 +164,7 @@ def test_arming_outside_a_group_leader_is_refused() -> None:
 def test_expected_damage_of_each_guarantee_at_each_point(
     guarantee: str, point: str, invalid: bool, check: str, partial: bool, expected: str
 ) -> None:
-    from streamproof.harness.matrix import expected_damage
+    from streamproof.harness.cells import expected_damage
 
     damage = expected_damage(guarantee, point, has_invalid_records=invalid, check=check, partial_writes_visible=partial)
     assert damage == expected

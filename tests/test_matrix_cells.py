@@ -16,16 +16,9 @@ from streamproof.cli import app
 from streamproof.config import parse_pipeline
 from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
 from streamproof.guarantees import GUARANTEES
+from streamproof.harness.cells import MatrixCell, cells_not_as_expected, credited, damage_to, worst_damage
 from streamproof.harness.crashes import Crash, HarnessResult, runs_of
-from streamproof.harness.matrix import (
-    MatrixCell,
-    _cells,
-    batches_of_cell,
-    cells_not_as_expected,
-    credited,
-    damage_to,
-    worst_damage,
-)
+from streamproof.harness.matrix import _cells, batches_of_cell
 
 REPO = Path(__file__).resolve().parent.parent
 

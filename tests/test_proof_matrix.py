@@ -19,7 +19,8 @@ import pytest
 
 from conftest import write_pipeline
 from streamproof.faults import AFTER_SINK_COMMIT, MID_SINK_WRITE
-from streamproof.harness.matrix import MatrixCell, run_matrix
+from streamproof.harness.cells import MatrixCell
+from streamproof.harness.matrix import run_matrix
 from streamproof.infra import KafkaBroker
 from streamproof.render import matrix_html
 

@@ -21,7 +21,8 @@ from conftest import STATEFUL_EVENTS as EVENTS
 from conftest import stateful_example
 from streamproof.config import load_pipeline
 from streamproof.faults import AFTER_SINK_COMMIT
-from streamproof.harness.matrix import MatrixCell, run_matrix
+from streamproof.harness.cells import MatrixCell
+from streamproof.harness.matrix import run_matrix
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently

@@ -33,8 +33,9 @@ from streamproof.errors import ConfigError
 from streamproof.faults import POINTS
 from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
 from streamproof.generator import generate as produce
+from streamproof.harness.cells import cells_not_as_expected
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
-from streamproof.harness.matrix import cells_not_as_expected, run_matrix, upstream_shares
+from streamproof.harness.matrix import run_matrix, upstream_shares
 from streamproof.harness.nemesis import Daemons, parse_sequence
 from streamproof.harness.proof import prove_pipeline
 from streamproof.harness.search import replay, search

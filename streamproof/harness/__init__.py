@@ -3,5 +3,6 @@
 * :mod:`~streamproof.harness.child`: one pipeline run as a child process (the harness prove, bench and the pytest
   plugin share): its events as they arrive, its whole process tree killed;
 * :mod:`~streamproof.harness.crashes`: named crash points and seeded random kills, restarts, what each crash left;
-* :mod:`~streamproof.harness.matrix`: every guarantee x every crash point, and the damage each cell must show.
+* :mod:`~streamproof.harness.matrix`: every guarantee x every crash point, each cell run and reconciled;
+* :mod:`~streamproof.harness.cells`: the damage each cell must show, and what it showed.
 """
