@@ -45,6 +45,8 @@ def report_table(report: Report) -> Table:
         table.add_row("records in open windows (written once the watermark passes)", f"{report.pending:,}")
     if report.unavailable:
         table.add_row("sink rows of records the source no longer holds (unavailable)", f"{report.unavailable:,}")
+    if report.not_yet_read:
+        table.add_row("not yet read (past what the checkpoint and the sink committed)", f"{report.not_yet_read:,}")
     table.add_row("sink rows", f"{report.sink_records:,}")
     table.add_row(f"lost{unit}", bad(report.lost))
     table.add_row(f"duplicated{unit}", bad(report.duplicated))
@@ -60,9 +62,12 @@ def report_table(report: Report) -> Table:
         # Late records are valid ones judged against the watermark: only the invalid ones are the generator's.
         invalid_quarantined = report.quarantined - report.quarantine_reasons.get("late", 0)
         match = "=" if generated.get("malformed") == invalid_quarantined else "[bold red]!=[/]"
+        versus = f"{match} quarantined as invalid"
+        if report.not_yet_read and match != "=":  # the malformed records not read yet are in no table yet
+            versus = f"{invalid_quarantined:,} quarantined as invalid so far: some records are not read yet"
         table.add_row(
             "generator: records / malformed",
-            f"{generated.get('records', 0):,} / {generated.get('malformed', 0):,} ({match} quarantined as invalid)",
+            f"{generated.get('records', 0):,} / {generated.get('malformed', 0):,} ({versus})",
         )
     for reason, count in report.quarantine_reasons.items():
         table.add_row(f"  quarantine reason {reason}", f"{count:,}")
@@ -128,7 +133,10 @@ def checkers_table(with_spark: Report, independent: Report) -> Table:
     for column in ("term", "Spark checker (verify)", "independent checker (verify --independent)", ""):
         table.add_column(column, justify="left" if column == "term" else "right")
     windows = with_spark.unit == "windows"
-    for term in (term for term in COMPARED if windows or term not in ("aggregated", "pending")):
+    hidden = set() if windows else {"aggregated", "pending"}
+    if not (with_spark.not_yet_read or independent.not_yet_read):  # shown for a pipeline running or stopped midway
+        hidden.add("not_yet_read")
+    for term in (term for term in COMPARED if term not in hidden):
         mine, theirs = getattr(with_spark, term), getattr(independent, term)
         same = "[green]=[/]" if mine == theirs else "[bold red]differ[/]"
         table.add_row(term.replace("_", " "), f"{mine:,}", f"{theirs:,}", same)

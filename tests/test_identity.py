@@ -155,3 +155,76 @@ def test_verdicts_reasons_and_exit_codes_without_a_jvm() -> None:
     trusted = _report(clean, quarantined="trusted: the quarantine table's late records", expected="recomputed")
     assert trusted.ok and trusted.reasons == ["quarantined trusted: the quarantine table's late records"]
     assert trusted.to_dict()["verdict"] == OK and trusted.to_dict()["basis"]["expected"] == "recomputed"
+
+
+def test_records_not_yet_read_are_a_term_of_their_own_and_never_change_the_verdict() -> None:
+    """A pipeline stopped after its first batch: 20,000 source records, 4,990 delivered, 10 quarantined, 15,000 past
+    what the checkpoint and the sink committed. They are a term of the identity (counted from their coordinates, so a
+    record read twice past the cut leaves a gap like anywhere else) and the verdict stays ok. Drained, the term is 0,
+    left out of the identity as printed, and 0 in the JSON."""
+    live = Counts(
+        source_records=20_000,
+        expected=4_990,
+        quarantined=10,
+        upstream_duplicates=0,
+        sink_records=4_990,
+        lost=0,
+        duplicated=0,
+        unexpected=0,
+        not_yet_read=15_000,
+    )
+    report = _report(live)
+    assert report.identity_terms == [
+        ("expected", 4_990),
+        ("quarantined", 10),
+        ("upstream dups", 0),
+        ("not yet read", 15_000),
+    ]
+    assert (report.identity_gap, report.verdict, report.reasons, report.guarantee_held) == (0, OK, [], True)
+    assert report.to_dict()["not_yet_read"] == 15_000
+    read_twice = _report(Counts(**{**vars(live), "source_records": 20_001}))
+    assert (read_twice.identity_gap, read_twice.verdict) == (1, UNKNOWN)
+    drained = _report(Counts(**{**vars(live), "expected": 19_990, "sink_records": 19_990, "not_yet_read": 0}))
+    assert [name for name, _ in drained.identity_terms] == ["expected", "quarantined", "upstream dups"]
+    assert drained.to_dict()["not_yet_read"] == 0 and "no_cut" not in drained.to_dict()
+    # No cut (a files source): records not read yet count as lost, and the report says why.
+    uncut = Report(
+        **{
+            **vars(_report(Counts(**{**vars(live), "not_yet_read": 0, "lost": 15_000}))),
+            "no_cut": "a files source's positions are not offsets per partition",
+        }
+    )
+    assert (
+        uncut.reasons[-1]
+        == "lost may include records not yet read (a files source's positions are not offsets per partition)"
+    )
+
+
+def test_the_spark_cut_sets_records_past_it_apart_and_a_double_read_there_leaves_a_gap(spark: Any) -> None:
+    """Committed through t:0@2 and t:1@1, batch 1 planned through t:0@4: the sink holds t:0@2 past the cut (read),
+    not t:0@3-5 (not yet read); the invalid t:1@1 past the cut is not in quarantine (not yet read). The term is
+    counted from coordinates: t:0@5 read twice past the cut leaves a gap of 1. A sink of dedup keys is read through
+    the last record it holds per partition (e1, below the cut and missing from it, is lost)."""
+    from streamproof.reconcile.cut import sink_position, split_read
+    from streamproof.reconcile.read_through import ReadThrough, with_unread
+
+    cut = ReadThrough.of({"t": {"0": 2, "1": 1}}, {"t": {"0": 4, "1": 1}})
+    rows = [("t", 0, i, f"e{i}", True) for i in range(6)] + [("t", 1, 0, None, False), ("t", 1, 1, None, False)]
+    sink = spark.createDataFrame([("t", 0, i) for i in range(3)], COORDS)
+    quarantine = _quarantine(spark, [("t", 1, 0)])
+
+    def counted(records: list[tuple]) -> Counts:  # type: ignore[type-arg]
+        read, unread = split_read(spark.createDataFrame(records, RECORDS), cut, quarantine, held=sink)
+        return with_unread(reconcile(read, sink, quarantine), unread)
+
+    counts = counted(rows)
+    assert (counts.source_records, counts.expected, counts.quarantined, counts.not_yet_read) == (8, 3, 1, 4)
+    assert (counts.lost, counts.unexpected, _report(counts).identity_gap, _report(counts).verdict) == (0, 0, 0, OK)
+    assert _report(counted([*rows, ("t", 0, 5, "e5", True)])).identity_gap == 1
+
+    keys = spark.createDataFrame([("t", 0, 0, "e0"), ("t", 0, 2, "e2")], f"{COORDS}, event_id STRING")
+    at = sink_position(cut, keys)
+    assert at == {("t", 0): 3, ("t", 1): 1}
+    read, unread = split_read(spark.createDataFrame(rows, RECORDS), cut, quarantine, at=at)
+    deduped = with_unread(reconcile(read, keys, quarantine, key_columns=["event_id"]), unread)
+    assert (deduped.expected, deduped.lost, deduped.not_yet_read, _report(deduped).identity_gap) == (3, 1, 4, 0)

@@ -12,7 +12,11 @@ from typing import Any
 import pyarrow as pa
 
 from conftest import LATE_TIMES, UNLOGGED_TIMES, late_checkpoint, unlogged_checkpoint
-from streamproof.reconcile.independent import committed_parquet_files, flag_late, maybe_late_judged
+from streamproof.config import FilesSource
+from streamproof.reconcile.counts import Counts
+from streamproof.reconcile.independent import committed_parquet_files, flag_late, judge_sink, maybe_late_judged
+from streamproof.reconcile.own_cut import read_through as own_read_through
+from streamproof.reconcile.own_cut import sink_position, split_read, tried
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.pure import (
     SourceRecord,
@@ -22,6 +26,8 @@ from streamproof.reconcile.pure import (
     check_totals,
     check_windows,
 )
+from streamproof.reconcile.read_through import ReadThrough, shown, with_unread
+from streamproof.reconcile.report import DAMAGED, OK, UNKNOWN, Report
 from streamproof.reconcile.stored import StoredFolder
 from streamproof.storage import Location
 
@@ -243,3 +249,188 @@ def test_a_folder_without_the_sink_log_is_read_as_spark_lists_it(tmp_path: Path)
         "part-0.parquet",
         "sub/part-1.parquet",
     ]
+
+
+# ------------------------------------------------------------------------------ a pipeline not read to its end
+
+
+def _counts_past(
+    cut: ReadThrough,
+    source: list[SourceRecord],
+    sink: list[Any],
+    quarantine: list[Any],
+    key_columns: list[str] | None = None,
+    **position: Any,
+) -> Report:
+    """The independent checker's records judgement over the records the cut says were read, as a report."""
+    read, unread = split_read(source, cut, quarantine, **position)
+    counts = with_unread(check_records(read, sink, quarantine, key_columns), unread)
+    return Report(pipeline="p", guarantee="exactly-once", sink="s", read_through=cut.to_json(), **vars(counts))
+
+
+def test_a_record_past_the_committed_batch_is_delivered_when_held_and_not_yet_read_when_not() -> None:
+    """Committed through t:0@4 and t:1@2, batch 1 planned through t:0@8 and t:1@5, the sink a batch ahead in part:
+    t:0@4-5 held (delivered, not unexpected), t:0@6-9 and t:1@2 not held (not yet read, not lost); of the invalid
+    records past the cut, t:1@3 is in quarantine (read), t:1@4 not (not yet read). A record below the cut missing
+    from the sink is lost, as ever."""
+    cut = ReadThrough.of({"t": {"0": 4, "1": 2}}, {"t": {"0": 8, "1": 5}})
+    source = [SourceRecord(("t", 0, i), True) for i in range(10)] + [
+        SourceRecord(("t", 1, i), i in (1, 2)) for i in range(5)
+    ]
+    sink = [("t", 0, i) for i in range(6)] + [("t", 1, 1)]
+    quarantine = [("t", 1, 0), ("t", 1, 3)]
+    report = _counts_past(cut, source, sink, quarantine, held=sink)
+    figures = (report.source_records, report.expected, report.quarantined, report.not_yet_read, report.sink_records)
+    assert figures == (15, 7, 2, 6, 7), report.to_json()
+    assert (report.lost, report.duplicated, report.unexpected, report.identity_gap, report.verdict) == (0, 0, 0, 0, OK)
+    assert report.identity_terms[-1] == ("not yet read", 6)
+    assert report.to_dict()["read_through"] == {
+        "t": {"0": {"committed": 4, "planned": 8}, "1": {"committed": 2, "planned": 5}}
+    }
+    assert "no_cut" not in report.to_dict()
+
+    below = _counts_past(cut, source, [row for row in sink if row != ("t", 0, 1)], quarantine, held=sink)
+    assert (below.lost, below.not_yet_read, below.verdict) == (1, 6, DAMAGED)
+    assert below.samples["lost"] == [{"_src_topic": "t", "_src_partition": 0, "_src_offset": 1}]
+    drained = ReadThrough.of({"t": {"0": 10, "1": 5}}, {"t": {"0": 10, "1": 5}})  # the cut at the topic's end
+    assert _counts_past(drained, source, sink, quarantine, held=sink).to_dict() == {
+        **check_report(source, sink, quarantine).to_dict(),
+        "read_through": drained.to_json(),
+    }
+
+
+def check_report(source: list[SourceRecord], sink: list[Any], quarantine: list[Any]) -> Report:
+    """The report as it was before the cut: every record judged to the source's end."""
+    return Report(pipeline="p", guarantee="exactly-once", sink="s", **vars(check_records(source, sink, quarantine)))
+
+
+def test_a_resend_past_the_cut_makes_no_read_record_an_upstream_duplicate() -> None:
+    """Dedup on event_id across two partitions: e1 first at t:1@0 (read), resent at t:0@1, past partition 0's
+    committed bound and past the last record the sink holds there: not yet read. It is no upstream duplicate, and
+    it does not make the read e1 one (by coordinates it would come first); drained, it is the upstream duplicate."""
+    source = [
+        SourceRecord(("t", 0, 0), True, values={"event_id": "e0"}),
+        SourceRecord(("t", 0, 1), True, values={"event_id": "e1"}),
+        SourceRecord(("t", 1, 0), True, values={"event_id": "e1"}),
+    ]
+    sink = [("e0", "t", 0, 0), ("e1", "t", 1, 0)]  # each key's first record, with its coordinates
+    cut = ReadThrough.of({"t": {"0": 1, "1": 1}}, {"t": {"0": 2, "1": 1}})
+    at = sink_position(cut, [row[1:] for row in sink])
+    report = _counts_past(cut, source, [row[:1] for row in sink], [], at=at, key_columns=["event_id"])
+    figures = (report.expected, report.upstream_duplicates, report.not_yet_read, report.identity_gap, report.verdict)
+    assert figures == (2, 0, 1, 0, OK), report.to_json()
+    drained = check_records(source, [row[:1] for row in sink], [], key_columns=["event_id"])
+    assert (drained.expected, drained.upstream_duplicates, drained.not_yet_read) == (2, 1, 0)
+    # The sink holds e1's resend as its first record: partition 0 was read through it, the other e1 is the duplicate.
+    ahead = sink_position(cut, [("t", 0, 0), ("t", 0, 1)])
+    assert ahead == {("t", 0): 2, ("t", 1): 1}
+
+
+def _kafka_pipeline(workdir: Path, guarantee: str = "exactly-once", sink: str = "") -> Any:
+    from streamproof.config import parse_pipeline
+
+    return parse_pipeline(f'''
+name = "cut"
+guarantee = "{guarantee}"
+checkpoint = "{workdir / "cp"}"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING, amount DOUBLE"
+quarantine = "{workdir / "quarantine"}"
+[sink]
+kind = "delta"
+path = "{workdir / "sink"}"
+{sink}''')
+
+
+def _log(checkpoint: Path, batch_id: int, ends: dict[str, dict[str, int]], committed: bool) -> None:
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    (checkpoint / "commits").mkdir(parents=True, exist_ok=True)
+    metadata = json.dumps({"batchWatermarkMs": 1000 * batch_id, "batchTimestampMs": 0, "conf": {}})
+    (checkpoint / "offsets" / str(batch_id)).write_text(f"v1\n{metadata}\n{json.dumps(ends)}")
+    if committed:
+        (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+
+def test_both_checkers_read_the_same_bounds_from_the_checkpoint(tmp_path: Path) -> None:
+    """C from the last committed batch, P from the last logged one; a partition an entry does not name is at 0. Both
+    readers (the pipeline's checkpoint module for the Spark checker, the independent checker's own text reading)
+    agree; a files source gets no cut."""
+    from streamproof.reconcile import cut as spark_cut
+
+    spec = _kafka_pipeline(tmp_path)
+    assert own_read_through(spec) == spark_cut.read_through(spec) == ReadThrough()  # nothing logged yet
+    _log(tmp_path / "cp", 0, {"t": {"0": 5}}, committed=True)
+    _log(tmp_path / "cp", 1, {"t": {"0": 9, "1": 4}}, committed=False)
+    cut = own_read_through(spec)
+    assert cut == spark_cut.read_through(spec)
+    assert (cut.committed_at("t", 1), cut.planned_at("t", 1), cut.planned_watermark_ms, cut.logged) == (
+        0,
+        4,
+        1000,
+        True,
+    )
+    assert cut.candidates() == [{("t", 0): 5}, {("t", 0): 9, ("t", 1): 4}]
+    files = spec.model_copy(update={"source": FilesSource(kind="files", path=str(tmp_path / "in"))})
+    assert own_read_through(files).no_cut.startswith("a files source's positions are not offsets")
+
+
+def test_at_most_once_reads_both_bounds_from_its_progress_file(tmp_path: Path) -> None:
+    """At-most-once marks a batch done in its progress file before writing it, and each start wipes Spark's logs:
+    its cut is the progress file's, whatever Spark's logs of the current run say. A record below it missing from the
+    sink is lost (at-most-once may lose it), one past it is not yet read."""
+    from streamproof.checkpoint.folder import ProgressFile
+    from streamproof.reconcile import cut as spark_cut
+
+    spec = _kafka_pipeline(tmp_path, guarantee="at-most-once")
+    _log(tmp_path / "cp", 0, {"t": {"0": 2}}, committed=True)  # the current run's batch 0, from the progress on
+    ProgressFile(spec.checkpoint_dir).mark_done({"t": {"0": 6}}, batch_id=3)
+    cut = own_read_through(spec)
+    assert cut == spark_cut.read_through(spec) and cut.to_json() == {"t": {"0": {"committed": 6, "planned": 6}}}
+    source = [SourceRecord(("t", 0, i), True) for i in range(9)]
+    sink = [("t", 0, i) for i in range(6) if i != 4]  # batch 3 (offsets 4-5) marked done, killed mid-write
+    report = Report(**{**vars(_counts_past(cut, source, sink, [], held=sink)), "guarantee": "at-most-once"})
+    assert (report.lost, report.not_yet_read, report.identity_gap, report.guarantee_held) == (1, 3, 0, True)
+
+
+def test_an_empty_checkpoint_reads_nothing_and_with_sink_rows_is_unknown(tmp_path: Path) -> None:
+    """No batch in the checkpoint: with nothing in the sink or the quarantine, every record is not yet read (ok);
+    with rows in the sink, what was read cannot be told: no cut, the verdict unknown, saying why."""
+    from deltalake import write_deltalake
+
+    spec = _kafka_pipeline(tmp_path)
+    source = [SourceRecord(("t", 0, i), True) for i in range(4)]
+    counts, _, _, why = judge_sink(spec, spec.sink_specs[0], source, [], {}, own_read_through(spec))
+    assert (counts.not_yet_read, counts.lost, why) == (4, 0, "")
+    coordinates = {
+        "_src_topic": ["t", "t"],
+        "_src_partition": pa.array([0, 0], pa.int32()),
+        "_src_offset": pa.array([0, 1], pa.int64()),
+    }
+    write_deltalake(str(tmp_path / "sink"), pa.table(coordinates))
+    counts, _, cut, why = judge_sink(spec, spec.sink_specs[0], source, [], {}, own_read_through(spec))
+    report = Report(pipeline="p", guarantee="exactly-once", sink="s", unverifiable=why, **vars(counts), **shown(cut))
+    assert (report.lost, report.not_yet_read, report.verdict) == (2, 0, UNKNOWN), report.to_json()
+    assert report.reasons[0].startswith("the checkpoint has no batch while the sink holds rows")
+    assert report.to_dict()["no_cut"] == report.unverifiable
+
+
+def test_totals_are_taken_at_the_planned_batch_when_they_reconcile_there_else_at_the_committed_one() -> None:
+    """A sink of running totals names no record: it is taken at the committed bounds, at the planned ones, or at the
+    source's end, whichever it reconciles at first; when none, at the committed ones (and the damage shows)."""
+    source = [SourceRecord(("t", 0, i), True, values={"c": "c1", "amount": 1.0}) for i in range(6)]
+    cut = ReadThrough.of({"t": {"0": 2}}, {"t": {"0": 4}})
+
+    def judged(held: list[Any]) -> Counts:
+        return tried(source, cut, [], lambda read, _: check_totals(read, held, [], "c", ["amount"]))
+
+    at_planned = judged([("c1", 4, {"amount": Decimal(4)})])  # the sink wrote batch 1, its commit not yet logged
+    assert (at_planned.expected, at_planned.superseded, at_planned.not_yet_read, at_planned.duplicated) == (1, 3, 2, 0)
+    at_committed = judged([("c1", 2, {"amount": Decimal(2)})])
+    assert (at_committed.superseded, at_committed.not_yet_read, at_committed.lost) == (1, 4, 0)
+    neither = judged([("c1", 3, {"amount": Decimal(3)})])  # half a batch: judged at the committed bounds
+    assert (neither.duplicated, neither.not_yet_read) == (1, 4)
+    restored = judged([("c1", 6, {"amount": Decimal(6)})])  # the sink ahead of an older checkpoint, restored
+    assert (restored.duplicated, restored.not_yet_read, restored.superseded) == (0, 0, 5)

@@ -49,6 +49,9 @@ class Counts:
     wrong_values: int = 0
     # Sink rows of records the source no longer holds (retention deleted them after they were read): not compared.
     unavailable: int = 0
+    # Source records past what the checkpoint and the sink have committed (a pipeline running, or stopped midway:
+    # streamproof.reconcile.read_through): a term of the identity, never lost, never unexpected.
+    not_yet_read: int = 0
     # A pipeline with your own transform (streamproof.your_code): expected/lost/duplicated count its rows (or keys,
     # groups), and ``transformed`` the valid records it was given: the identity's delivered term.
     your_code: bool = False

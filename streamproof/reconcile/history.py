@@ -41,10 +41,14 @@ from streamproof.reconcile.counts import (
     LATE_TERMS,
     MAYBE_LATE,
     VALID,
+    Check,
+    Counts,
     check_for,
     unverifiable_maybe_late,
     unverifiable_without,
 )
+from streamproof.reconcile.cut import has_rows, read_through, sink_position, split_read
+from streamproof.reconcile.read_through import ReadThrough, Unread, how_cut, judged_cut, shown, with_unread
 from streamproof.reconcile.report import RECOMPUTED, Report, unlogged_late_basis
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
@@ -189,6 +193,7 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
         *((*aggregate.by, *aggregate.sum) if aggregate else ()),
         *(column for check in checks for column in check.columns),
     ]))  # fmt: skip
+    cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     source = read_source(spark, spec, columns)
     quarantine_table = _read_delta(spark, spec.quarantine_path)
     basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late"), RECOMPUTED)
@@ -213,6 +218,7 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
         quarantine = quarantine.where(~gone)
     reasons = quarantine_reasons(quarantine_table)
     generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
+    quarantine_rows = not cut.logged and has_rows(quarantine)  # an empty checkpoint: does anything hold rows?
     reports = []
     try:
         for sink, check in zip(sinks, checks, strict=True):
@@ -233,25 +239,67 @@ def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path 
             sink_basis = basis | dict.fromkeys(
                 late_terms, unlogged_late_basis(first_logged, transform.late, maybe_late, unseen)
             ) if first_logged else dict(basis)  # fmt: skip
+            sink_cut, why = judged_cut(cut, not cut.logged and has_rows(held), quarantine_rows)
+            unverifiable = unverifiable or why
             try:
-                if aggregate is not None:
-                    rows = held if held is not None else spark.createDataFrame([], _window_schema(judged, aggregate))
-                    counts = reconcile_windows(judged, rows, quarantine, transform, _closed_through_ms(spec))
-                    unit = "windows"
-                else:
-                    counts = compare(check, judged, held, quarantine, dedup_keys)
-                    unit = check.unit
+                counts = _judged(spec, check, judged, held, quarantine, sink_cut)
             finally:
                 if judged is not source:
                     judged.unpersist()
             counts.unavailable = unavailable
+            unit = "windows" if aggregate is not None else check.unit
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
                 quarantine_reasons=reasons, generated=generated, basis=sink_basis, unverifiable=unverifiable,
+                **shown(sink_cut),
             ))  # fmt: skip
     finally:
         source.unpersist()
     return reports
+
+
+def _judged(
+    spec: PipelineSpec, check: Check, source: DataFrame, held: DataFrame | None, quarantine: DataFrame, cut: ReadThrough
+) -> Counts:
+    """One sink's counts over the records its rows and the quarantine account for (the rules of
+    :mod:`streamproof.reconcile.read_through`), with the others as ``not_yet_read``. Totals and windows are tried at
+    the committed bounds, the planned ones, then the source's end: the first under which the sink reconciles, else
+    the committed."""
+    transform = spec.transform
+    aggregate = transform.aggregate
+    dedup_keys = transform.dedup.key_columns if transform.dedup else None
+    how = how_cut(check, dedup_keys is not None, aggregate is not None)
+    # Each option: how split_read finds the records read; None: every record (the source's end).
+    if how == "trial":  # at C, at P, then at the source's end (a sink ahead of its checkpoint, restored older)
+        options: list[dict[str, Any] | None] = [*({"at": at} for at in cut.candidates()), None]
+    elif how == "position":
+        options = [{"at": sink_position(cut, held) if not cut.no_cut else None}]
+    else:
+        options = [{"held": held}]
+    committed_ms = _closed_through_ms(spec) if aggregate is not None else 0  # the windows closed at C
+    closed_through = [committed_ms, *([cut.planned_watermark_ms] if cut.ahead else []), committed_ms]
+    first = None
+    for option, closed in zip(options, closed_through, strict=False):
+        read, unread = split_read(source, cut, quarantine, **option) if option is not None else (source, Unread())
+        if read is not source:
+            read = read.cache()
+        try:
+            if aggregate is not None:
+                empty = read.sparkSession.createDataFrame([], _window_schema(read, aggregate))
+                rows = held if held is not None else empty
+                counts = with_unread(reconcile_windows(read, rows, quarantine, transform, closed), unread)
+            else:
+                counts = with_unread(compare(check, read, held, quarantine, dedup_keys), unread)
+        finally:
+            if read is not source:
+                read.unpersist()
+        if not (counts.lost or counts.duplicated or counts.unexpected):
+            return counts
+        first = first or counts
+        if not unread.rows:  # nothing was set apart: every later option judges the same records
+            break
+    assert first is not None
+    return first
 
 
 def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, sinks: list[Any],
@@ -260,13 +308,14 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
     each batch with the lookup versions it read: :func:`streamproof.your_code.expected_rows`) against each sink, as
     rows (:func:`streamproof.reconcile.checker.compare_rows`); the quarantine side as for any pipeline."""
     rows_schema = your_rows_schema(spark, spec, exactly_once=False)  # checks the code, and ships it to the workers
+    cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     parsed = sources.parsed_records(sources.read_batch(spark, spec), spec)
     source = parsed.select(*COORDINATES, F.col(REJECT_REASON).isNull().alias(VALID)).cache()
     valid = valid_records(parsed)
     if spec.transform.columns:
         valid = with_derived_columns(valid, spec.transform)
     record = LookupVersions(spec.checkpoint_dir) if spec.lookups else None
-    rows = expected_rows(code, valid, record).cache()
+    oracles: dict[Any, DataFrame] = {}  # the rows your code makes of the records read, per cut
     quarantine_table = _read_delta(spark, spec.quarantine_path)
     quarantine = (quarantine_table.select(*COORDINATES) if quarantine_table is not None
                   else source.select(*COORDINATES).limit(0))  # fmt: skip
@@ -277,22 +326,42 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
                     "code made of them cannot be recomputed") if lows else ""  # fmt: skip
     generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
     basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded"), RECOMPUTED)
+    quarantine_rows = not cut.logged and has_rows(quarantine)  # an empty checkpoint: does anything hold rows?
     reports = []
     try:
         for sink in sinks:
             sink.rows_schema = rows_schema
             check = check_for(sink.spec)
-            counts = compare_rows(check, source, rows, sink.read(spark), quarantine)
+            held = sink.read(spark)
+            sink_cut, why = judged_cut(cut, not cut.logged and has_rows(held), quarantine_rows)
+            # Your code's rows keep their records' coordinates (lineage); totals name none: read through C.
+            named = check.kind != "totals" and held is not None and set(COORDINATES) <= set(held.columns)
+            at = sink_position(sink_cut, held) if named else dict(sink_cut.committed)
+            read, unread = split_read(source, sink_cut, quarantine, at=at)
+            key = None if read is source else tuple(sorted(at.items()))
+            if key not in oracles:
+                given = valid if key is None else valid.where(_below(_ends(at)))
+                oracles[key] = expected_rows(code, given, record).cache()
+            counts = with_unread(compare_rows(check, read, oracles[key], held, quarantine), unread)
             unit = {"records": "rows"}.get(check.kind, check.unit)
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
                 quarantine_reasons=reasons, generated=generated, basis=dict(basis),
-                unverifiable=unverifiable,
+                unverifiable=unverifiable or why, **shown(sink_cut),
             ))  # fmt: skip
     finally:
-        rows.unpersist()
+        for rows in oracles.values():
+            rows.unpersist()
         source.unpersist()
     return reports
+
+
+def _ends(at: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
+    """Positions per (topic, partition) as Spark logs end offsets: ``{topic: {partition: offset}}``."""
+    ends: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in at.items():
+        ends.setdefault(topic, {})[str(partition)] = offset
+    return ends
 
 
 def first_offsets_held(spec: PipelineSpec) -> dict[tuple[str, int], int]:

@@ -4,9 +4,11 @@ The source topic is read with ``confluent-kafka`` (read_committed, from the firs
 parsed by :mod:`streamproof.reconcile.own_schema`; Delta tables with delta-rs (the ``deltalake`` package),
 PostgreSQL with psycopg, Kafka sink topics with ``confluent-kafka``, Parquet folders with pyarrow (only the files
 Spark's ``_spark_metadata`` log committed); which records were late comes from the checkpoint's offset log, read
-here as text. The judgement is :mod:`streamproof.reconcile.pure`. What it shares with the pipeline: the pipeline
-file and its parsing (:mod:`streamproof.config`), the Kafka connection settings, and the verdict's report
-(:class:`~streamproof.reconcile.report.Report`); docs/guarantees.md lists it.
+here as text, and so is how far a pipeline not run to its end has read (:mod:`streamproof.reconcile.own_cut`). The
+judgement is :mod:`streamproof.reconcile.pure`. What it shares with the pipeline: the pipeline file and its parsing
+(:mod:`streamproof.config`), the Kafka connection settings, the rules of the cut
+(:mod:`streamproof.reconcile.read_through`), and the verdict's report (:class:`~streamproof.reconcile.report.Report`);
+docs/guarantees.md lists it.
 
 Example::
 
@@ -46,6 +48,15 @@ from streamproof.reconcile.counts import (
     unverifiable_maybe_late,
     unverifiable_without,
 )
+from streamproof.reconcile.own_cut import (
+    batch_ids,
+    closed_through_ms,
+    offset_log,
+    read_through,
+    sink_position,
+    split_read,
+    tried,
+)
 from streamproof.reconcile.own_schema import RecordSchema
 from streamproof.reconcile.own_source import consume_topic, first_offsets_held, read_source
 from streamproof.reconcile.pure import (
@@ -58,6 +69,7 @@ from streamproof.reconcile.pure import (
     check_windows,
     window_of,
 )
+from streamproof.reconcile.read_through import Partition, ReadThrough, judged_cut, shown, with_unread
 from streamproof.reconcile.report import RECOMPUTED, UNCHECKED, Report, unlogged_late_basis
 from streamproof.reconcile.stored import StoredFolder
 
@@ -66,6 +78,7 @@ TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "droppe
 COMPARED = (
     "source_records",
     *TERMS,
+    "not_yet_read",
     "aggregated",
     "pending",
     "sink_records",
@@ -75,16 +88,6 @@ COMPARED = (
     "unexpected",
     "unavailable",
 )
-
-
-def _offset_log(checkpoint: StoredFolder, batch_id: int) -> tuple[int, dict[str, dict[str, int]]]:
-    """(batchWatermarkMs, end offsets of the first source) of one entry of Spark's offset log."""
-    lines = checkpoint.read_text(f"offsets/{batch_id}").splitlines()
-    return int(json.loads(lines[1]).get("batchWatermarkMs", 0)), json.loads(lines[2])
-
-
-def _batch_ids(checkpoint: StoredFolder, log: str) -> list[int]:
-    return sorted(int(name) for name in checkpoint.names(log) if name.isdigit())
 
 
 def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[tuple[Any, ...]]) -> str:
@@ -103,9 +106,9 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     transform = spec.transform
     assert transform.watermark is not None
     checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
-    batches = _batch_ids(checkpoint, "offsets")
+    batches = batch_ids(checkpoint, "offsets")
     first = batches[0] if batches else 0
-    bound, unlogged = _offset_log(checkpoint, first) if first else (0, {})
+    bound, unlogged = offset_log(checkpoint, first) if first else (0, {})
     column = transform.watermark[0]
     size_us = (
         _window_us(transform.aggregate.window) if transform.aggregate is not None and transform.dedup is None else 0
@@ -114,7 +117,7 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     previous, watermark = unlogged, bound
     for batch_id in batches[1:] if first else batches:
         late_watermark = watermark  # batch N's late records are judged by batch N-1's watermark
-        watermark, ends = _offset_log(checkpoint, batch_id)
+        watermark, ends = offset_log(checkpoint, batch_id)
         for topic, partitions in ends.items():
             for partition, end in partitions.items():
                 start = previous.get(topic, {}).get(partition, 0)
@@ -169,17 +172,6 @@ def maybe_late_resolved(source: list[SourceRecord], held: set[tuple[Any, ...]] |
                 unseen += 1
         judged.append(record)
     return judged, unseen
-
-
-def closed_through_ms(spec: PipelineSpec) -> int:
-    """The watermark of the last committed batch (Spark's commit log): windows ending at or before it are written.
-
-    >>> closed_through_ms(spec)                                                           # doctest: +SKIP
-    1767225720000
-    """
-    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
-    committed = _batch_ids(checkpoint, "commits")
-    return _offset_log(checkpoint, committed[-1])[0] if committed else 0
 
 
 def read_delta(table_folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]] | None:
@@ -274,8 +266,21 @@ def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[A
     return rows or []
 
 
-def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine: list[Any],
-           lows: dict[tuple[str, int], int]) -> tuple[Counts, str]:  # fmt: skip
+def judge_sink(
+    spec: PipelineSpec,
+    sink: Any,
+    source: list[SourceRecord],
+    quarantine: list[Any],
+    lows: dict[Partition, int],
+    cut: ReadThrough,
+) -> tuple[Counts, str, ReadThrough, str]:
+    """One sink's counts over the records its rows and the quarantine account for (the rules of
+    :mod:`streamproof.reconcile.read_through`), with the others as ``not_yet_read``; their unit, the cut they were
+    made by, and why they cannot be trusted ("": they can).
+
+    >>> judge_sink(spec, spec.sink_specs[0], source, quarantine, {}, read_through(spec))[0].lost  # doctest: +SKIP
+    0
+    """
     transform = spec.transform
     dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
     coordinates = list(COORDINATES)
@@ -287,27 +292,50 @@ def _judge(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine
         columns = ["window_start", "window_end", *aggregate.by, *(f"sum_{c}" for c in aggregate.sum),
                    *(["events"] if aggregate.count else [])]  # fmt: skip
         rows = [dict(zip(columns, row, strict=True)) for row in read_sink(spec, sink, columns)]
-        return check_windows(source, rows, quarantine, windows, closed_through_ms(spec)), "windows"
+        sink_cut, why = judged_cut(cut, bool(rows), bool(quarantine))
+        committed_ms = closed_through_ms(spec)  # the windows closed at C, at P, and at C for the source's end
+        closed = [committed_ms, sink_cut.planned_watermark_ms, committed_ms]
+
+        def windows_of(read: list[SourceRecord], at: int) -> Counts:
+            return check_windows(read, rows, quarantine, windows, closed[at])
+
+        return tried(source, sink_cut, quarantine, windows_of), "windows", sink_cut, why
     check = check_for(sink)
     if check.kind == "latest":
         assert check.key is not None and check.order_by is not None
         held = read_sink(spec, sink, [check.key, *coordinates])
-        return check_latest(source, [(r[0], tuple(r[1:])) for r in held], quarantine, check.key,
-                            check.order_by), check.unit  # fmt: skip
+        sink_cut, why = judged_cut(cut, bool(held), bool(quarantine))
+        read, unread = split_read(source, sink_cut, quarantine, at=sink_position(sink_cut, [r[1:] for r in held]))
+        latest = [(r[0], tuple(r[1:])) for r in held]
+        counts = check_latest(read, latest, quarantine, check.key, check.order_by)
+        return with_unread(counts, unread), check.unit, sink_cut, why
     if check.kind == "totals":
         assert check.by is not None
         held = read_sink(spec, sink, [check.by, "events", *check.sums])
         totals = [(r[0], r[1], dict(zip(check.sums, r[2:], strict=True))) for r in held]
-        return check_totals(source, totals, quarantine, check.by, list(check.sums)), check.unit
+        sink_cut, why = judged_cut(cut, bool(held), bool(quarantine))
+        by, sums = check.by, list(check.sums)
+
+        def totals_of(read: list[SourceRecord], _: int) -> Counts:
+            return check_totals(read, totals, quarantine, by, sums)
+
+        return tried(source, sink_cut, quarantine, totals_of), check.unit, sink_cut, why
     identity = dedup_keys or coordinates
-    held = read_sink(spec, sink, identity)
+    held = read_sink(spec, sink, [*identity, *(coordinates if dedup_keys else [])])
     unavailable = 0
     if lows and not dedup_keys:  # rows of records gone from the source are set aside, not compared
         kept = [row for row in held if not source_gone(lows, *row)]
         unavailable, held = len(held) - len(kept), kept
-    counts = check_records(source, held, quarantine, dedup_keys)
+    sink_cut, why = judged_cut(cut, bool(held), bool(quarantine))
+    if dedup_keys:  # rows of dedup keys, each with its first record's coordinates
+        at = sink_position(sink_cut, [row[len(identity) :] for row in held])
+        read, unread = split_read(source, sink_cut, quarantine, at=at)
+        held = [row[: len(identity)] for row in held]
+    else:
+        read, unread = split_read(source, sink_cut, quarantine, held=held)
+    counts = with_unread(check_records(read, held, quarantine, dedup_keys), unread)
     counts.unavailable = unavailable
-    return counts, check.unit
+    return counts, check.unit, sink_cut, why
 
 
 def _window_us(size: str) -> int:
@@ -323,6 +351,7 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     transform = spec.transform
     summed = transform.aggregate.sum if transform.aggregate is not None else []
     schema = RecordSchema.parse(transform.schema_, transform.required, summed)
+    cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     source = read_source(spec, schema)
     quarantine_table = StoredFolder.at(spec.quarantine_path, "the quarantine table")
     quarantine_rows = read_delta(quarantine_table, [*COORDINATES, "reason"]) or []
@@ -339,45 +368,86 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     reports = []
     for sink in spec.sink_specs:
         if transform.user_code is not None or isinstance(sink, PythonSinkSpec):
-            reports.append(_your_code_report(spec, sink, source, quarantine, reasons))
+            reports.append(_your_code_report(spec, sink, source, quarantine, reasons, cut))
             continue
         unverifiable = unverifiable_without(lows, check_for(sink), transform.dedup is not None,
                                             transform.aggregate is not None)  # fmt: skip
         judged, sink_basis = source, dict(basis)
         if maybe_late:  # late = "drop", and the offset log no longer holds the batches of some older records
             judged, sink_basis, unverifiable = maybe_late_judged(spec, sink, source, basis, unverifiable)
-        counts, unit = _judge(spec, sink, judged, quarantine, lows)
-        reports.append(Report(pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, unit=unit,
-                              quarantine_reasons=dict(sorted(reasons.items())), basis=sink_basis,
-                              unverifiable=unverifiable, **asdict(counts)))  # fmt: skip
+        counts, unit, sink_cut, why = judge_sink(spec, sink, judged, quarantine, lows, cut)
+        reports.append(
+            Report(
+                pipeline=spec.name,
+                guarantee=spec.guarantee,
+                sink=sink.name,
+                unit=unit,
+                quarantine_reasons=dict(sorted(reasons.items())),
+                basis=sink_basis,
+                unverifiable=unverifiable or why,
+                **asdict(counts),
+                **shown(sink_cut),
+            )
+        )
     return reports
 
 
 # What the independent checker can check of a pipeline with your own transform, and what it cannot.
 YOUR_CODE_UNKNOWN = (f"{UNCHECKED}what your transform makes of the records is known only by running it in Spark: "
                      "`streamproof verify` recomputes it")  # fmt: skip
-YOUR_CODE_CHECKED = ("source_records", "quarantined", "quarantine_lost", "transformed", "sink_records")
+YOUR_CODE_CHECKED = ("source_records", "quarantined", "quarantine_lost", "transformed", "sink_records", "not_yet_read")
 
 
-def _your_code_report(spec: PipelineSpec, sink: Any, source: list[SourceRecord], quarantine: list[Any],
-                      reasons: dict[str, int]) -> Report:  # fmt: skip
+def _your_code_report(
+    spec: PipelineSpec,
+    sink: Any,
+    source: list[SourceRecord],
+    quarantine: list[Any],
+    reasons: dict[str, int],
+    cut: ReadThrough,
+) -> Report:
     """A sink of a pipeline with your own transform, without Spark: the quarantine side and the identity's source
     terms are checked as for any pipeline; the sink's rows are only counted (their expected content is your code's
-    output, which only Spark can compute), so the sink's terms are ``unknown``."""
-    side = check_records(source, [], quarantine)
+    output, which only Spark can compute), so the sink's terms are ``unknown``. The records read: those below the
+    sink's position (its rows keep their records' coordinates; totals name none: below the committed bounds)."""
     check = check_for(sink)
     counted = [check.by] if check.kind == "totals" else list(COORDINATES)
     yours = isinstance(sink, PythonSinkSpec)  # your sink: only your read function (in Spark) says what it holds
     held = [] if yours else read_sink(spec, sink, [c for c in counted if c])
-    transformed = sum(1 for record in source if record.valid)  # what the identity's delivered term counts
-    counts = replace(side, expected=0, lost=side.quarantine_lost, sink_records=len(held), your_code=True,
-                     transformed=transformed, samples={})  # fmt: skip
+    sink_cut, why = judged_cut(cut, bool(held), bool(quarantine))
+    at = sink_position(sink_cut, held) if check.kind != "totals" else dict(sink_cut.committed)
+    read, unread = split_read(source, sink_cut, quarantine, at=at)
+    side = with_unread(check_records(read, [], quarantine), unread)
+    transformed = sum(1 for record in read if record.valid)  # what the identity's delivered term counts
+    counts = replace(
+        side,
+        expected=0,
+        lost=side.quarantine_lost,
+        sink_records=len(held),
+        your_code=True,
+        transformed=transformed,
+        samples={},
+    )
     basis = {"expected": YOUR_CODE_UNKNOWN, "quarantined": RECOMPUTED}
     if yours:
         basis["sink_records"] = f"{UNCHECKED}your sink is read by your read function, in Spark: `streamproof verify`"
+        if unread.rows:  # which records past the committed bounds it holds: only its read function says
+            basis["not_yet_read"] = basis["transformed"] = (
+                f"{UNCHECKED}which records past the checkpoint's committed batch your sink holds is known only to "
+                "your read function, in Spark: `streamproof verify`"
+            )
     unit = {"records": "rows"}.get(check.kind, check.unit)
-    return Report(pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, unit=unit,
-                  quarantine_reasons=dict(sorted(reasons.items())), basis=basis, **asdict(counts))  # fmt: skip
+    return Report(
+        pipeline=spec.name,
+        guarantee=spec.guarantee,
+        sink=sink.name,
+        unit=unit,
+        quarantine_reasons=dict(sorted(reasons.items())),
+        basis=basis,
+        unverifiable=why,
+        **asdict(counts),
+        **shown(sink_cut),
+    )
 
 
 def maybe_late_judged(spec: PipelineSpec, sink: Any, source: list[SourceRecord], basis: dict[str, str],
@@ -390,7 +460,7 @@ def maybe_late_judged(spec: PipelineSpec, sink: Any, source: list[SourceRecord],
     transform = spec.transform
     dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
     maybe_late = sum(1 for record in source if record.maybe_late)
-    first = _batch_ids(StoredFolder.at(spec.checkpoint_dir, "the checkpoint"), "offsets")[0]
+    first = batch_ids(StoredFolder.at(spec.checkpoint_dir, "the checkpoint"), "offsets")[0]
     named = transform.aggregate is None and check_for(sink).kind == "records"  # rows that name their records
     held = None
     if named:

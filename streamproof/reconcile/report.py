@@ -16,6 +16,9 @@ not be checked, so the counts cannot be trusted either way: :attr:`Report.reason
 ``trusted: ...`` from something the pipeline wrote (the quarantine table's late records, when the offset log no
 longer reaches back to batch 0), or ``unknown: ...``: nothing durable says, so it was not checked (the records
 ``dedup.late = "drop"`` may have dropped in batches the offset log no longer holds; :func:`unlogged_late_basis`).
+The records of a pipeline still running (or stopped midway) past what its checkpoint and sink have committed are
+``not_yet_read``, a term of the identity of their own, never lost (:mod:`streamproof.reconcile.read_through`); they
+do not change the verdict. ``read_through`` shows the checkpoint's bounds.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Report(Counts):
     basis: dict[str, str] = field(default_factory=dict)
     # Why the counts cannot be trusted whatever they say (the source lost records a key or a total depends on).
     unverifiable: str = ""
+    # How far the pipeline has read, per topic and partition: {"committed": C, "planned": P} from the checkpoint;
+    # the source's records past what it and the sink committed are not_yet_read (streamproof.reconcile.read_through).
+    read_through: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    no_cut: str = ""  # why no cut was made: every record was checked to the source's end
 
     @property
     def damaged(self) -> bool:
@@ -92,6 +99,8 @@ class Report(Counts):
                 f"source = {names} does not hold: {self.identity_gap:+,} records unaccounted for "
                 "(a record read twice, or a term miscounted)"
             )
+        if self.no_cut and self.lost and self.no_cut != self.unverifiable:
+            reasons.append(f"lost may include records not yet read ({self.no_cut})")
         reasons += [f"{term} trusted: {what}" for term, what in self.trusted.items()]
         reasons += [f"{term} not checked: {what}" for term, what in self.unchecked.items()]
         return reasons
@@ -112,6 +121,8 @@ class Report(Counts):
             terms.append(("dropped late", self.dropped_late))
         if self.quarantine_lost:  # lost from quarantine: still a source record, accounted for as lost
             terms.append(("lost from quarantine", self.quarantine_lost))
+        if self.not_yet_read:  # past what the checkpoint and the sink committed: counted from their coordinates
+            terms.append(("not yet read", self.not_yet_read))
         return terms
 
     @property
@@ -140,6 +151,8 @@ class Report(Counts):
         data = {"pipeline": self.pipeline, "guarantee": self.guarantee, "sink": self.sink, **asdict(self)}
         if self.generated is None:
             data.pop("generated")
+        if not self.no_cut:
+            data.pop("no_cut")
         data["ok"] = self.ok
         data["verdict"] = self.verdict
         data["reasons"] = self.reasons
