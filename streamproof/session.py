@@ -27,6 +27,8 @@ from streamproof.errors import ConfigError
 from streamproof.jars import cache_root, cached_jars, check_java, jar_set
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
+# The file Spark's driver log goes to whole (log4j2.properties): set by a pipeline run before its JVM starts.
+SPARK_LOG_ENV = "STREAMPROOF_SPARK_LOG"
 
 
 def startup_archive() -> Path:
@@ -115,6 +117,7 @@ def session_conf(
             option
             for option in (
                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}",
+                f"-Dstreamproof.spark.log={os.environ[SPARK_LOG_ENV]}" if os.environ.get(SPARK_LOG_ENV) else None,
                 _class_data_option(archive_classes_to),
                 _QUIET_CDS,
                 jit_option(settings),

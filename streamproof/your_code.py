@@ -51,6 +51,7 @@ from streamproof.your_modules import importable_beside, load_function, ship_modu
 
 RECORDS_VIEW = "records"  # the view a [transform] sql query reads the batch's valid records from
 DETERMINISM_SAMPLE = 500  # records of a run's first batch the function is applied to twice
+PROBE_PARTITIONS = 3  # the partitions the second application gets the sample in (the first gets one)
 
 Offsets = dict[str, dict[str, int]]
 
@@ -206,8 +207,11 @@ def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, in
     """Apply the code twice to the same sample of a batch's records and refuse rows that differ, naming the first;
     False when the batch has no record to try it on (the next batch is tried).
 
-    The sample is collected first and given to both applications as the same rows, so only the code can differ.
-    A difference is a :class:`~streamproof.errors.PipelineError` (the run stops before its first write).
+    The sample is collected first, so both applications get the same records: once in one partition, in the order
+    they came; once in reverse order across :data:`PROBE_PARTITIONS` partitions, as a replay or verification may cut and
+    order them. Code whose rows depend on a clock, a random number, the order of the records or their partitioning
+    (``row_number`` over an order with ties, ``dropDuplicates``, ``first``) gives other rows. A difference is a
+    :class:`~streamproof.errors.PipelineError` (the run stops before its first write).
 
     >>> check_determinism(code, valid_rows, None)                                      # doctest: +SKIP
     """
@@ -215,17 +219,19 @@ def check_determinism(code: YourCode, records: DataFrame, versions: dict[str, in
     if not sample:
         return False
     spark = records.sparkSession
-    frozen = spark.createDataFrame(sample, records.schema)
-    applied = [code.apply(frozen, versions) for _ in range(2)]  # twice: a seed or a clock is taken per application
+    as_read = spark.createDataFrame(sample, records.schema).coalesce(1)
+    reordered = spark.createDataFrame(sample[::-1], records.schema).repartition(PROBE_PARTITIONS)
+    applied = [code.apply(as_read, versions), code.apply(reordered, versions)]
     first, second = (Counter(map(_hashable, rows.collect())) for rows in applied)
     if first == second:
         return True
     differing = sorted((first - second).elements(), key=repr) or sorted((second - first).elements(), key=repr)
     row = dict(zip(applied[0].columns, differing[0], strict=False))
     raise PipelineError(
-        f"{code.what} gave other rows when applied twice to the same {len(sample)} records (first differing: "
-        f"{_short(row)}): a batch replayed after a crash would write other values, so exactly-once cannot hold; "
-        "derive every value from the record and the lookups (no clock, no random numbers)"
+        f"{code.what} gave other rows when applied twice to the same {len(sample)} records, in another order and "
+        f"partitioning the second time (first differing: {_short(row)}): a batch replayed after a crash would write "
+        "other values, so exactly-once cannot hold; derive every value from the record and the lookups (no clock, "
+        "no random numbers, nothing that depends on which records share a batch or in which order they come)"
     )
 
 
@@ -260,7 +266,8 @@ def latest_version(spark: SparkSession, path: Location, name: str) -> int:
 
 
 class LookupVersions:
-    """``<checkpoint>/_streamproof_lookups.json``: the lookup versions each batch read, as segments of batches.
+    """``<checkpoint>.streamproof/lookups.json`` (:attr:`PipelineSpec.state_dir`, beside the checkpoint, so that a
+    restored or recovered checkpoint keeps it: :meth:`of`): the lookup versions each batch read, as segments of batches.
 
     A segment starts at a batch (and its start offsets, by which verification finds its records) and holds the
     versions its batches read; a new one starts when a lookup table changed. ``through`` is the last batch
@@ -277,16 +284,25 @@ class LookupVersions:
     ({'customers': 1}, {'customers': 2}, None)
     """
 
-    NAME = "_streamproof_lookups.json"
+    NAME = "lookups.json"
+    IN_CHECKPOINT = "_streamproof_lookups.json"  # where it was kept before, inside the checkpoint: read if alone
 
-    def __init__(self, checkpoint: Location) -> None:
-        self.path = checkpoint / self.NAME
+    def __init__(self, folder: Location, earlier: Location | None = None) -> None:
+        self.path = folder / self.NAME
+        self.earlier = earlier
+
+    @classmethod
+    def of(cls, spec: PipelineSpec) -> LookupVersions:
+        """The pipeline's record, beside its checkpoint."""
+        return cls(spec.state_dir, earlier=spec.checkpoint_dir / cls.IN_CHECKPOINT)
 
     def read(self) -> dict[str, Any]:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return {"through": -1, "segments": []}
+            if self.earlier is None or not self.earlier.exists():
+                return {"through": -1, "segments": []}
+            text = self.earlier.read_text()
         try:
             data = json.loads(text)
             assert isinstance(data, dict) and isinstance(data.get("segments"), list)
@@ -310,6 +326,7 @@ class LookupVersions:
                     (s["from_batch"] == batch_id and batch_id > data["through"])]  # fmt: skip
         if not segments or segments[-1]["versions"] != versions:
             segments.append({"from_batch": batch_id, "from_offsets": start_offsets or {}, "versions": versions})
+        self.path.parent.mkdir()
         self.path.replace_with_text(json.dumps({"through": batch_id, "segments": segments}))
 
     def versions_for(self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
@@ -334,7 +351,7 @@ def expected_rows(code: YourCode, valid: DataFrame, record: LookupVersions | Non
     """The oracle: the rows your code makes of the source's valid records, each segment of batches with the lookup
     versions it read (records no batch has read yet: the last segment's).
 
-    >>> expected_rows(code, valid_records(parsed), LookupVersions(spec.checkpoint_dir))  # doctest: +SKIP
+    >>> expected_rows(code, valid_records(parsed), LookupVersions.of(spec))  # doctest: +SKIP
     """
     if not code.spec.lookups:
         return code.apply(valid)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproof import faults
+from streamproof.task_faults import fault_folder
 
 EVIDENCE_PREFIX = "moment-"  # <fault folder>/moment-<batch>-<sink>.json: the moment a crash landed at, for the harness
 
@@ -288,7 +289,7 @@ def _sql_step(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> str
 
 
 def _py4j_commit(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> str | None:
-    return "JDBC commit" if getattr(args[0], "name", None) == "commit" else None
+    return "JDBC commit" if getattr(args[0], "name", None) == "commit" else None  # a py4j call of conn.commit()
 
 
 _INSTALLED = False
@@ -468,17 +469,9 @@ def _each_row(function: Callable[[Any], Any], rows: Iterator[Any]) -> None:
 
 def task_steps(active: WriteSteps, context: Any, job: str) -> TaskSteps:
     """What the tasks of a job about to run in ``active``'s write count, with a fresh accumulator."""
-    from streamproof.task_faults import fault_folder
-
     return TaskSteps(active.batch_id, active.sink, job, len(active.steps) + 1, active.task_moment(), active.driver_pid,
                      active.evidence or fault_folder(), context.accumulator((0, ""), MostSteps()),
                      active.batch)  # fmt: skip
-
-
-def finish_task_job(active: WriteSteps, tasks: TaskSteps, job: str) -> None:
-    """The job ran: a step, with the most commits one of its tasks made (the accumulator's value)."""
-    most, first = tasks.seen.value if tasks.seen is not None else (0, "")
-    active.took(job, most, first)
 
 
 @contextlib.contextmanager
@@ -495,7 +488,8 @@ def task_job(job: str, rdd_context: Any) -> Iterator[TaskSteps | None]:
         yield tasks
     finally:
         active.depth -= 1
-    finish_task_job(active, tasks, job)
+    most, first = tasks.seen.value  # the job ran: a step, with the most commits one of its tasks made
+    active.took(job, most, first)
 
 
 def mark(name: str) -> None:

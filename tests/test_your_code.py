@@ -31,8 +31,8 @@ from conftest import CLI_TIMEOUT_S, REPO, run_cli
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.generator import generate
+from streamproof.harness.cells import MatrixCell, guarantee_given
 from streamproof.harness.crashes import run_with_crashes
-from streamproof.harness.matrix import MatrixCell, guarantee_given
 from streamproof.infra import KafkaBroker, PostgresServer
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import compare_rows
@@ -139,11 +139,19 @@ def test_code_that_cannot_be_replayed_or_verified_is_refused_before_it_writes(
     assert clock is not None
     clock.ship(spark)
     records = spark.createDataFrame(
-        [(f"e{i}", "o", "c", 1.0, "paid", None, "t", 0, i, None) for i in range(50)],
+        [(f"e{i}", f"o{i % 5}", "c", 1.0 + i % 3, "paid", None, "t", 0, i, None) for i in range(50)],
         f"{SCHEMA}, _src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP",
     )
-    with pytest.raises(PipelineError, match=r"gave other rows when applied twice to the same 50 records .*seen_ns="):
+    with pytest.raises(PipelineError, match=r"gave other rows when applied twice to the same 50 records, .*seen_ns="):
         check_determinism(clock, records, None)
+    # Deterministic by Spark's plan, but what they make depends on the order and the partitioning of the records.
+    ranked = "SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY amount) AS n FROM records) "
+    for order_dependent in ({"python": "shop.orders:first_event_per_order"}, {"sql": ranked + "WHERE n = 1"}):
+        code = YourCode.of(_spec(order_dependent))
+        assert code is not None
+        code.ship(spark)
+        with pytest.raises(PipelineError, match=r"in another order and partitioning the second time \(first diff"):
+            check_determinism(code, records, None)
     steady = YourCode.of(_spec({"sql": "SELECT *, upper(status) AS shouted FROM records WHERE amount > 0"}))
     assert steady is not None
     check_determinism(steady, records, None)  # the same rows twice: accepted
@@ -224,6 +232,10 @@ def test_a_replay_joins_the_version_its_first_attempt_joined(
     pipeline = _shop_pipeline(tmp_path, kafka_broker, topic, pin=True)
     write_customers(spark, str(tmp_path / "customers"))
     env = {"PYTHONPATH": str(EXAMPLE)}
+    first = run_cli("run", str(pipeline), "--max-batches", "1", env=env)  # batch 0, then a backup of its checkpoint
+    assert first.returncode == 0, first.stderr[-3000:]
+    backup = run_cli("checkpoint", "backup", str(pipeline), "--to", str(tmp_path / "after-batch-0"))
+    assert backup.returncode == 0, backup.stderr[-3000:]
     crashed = subprocess.run(  # its own process group, as `streamproof prove` starts a run: the crash kills it all
         [sys.executable, "-m", "streamproof", "run", str(pipeline), "--available-now"], capture_output=True, text=True,
         cwd=REPO, start_new_session=True, timeout=CLI_TIMEOUT_S,
@@ -231,6 +243,9 @@ def test_a_replay_joins_the_version_its_first_attempt_joined(
     )  # fmt: skip
     assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILLed with batch 1 in one sink, not the other
     write_customers(spark, str(tmp_path / "customers"), regraded=True)  # the dimension changes before the restart
+    # The operator goes back to the backup: its checkpoint never saw batch 1, which one sink holds with version 0.
+    restored = run_cli("checkpoint", "restore", str(pipeline), "--from", str(tmp_path / "after-batch-0"))
+    assert restored.returncode == 0, restored.stderr[-3000:]
     drained = run_cli("run", str(pipeline), "--available-now", env=env)
     assert drained.returncode == 0, drained.stderr[-3000:]
 
@@ -239,8 +254,8 @@ def test_a_replay_joins_the_version_its_first_attempt_joined(
     assert merged.transformed + merged.quarantined == merged.source_records == 3_000
     assert (merged.lost, merged.duplicated, merged.unexpected) == (0, 0, 0), merged.to_json()
     assert merged.ok and appended.ok, appended.to_json()
-    versions = [segment[1]["customers"] for segment in LookupVersions(Location(tmp_path / "checkpoint")).segments()]
-    assert versions == [0, 1]  # batches 0-1 joined version 0 (the replay too), the later ones version 1
+    versions = [segment[1]["customers"] for segment in LookupVersions.of(load_pipeline(pipeline)).segments()]
+    assert versions == [0, 1]  # batches 0-1 joined version 0 (the replay after the restore too), the later ones 1
     # Without Spark your function cannot run: the quarantine side and the source's terms are checked, and agree
     # with Spark's; what the sinks should hold is unknown, with its basis.
     own = verify_independently(load_pipeline(pipeline))

@@ -66,8 +66,8 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
         return []
     behind = []
     for sink in recording(sinks):
-        if spark is None and sink.needs_spark_for_commits():
-            continue
+        if (spark is None and sink.needs_spark_for_commits()) or sink.records_hand_outs:
+            continue  # your own sink's records say what it was handed: whether it holds it, only your code knows
         head = sink.last_commit(spark)
         holds = head.batch_id if head is not None else -1
         if holds < committed[-1]:
@@ -207,7 +207,7 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     offsets = dict(sorted(offsets.items()))
     if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
         return HeldBeyond(offsets)
-    if len(recording(sinks)) < len(sinks):  # your own sink keeps no record streamproof reads: it is handed each one
+    if len(recording(sinks)) < len(sinks):  # a sink keeping no record streamproof reads is handed each batch
         return HeldBeyond(offsets)
     ends_at = _offsets_or_none(spec, last)
     if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import aside, refuse_while_running
 from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
+from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
@@ -25,6 +26,7 @@ from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import batches_back_to, latest_version
+from streamproof.sinks.python import PythonSink
 from streamproof.storage import Location
 
 # The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
@@ -169,15 +171,26 @@ def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec
     """
     if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
         return
-    for sink in recording(sinks):
+    # Your own sinks by the batches handed to them, and the quarantine table, which a batch writes before the sinks.
+    for sink in [*recording(sinks), quarantine_table(pipeline)]:
         if spark is None and sink.needs_spark_for_commits():
             continue  # checked again once the session runs
-        last = sink.last_commit(spark)
-        if last is not None:
-            offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
+        last = sink.last_record(spark)
+        if last is None:
+            continue
+        offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
+        recover = f"`streamproof checkpoint recover {pipeline._source_name}`"
+        if isinstance(sink, PythonSink):
             raise PipelineError(
-                f"checkpoint {pipeline.checkpoint_dir} is empty but {sink.location} already holds batches of "
-                f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
-                f"rebuild it from the sinks' records (`streamproof checkpoint recover {pipeline._source_name}`), "
-                "restore a backup, or write to a new sink"
+                f"checkpoint {pipeline.checkpoint_dir} is empty but your sink {sink.name} ({sink.location}) was "
+                f"handed batches of pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}, recorded in "
+                f"{sink.handed.folder}: the checkpoint was lost, and a new one would hand it those batch ids again "
+                f"with other records; rebuild it from the records ({recover}), restore a backup, or, to start your "
+                f"sink afresh, empty it and remove {sink.handed.folder}"
             )
+        what = "the quarantine table" if sink.location == str(pipeline.quarantine_path) else sink.location
+        raise PipelineError(
+            f"checkpoint {pipeline.checkpoint_dir} is empty but {what} already holds batches of "
+            f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
+            f"rebuild it from the sinks' records ({recover}), restore a backup, or write to a new sink"
+        )

@@ -98,7 +98,7 @@ class BatchWriter:
         self.quarantine = quarantine_table(spec)
         self.heads: dict[str, int] = {}
         self.code = YourCode.of(spec)
-        self.lookup_versions = LookupVersions(spec.checkpoint_dir) if spec.lookups else None
+        self.lookup_versions = LookupVersions.of(spec) if spec.lookups else None
         self.determinism_checked = not self.wiring.idempotent_sink  # exactly-once checks it on a run's first batch
 
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:

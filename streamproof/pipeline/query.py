@@ -14,11 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -56,7 +58,7 @@ from streamproof.pipeline.events import (
 from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
-from streamproof.session import NO_DATA_BATCHES, build_session, ui_wanted
+from streamproof.session import NO_DATA_BATCHES, SPARK_LOG_ENV, build_session, ui_wanted
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.transform import check_derived_columns, stateful_stream
@@ -112,6 +114,7 @@ def run(
     batches commit, for a caller that displays progress.
     """
     faults.arm_from_environment()
+    _spark_log(spec)
     channel = side_channel()
     summary = summary or RunSummary(spec.name)
 
@@ -139,6 +142,16 @@ def run(
         return _run_locked(spec, available_now, max_batches, publish, summary, spark, once, warm_up)
     finally:
         lock.__exit__()
+
+
+def _spark_log(spec: PipelineSpec) -> Path:
+    """Where Spark's driver log of this run goes whole (stack traces too), beside the checkpoint when that is a local
+    folder: the terminal shows a failure in one line and names this file. Set before the run's JVM starts."""
+    state = spec.state_dir
+    folder = state.path / "logs" if not state.is_remote else Path(".streamproof") / "logs" / spec.name
+    path = folder.resolve() / f"spark-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    os.environ.setdefault(SPARK_LOG_ENV, str(path))
+    return Path(os.environ[SPARK_LOG_ENV])
 
 
 def _run_locked(
@@ -296,7 +309,9 @@ def _run_through_outages(
             return query
         reason = first_line(error)
         if not is_transient(error) or stop.event.is_set():
-            raise PipelineError(f"pipeline {spec.name!r} failed: {reason}")
+            log = os.environ.get(SPARK_LOG_ENV)
+            where = f" (Spark's log: {log})" if log and Path(log).exists() and "(traceback: " not in reason else ""
+            raise PipelineError(f"pipeline {spec.name!r} failed: {reason}{where}")
         now = time.monotonic()
         outage_began = now if outage_began is None or summary.batches > batches_before else outage_began
         if now - outage_began + retry.backoff_s > retry.max_outage_s:

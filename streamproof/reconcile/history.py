@@ -314,7 +314,7 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
     valid = valid_records(parsed)
     if spec.transform.columns:
         valid = with_derived_columns(valid, spec.transform)
-    record = LookupVersions(spec.checkpoint_dir) if spec.lookups else None
+    record = LookupVersions.of(spec) if spec.lookups else None
     oracles: dict[Any, DataFrame] = {}  # the rows your code makes of the records read, per cut
     quarantine_table = _read_delta(spark, spec.quarantine_path)
     quarantine = (quarantine_table.select(*COORDINATES) if quarantine_table is not None

@@ -115,8 +115,11 @@ class Sink(ABC):
     # What :meth:`head` counts, for the line that stops a run whose sink went backwards.
     head_meaning: ClassVar[str] = ""
     # Whether the sink records the batches it holds (every built-in one does): the start checks, the replay-through
-    # and the checkpoint's repairs read those records. Your own sink (kind = "python") keeps none streamproof knows.
+    # and the checkpoint's repairs read those records.
     keeps_batch_records: ClassVar[bool] = True
+    # Whether its records say which batches it was handed rather than what it holds (your own sink, kind = "python":
+    # streamproof.sinks.handed): never "behind" the checkpoint on them, and every batch is handed to it.
+    records_hand_outs: ClassVar[bool] = False
 
     def __init__(self, pipeline: PipelineSpec, spec: AnySinkSpec) -> None:
         self.pipeline = pipeline
@@ -226,6 +229,11 @@ class Sink(ABC):
         complete = [commit for commit in self.commits() if commit.complete]
         return complete[-1] if complete else None
 
+    def last_record(self, spark: SparkSession | None) -> SinkCommit | None:
+        """The last batch the sink records at all (completely, or, for your own sink, handed to it): a checkpoint that
+        is empty while this exists was lost."""
+        return self.last_commit(spark)
+
 
 class FolderSink(Sink):
     """A sink that writes data files under a path of the pipeline file (Delta table, Parquet folder)."""
@@ -318,8 +326,8 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
     if commit is None and held.known_from is not None and batch.batch_id < held.known_from:
         raise PipelineError(
             f"{where} no longer records the batches of pipeline {batch.pipeline!r} before batch {held.known_from} "
-            f"(its records of them were compacted away), so whether it holds batch {batch.batch_id} cannot be "
-            f"checked{_REPAIR}"
+            f"(its records of them are no longer kept: compacted away, or pruned), so whether it holds batch "
+            f"{batch.batch_id} cannot be checked{_REPAIR}"
         )
     if commit is None and batch.batch_id < held.through:
         raise PipelineError(

@@ -37,6 +37,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof import faults, your_steps
+from streamproof.sinks.handed import HandedOut, HandOut
 from streamproof.config import PipelineSpec, PythonSinkSpec
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
@@ -54,7 +55,8 @@ class PythonSink(Sink):
     spec: PythonSinkSpec
     # The mid-sink-write point is met inside your write, at the moment it is armed at: no watcher kills from outside.
     writes_in_python_tasks = True
-    keeps_batch_records = False
+    # Its records are the batches handed to it, kept beside the checkpoint (streamproof.sinks.handed).
+    records_hand_outs = True
 
     def __init__(self, pipeline: PipelineSpec, spec: PythonSinkSpec) -> None:
         super().__init__(pipeline, spec)
@@ -66,6 +68,7 @@ class PythonSink(Sink):
         self._read = load_attribute(spec.read, key=f"sink {spec.name}: read") if spec.read else None
         if self._read is not None and not callable(self._read):
             raise ConfigError(f"sink {spec.name}: read = {spec.read!r} is not a function")
+        self.handed = HandedOut(pipeline.state_dir, spec.name)
 
     @property
     def location(self) -> str:
@@ -77,13 +80,18 @@ class PythonSink(Sink):
             ship_module(spark, name)
 
     def replay_check(self, batch: Batch) -> bool:
-        return False  # your code decides what a replay writes: every batch is handed to it
+        """Every batch is handed to your write (your code decides what a replay writes), but not one whose id was
+        handed out before with other offsets: the replay rule's refusals (:func:`replay_decision`) on the hand-outs."""
+        super().replay_check(batch)
+        return False
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         """Call your write with the batch (Spark's signature), counting the moments it goes through; an armed
         ``mid-sink-write`` crash kills the run at its moment. Its return value is ignored."""
         yours = YourBatch(batch.batch_id, batch.pipeline, batch.start_offsets, batch.end_offsets,
                           dict(self.spec.options))  # fmt: skip
+        if batch.keyed:  # recorded before your code runs: a lost checkpoint cannot hand out this id again unseen
+            self.handed.hand(batch.batch_id, batch.start_offsets, batch.end_offsets, yours.key)
         armed = faults.armed_moment() if batch.task_fault == faults.MID_SINK_WRITE else None
         steps = WriteSteps(batch.batch_id, self.name, armed, fault_folder(), yours)
         try:
@@ -95,6 +103,8 @@ class PythonSink(Sink):
                     self._write(rows, batch.batch_id, **self.spec.options)
         except Exception as error:
             raise self._failed(error, batch.batch_id) from None
+        if batch.keyed:
+            self.handed.returned(batch.batch_id)
         missed = None if armed is None else not_reached(self.spec.write, batch.batch_id, armed, steps.moments)
         if missed is not None:
             print(f"[streamproof] {missed}", file=sys.stderr, flush=True)
@@ -115,7 +125,20 @@ class PythonSink(Sink):
                              f"{your_exception(error)}{kept}")  # fmt: skip
 
     def commits(self) -> list[SinkCommit]:
-        return []  # streamproof keeps no record in your sink
+        """The batches handed to your write (complete: your write of it returned), from the records beside the
+        checkpoint: streamproof keeps nothing in your sink itself."""
+        return [_as_commit(record) for record in self.handed.records()]
+
+    def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
+        return {record.batch_id: _as_commit(record) for record in self.handed.records(first_batch)}
+
+    def known_from(self, held: dict[int, SinkCommit]) -> int | None:
+        ids = self.handed.batch_ids()
+        return ids[0] if ids else None  # older hand-outs are no longer kept (KEPT), or were never recorded
+
+    def last_record(self, spark: SparkSession | None) -> SinkCommit | None:
+        records = self.commits()
+        return records[-1] if records else None
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """Your ``read(spark)`` (or ``read(spark, options)``): the rows the sink holds, with lineage."""
@@ -256,3 +279,8 @@ def your_exception(error: BaseException) -> str:
     if found:
         return found[-1].group(0)[:300]
     return f"{type(error).__name__}: {text.strip().splitlines()[0][:300] if text.strip() else ''}"
+
+
+def _as_commit(record: HandOut) -> SinkCommit:
+    """A hand-out as the record of a batch the sink holds: completely once your write of it returned."""
+    return SinkCommit(record.batch_id, record.end_offsets, keyed=True, complete=record.returned)
