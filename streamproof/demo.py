@@ -19,7 +19,7 @@ from rich.console import Console
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
-from streamproof.harness.crashes import run_with_random_kills
+from streamproof.harness.random_kills import run_with_random_kills
 from streamproof.infra import KafkaBroker, free_port, port_in_use
 from streamproof.reconcile import Report, verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently

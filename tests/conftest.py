@@ -128,14 +128,16 @@ path = "{workdir / "sink"}"
 
 
 def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> list[Any]:
-    """Reconcile the pipeline's sinks: each 0 lost / 0 duplicated / 0 unexpected over ``events`` source records."""
+    """Reconcile the drained pipeline's sinks: each 0 lost / 0 duplicated / 0 unexpected over ``events`` source records,
+    every one of them read (none set apart as not yet read)."""
     from streamproof.config import load_pipeline
     from streamproof.reconcile import verify_pipeline
 
     reports = verify_pipeline(spark, load_pipeline(pipeline_file))
     for report in reports:
         assert report.source_records == events
-        assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+        damage = (report.lost, report.duplicated, report.unexpected, report.not_yet_read)
+        assert damage == (0, 0, 0, 0), report.to_json()
         assert report.identity_holds
     return reports
 

@@ -31,7 +31,7 @@ FLOORS = {
     "streamproof.transform": 1, "streamproof.your_modules": 1, "streamproof.your_steps": 1,
     "streamproof.kafka_client": 1, "streamproof.jars": 1,
     "streamproof.avro": 1,
-    "streamproof.config": 0, "streamproof.task_faults": 0,
+    "streamproof.config": 0, "streamproof.task_faults": 0, "streamproof.your_calls": 0,
     "streamproof.guarantees": -1, "streamproof.faults": -1, "streamproof.metrics": -1, "streamproof.storage": -1,
     "streamproof.errors": -2,
 }  # fmt: skip

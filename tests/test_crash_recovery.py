@@ -16,7 +16,7 @@ from conftest import write_pipeline
 from streamproof.config import load_pipeline
 from streamproof.faults import surviving_processes
 from streamproof.generator import generate
-from streamproof.harness.crashes import run_with_random_kills
+from streamproof.harness.random_kills import run_with_random_kills
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile import verify_pipeline
 

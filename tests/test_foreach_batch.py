@@ -166,17 +166,32 @@ def test_a_failure_in_your_driver_code_is_one_line_and_its_traceback_is_kept(tmp
 
 
 def test_the_commits_of_a_client_written_in_c_are_counted_as_steps_of_your_write(tmp_path: Path) -> None:
-    """sqlite3's commit is a C method nobody can wrap: it is seen as it returns (the profile hook), in the thread of
-    your write only, once per commit; a failed commit is no step."""
+    """sqlite3's commit is a C method nobody can wrap: it is seen as it returns (the profile hook), on a subclass of the
+    connection too, once per commit, in the thread of your write; one made in a thread of its own is an unseen step
+    (no crash can land after it: the proof says so), and one after your write is nothing."""
     import sqlite3
+    import threading
+
+    class Logged(sqlite3.Connection):
+        pass
 
     steps = WriteSteps(batch_id=3, sink="yours", armed=None)
-    connection = sqlite3.connect(tmp_path / "ledger.db")
+    connection = sqlite3.connect(tmp_path / "ledger.db", factory=Logged)
+
+    def elsewhere() -> None:
+        other = sqlite3.connect(tmp_path / "other.db")
+        other.execute("CREATE TABLE t (x INTEGER)")
+        other.commit()
+
     with counting(steps):
         connection.execute("CREATE TABLE ledger (batch_id INTEGER PRIMARY KEY)")
         connection.commit()
         connection.execute("INSERT INTO ledger VALUES (3)")
         connection.commit()
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
     connection.commit()  # after your write: not counted
     assert steps.moments == ["after step 1: sqlite3 commit", "after step 2: sqlite3 commit"]
+    assert steps.unseen == ["sqlite3 commit"]
     assert sys.getprofile() is None and os.getpid() == steps.driver_pid

@@ -13,12 +13,20 @@ from typer.testing import CliRunner
 
 import streamproof.cli.pipeline as cli_pipeline
 from streamproof.cli import app
-from streamproof.config import parse_pipeline
+from streamproof.config import load_pipeline, parse_pipeline
 from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
 from streamproof.guarantees import GUARANTEES
-from streamproof.harness.cells import MatrixCell, cells_not_as_expected, credited, damage_to, worst_damage
+from streamproof.harness.cells import (
+    MatrixCell,
+    cells_not_as_expected,
+    credited,
+    damage_to,
+    guarantee_given,
+    worst_damage,
+    your_expected_damage,
+)
 from streamproof.harness.crashes import Crash, HarnessResult, runs_of
-from streamproof.harness.matrix import _cells, batches_of_cell
+from streamproof.harness.matrix import _cells, batches_of_cell, moment_cells
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -186,3 +194,37 @@ def test_each_sinks_row_expects_the_damage_every_crash_of_its_cell_left_in_it(
     got = {label: worst_damage(damage_to(label, where, LABELS, guarantee, has_invalid_records=False) for where in armed)
            for label in LABELS}  # fmt: skip
     assert got == expected
+
+
+def test_your_sinks_exactly_once_cell_with_damage_fails_the_matrix_saying_which_guarantee_it_gave() -> None:
+    """Your own sink under exactly-once is handed every batch, replays included: a duplicate there is your code's, and
+    the cell fails (it used to be "as expected" whatever it showed). Under at-least-once a duplicate may be your code
+    absorbing a replay or not; rows no record explains are never as expected."""
+    expected = your_expected_damage("exactly-once", "clean", "mid-sink-write")
+    doubled = cell("exactly-once", "mid-sink-write#1", expected, sink="ledger", duplicated=989)
+    assert cells_not_as_expected([doubled]) == [
+        "exactly-once x mid-sink-write#1 [ledger]: expected clean, showed duplicated: lost 0, duplicated 989, "
+        "unexpected 0"
+    ]
+    assert guarantee_given([doubled], "ledger").startswith("ledger (your sink) gave at-least-once: duplicated 989")
+    weaker = your_expected_damage("at-least-once", "duplicated", "after-sink-commit")
+    assert weaker == "may-duplicate"
+    absorbed_or_not = cell("at-least-once", "after-sink-commit", weaker, sink="ledger", duplicated=5)
+    assert cells_not_as_expected([absorbed_or_not]) == []
+    stray = cell("at-least-once", "after-sink-commit", weaker, sink="ledger", duplicated=5, unexpected=3)
+    assert cells_not_as_expected([stray]) == [
+        "at-least-once x after-sink-commit [ledger]: 3 rows no source record explains (lost 0, duplicated 5): no "
+        "guarantee allows them"
+    ]
+
+
+def test_the_matrix_arms_the_first_moment_of_your_sinks_and_a_cell_for_each_further_one() -> None:
+    spec = load_pipeline(REPO / "examples" / "your_code" / "foreach_batch.toml")
+    cells = _cells(spec, ["exactly-once"], ["mid-sink-write"], None)
+    labels = ["control-table-ledger", "merge-upsert", "jdbc-upsert", "epoch-ledger-writer"]
+    assert cells == [("exactly-once", "mid-sink-write", [f"mid-sink-write:{label}#1" for label in labels])]
+    learned = {"control-table-ledger": ["save data", "save control"], "merge-upsert": ["merge"],
+               "jdbc-upsert": ["commit"], "epoch-ledger-writer": ["task commit 1", "task commit 2"]}  # fmt: skip
+    assert moment_cells("exactly-once", cells[0][2], labels, learned) == [
+        ("exactly-once", "mid-sink-write#2", [f"mid-sink-write:{label}#2" for label in (labels[0], labels[3])])
+    ]

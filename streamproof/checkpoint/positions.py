@@ -207,8 +207,8 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     offsets = dict(sorted(offsets.items()))
     if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
         return HeldBeyond(offsets)
-    if len(recording(sinks)) < len(sinks):  # a sink keeping no record streamproof reads is handed each batch
-        return HeldBeyond(offsets)
+    if len(recording(sinks)) < len(sinks) or any(sink.records_hand_outs for sink in sinks):
+        return HeldBeyond(offsets)  # your own sink is handed each batch again: what a replay writes is your code's
     ends_at = _offsets_or_none(spec, last)
     if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):
         return HeldBeyond(offsets)  # another history: the replay rule refuses it when run

@@ -188,9 +188,11 @@ def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec
                 f"with other records; rebuild it from the records ({recover}), restore a backup, or, to start your "
                 f"sink afresh, empty it and remove {sink.handed.folder}"
             )
-        what = "the quarantine table" if sink.location == str(pipeline.quarantine_path) else sink.location
+        quarantine = sink.location == str(pipeline.quarantine_path)
+        what = "the quarantine table" if quarantine else sink.location
+        fresh = f"move {pipeline.quarantine_path} aside to start afresh" if quarantine else "write to a new sink"
         raise PipelineError(
             f"checkpoint {pipeline.checkpoint_dir} is empty but {what} already holds batches of "
             f"pipeline {pipeline.name!r} up to batch {last.batch_id}{offsets}: the checkpoint was lost; "
-            f"rebuild it from the sinks' records ({recover}), restore a backup, or write to a new sink"
+            f"rebuild it from the sinks' records ({recover}), restore a backup, or {fresh}"
         )

@@ -321,9 +321,11 @@ def prove(
     print_reports(console, proof.reports)
     for line in proof.missed:
         console.print(f"[bold red]fault missed[/] (the proof fails: a fault that never fired proves nothing): {line}")
+    for line in proof.unread:
+        console.print(f"[bold red]not drained[/] (the proof fails: records never read prove nothing): {line}")
     document = reports_document(proof.reports)
-    if proof.missed:  # DESIGN's report, with why it fails when a fault did not happen
-        document |= {"missed": proof.missed, "ok": False}
+    if proof.missed or proof.unread:  # DESIGN's report, with why it fails when a fault did not happen
+        document |= {"missed": proof.missed + proof.unread, "ok": False}
     write_output(json_file, json.dumps(document, indent=2))
     write_output(html_file, report_html(proof.reports, proof.harness.timeline, command))
     if not proof.ok:

@@ -10,10 +10,8 @@ until one run drains the source and exits 0; the caller then reconciles with the
   death, before any restart, the harness records on disk what the crash left (:mod:`streamproof.harness.evidence`):
   whether the offset log, Spark's commit log and the sink's log hold the batch, and which writes had begun; facts
   that do not fit the point make it a missed fault, and the proof fails.
-* **random kills** (:func:`run_with_random_kills`): seeded. For each kill the harness draws ``after``
-  (1 to 3 committed batches of the current run) and ``phase`` (uniform in [0, 1)), waits for the
-  ``after``-th committed batch, then sleeps ``phase`` times that batch's duration and kills:
-  a uniformly random point of a batch being written. The moments are printed, to replay a failure.
+* **random kills** (:mod:`streamproof.harness.random_kills`): seeded, at uniformly random moments of a batch
+  being written, on the same :class:`Harness`.
 
 A kill that cannot be delivered (the pipeline drained first, even a moment before the SIGKILL: a killed run must
 end by SIGKILL) is an error, never a silent pass: a harness that skips its faults proves nothing.
@@ -27,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from collections.abc import Callable, Iterable
@@ -51,7 +48,7 @@ from streamproof.harness.cluster import (
 from streamproof.harness.evidence import crash_facts, crash_happened
 from streamproof.pipeline.events import BatchCommitted, Event, WriteMoments, WriteStarted
 from streamproof.session import local_session
-from streamproof.your_steps import landed
+from streamproof.your_steps import MOMENTS_CRASHED, landed
 
 Emit = Callable[[str], None]
 
@@ -104,9 +101,12 @@ class HarnessResult:
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
     missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
     missed_at: list[str] = field(default_factory=list)  # where each of ``missed`` was armed (``point[:sink]``)
-    # Your own sinks: the moments a clean write of a fresh batch went through, by sink label (streamproof.your_steps):
-    # where mid-sink-write#1..#n can crash it.
+    # Your own sinks, by label (streamproof.your_steps): the moments the last clean write of a fresh batch went through
+    # (where mid-sink-write#1..#n can crash it), those of every such write (a crash's landing must be one of them),
+    # and the durable steps they took in other threads, after which no crash can land.
     moments: dict[str, list[str]] = field(default_factory=dict)
+    seen_moments: dict[str, list[list[str]]] = field(default_factory=dict)
+    unseen: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def batch_rows_per_second(self) -> float:
@@ -162,9 +162,12 @@ class Harness:
             run.writes_started.append((event.batch_id, event.sink))
         if isinstance(event, WriteMoments):
             run.moments.append(event)
-            fresh = run.number == 1 or event.batch_id != run.moments[0].batch_id
-            if event.missed is None and fresh:  # a run's first batch may be a replay, whose write may differ
+            if event.unseen:
+                self.result.unseen.setdefault(event.sink, []).extend(event.unseen)
+            # A run's first batch may be a replay, whose write may differ from a fresh batch's.
+            if run.number == 1 or event.batch_id != run.moments[0].batch_id:
                 self.result.moments[event.sink] = event.moments
+                self.result.seen_moments.setdefault(event.sink, []).append(event.moments)
         if not isinstance(event, BatchCommitted):
             return
         run.committed.append((at, event))
@@ -272,13 +275,17 @@ class Harness:
 
 
 def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
-                     timeout_s: float = RUN_TIMEOUT_S,
-                     cluster: ClusterFaults | None = None) -> HarnessResult:  # fmt: skip
+                     timeout_s: float = RUN_TIMEOUT_S, cluster: ClusterFaults | None = None,
+                     learned: dict[str, list[list[str]]] | None = None) -> HarnessResult:  # fmt: skip
     """Crash the pipeline once per point (in order), each in the second batch of its run, then drain. Faults of
     the machines, which a run survives, share one run, a batch each (:func:`runs_of`); the last such run drains.
 
     A point of the machines (``executor-mid-write``, ``worker-loss``, ``datanode-restart``, ``speculation``) needs the
     pipeline on a cluster (``[spark] master``; HDFS for the DataNode) and ``cluster``, the daemons it breaks.
+
+    ``mid-sink-write`` in your own sink (:func:`your_moment`): without ``#k``, each moment of its write in turn, as many
+    as a clean batch went through; ``learned``: the moments clean batches of the same pipeline went through elsewhere
+    (a matrix's earlier cell), which a crash's landing is checked against too.
     """
     spec = load_pipeline(pipeline_file)
     points = list(points)
@@ -289,6 +296,8 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
         pipeline_file = _with_conf(spec, log_dir / "pipeline.toml", event_log_conf(log_dir / "spark-events"),
                                    any(faults.split_point(p)[0] == faults.SPECULATION for p in points))  # fmt: skip
     harness = Harness(pipeline_file, log_dir, emit, timeout_s)
+    for sink_label, lists in (learned or {}).items():
+        harness.result.seen_moments.setdefault(sink_label, []).extend(lists)
     try:
         labels = [sink.name for sink in spec.sink_specs]
         for where in points:
@@ -303,7 +312,7 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                     "(`streamproof infra up --spark-workers 2 --hdfs`, docs/cluster.md)"
                 )
         yours = {sink.name for sink in spec.sink_specs if isinstance(sink, PythonSinkSpec)}
-        groups, drained, number = runs_of(points), False, 0
+        groups, drained, number, expanded = runs_of(points), False, 0, set()
         while number < len(groups):
             group, number = groups[number], number + 1
             # The second batch of this run: the first may be a replay, the crash should hit a fresh one. An
@@ -323,12 +332,6 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             code = harness.wait_for_exit(run)
             killed_at = time.monotonic()
             if code != -signal.SIGKILL:
-                not_reached = [event.missed for event in run.moments if event.batch_id == armed.batch_id
-                               and event.sink == target and event.missed]  # fmt: skip
-                if point == faults.MID_SINK_WRITE and target in yours and not_reached and code == 0:
-                    harness.miss(where, f"{not_reached[0]}; log: {run.child.log_path}")
-                    drained = True  # the run went on to the end of the source
-                    continue
                 raise PipelineError(
                     f"crash {armed.encode()} missed: run {run.number} exited with code {code} instead of dying "
                     f"by SIGKILL (too little data for two batches?); log: {run.child.log_path}"
@@ -336,24 +339,64 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             started = [sink for batch, sink in run.writes_started if batch == armed.batch_id]
             crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
                           facts=crash_facts(spec, armed.batch_id, started), killed_monotonic=killed_at)  # fmt: skip
-            if point == faults.MID_SINK_WRITE and target in yours:
+            yours_hit = point == faults.MID_SINK_WRITE and target in yours
+            if yours_hit:
                 crash.facts["moment"] = landed(run.child.log_path.parent / "faults", armed.batch_id, target)
             emit(f"crash at {where} in batch {armed.batch_id} (run {run.number}): SIGKILL; on disk: {crash.facts}")
             harness.record_crash(run, crash)
             if missing := crash_happened(point, crash.facts, target):
                 harness.miss(where, f"{missing}; log: {run.child.log_path}")
-            elif point == faults.MID_SINK_WRITE and target in yours and not crash.facts.get("moment"):
-                harness.miss(where, f"{where}: the kill came from no moment of {target}'s write; log: "
-                                    f"{run.child.log_path}")  # fmt: skip
-            if point == faults.MID_SINK_WRITE and target in yours and moment is None:
-                # Every moment of your write in turn: the first taught how many there are.
-                learned = harness.result.moments.get(target, [])
-                groups[number:number] = [[f"{where}#{k}"] for k in range(2, len(learned) + 1)]
+            elif yours_hit:
+                found = your_moment(crash.facts.get("moment"), moment or 1, harness.result.seen_moments.get(target))
+                if found is not None and where in expanded and not crash.facts["moment"].get("reached", True):
+                    emit(f"{where}: {found} (its moments end there; the crash came when the write returned)")
+                    groups[number:] = [group for group in groups[number:] if group[0] not in expanded]
+                elif found is not None:
+                    harness.miss(where, f"{found}; log: {run.child.log_path}")
+            if yours_hit and moment is None:  # every moment of your write in turn: a clean batch taught how many
+                learned_here = harness.result.moments.get(target, [])
+                if len(learned_here) > MOMENTS_CRASHED:
+                    emit(f"{target}'s write went through {len(learned_here)} moments: the first {MOMENTS_CRASHED} are "
+                         "crashed; the rest are not exercised")  # fmt: skip
+                more = [f"{where}#{k}" for k in range(2, min(len(learned_here), MOMENTS_CRASHED) + 1)]
+                expanded |= set(more)
+                groups[number:number] = [[point_k] for point_k in more]
+        for target in sorted(yours):
+            took = harness.result.unseen.get(target)
+            if took and any(faults.split_point(where)[0] == faults.MID_SINK_WRITE and
+                            (faults.split_point(where)[1] or labels[0]) == target for where in points):  # fmt: skip
+                harness.miss(f"{faults.MID_SINK_WRITE}:{target}", f"{target}'s write took durable steps in another "
+                             f"thread than its own ({', '.join(sorted(set(took)))}): no crash can land after them, so "
+                             "its moments were not all exercised")  # fmt: skip
         if not drained:
             harness.drain()
     finally:
         result = harness.finish()
     return result
+
+
+def your_moment(landing: dict[str, Any] | None, moment: int, seen: list[list[str]] | None) -> str | None:
+    """Why a crash armed at your write's ``moment`` did not land where a clean batch said that moment is (None: it
+    did), in one line: no landing recorded, the write went through fewer moments (``reached`` False), or it landed at a
+    moment no clean batch had at that place (the write's moments differ from batch to batch, so the moment planned
+    was not the one crashed).
+
+    >>> seen = [["after step 1: save data", "after step 2: save control"]]
+    >>> your_moment({"what": "after step 2: save control", "reached": True}, 2, seen) is None
+    True
+    >>> your_moment({"what": "in a task of step 2 (foreachPartition), after its psycopg commit 1"}, 2, seen)[:55]
+    "moment 2 landed at 'in a task of step 2 (foreachPartiti"
+    """
+    if landing is None:
+        return "the kill came from no moment of the write"
+    if not landing.get("reached", True):
+        return str(landing["what"])
+    at_moment = {moments[moment - 1] for moments in seen or [] if len(moments) >= moment}
+    if at_moment and landing["what"] not in at_moment:
+        return (f"moment {moment} landed at {landing['what']!r}, where clean batches had "
+                f"{' / '.join(map(repr, sorted(at_moment)))}: the write's moments differ from batch to batch, so the "
+                "moment planned was not the one crashed")  # fmt: skip
+    return None
 
 
 def runs_of(points: list[str]) -> list[list[str]]:
@@ -434,41 +477,3 @@ def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, clust
             harness.miss(crash.point, f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
                                       f"{run.child.log_path}, {event_logs}")  # fmt: skip
     return drain and code == 0
-
-
-def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir: Path, emit: Emit = print,
-                          max_after_batches: int = 3, timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
-    """Run the pipeline to the end of its source through ``kills`` seeded random SIGKILLs (module docstring)."""
-    rng = random.Random(seed)
-    harness = Harness(pipeline_file, log_dir, emit, timeout_s)
-    try:
-        for number in range(1, kills + 1):
-            run = harness.start()
-            after, phase = rng.randint(1, max_after_batches), rng.random()
-            if not harness.wait_for_batches(run, after):
-                raise PipelineError(
-                    f"kill {number}/{kills} missed: run {run.number} drained before committing {after} batches; "
-                    "use more data or a smaller source.max_offsets_per_trigger"
-                )
-            waited = run.committed[-1][1]
-            delay = phase * max(waited.duration_s, 0.2)
-            if not harness.sleep_forwarding(run, delay):
-                raise PipelineError(
-                    f"kill {number}/{kills} missed: run {run.number} drained {delay:.2f} s after batch "
-                    f"{waited.batch_id}; use more data or a smaller source.max_offsets_per_trigger"
-                )
-            killed_at = harness.kill(run, f"kill {number}/{kills}")
-            harness.forward_remaining(run)
-            in_flight = run.committed[-1][1].batch_id + 1
-            emit(
-                f"kill {number}/{kills}: run {run.number}, {delay:.2f} s after batch {waited.batch_id} committed "
-                f"(after {after}, phase {phase:.2f}): SIGKILL pgid {run.child.pid}, batch {in_flight} in flight"
-            )
-            harness.record_crash(run, Crash(
-                faults.RANDOM, in_flight, killed_at - run.child.started_at, run.number,
-                detail=f"{delay:.2f} s after batch {waited.batch_id} committed", killed_monotonic=killed_at,
-            ))  # fmt: skip
-        harness.drain()
-    finally:
-        result = harness.finish()
-    return result

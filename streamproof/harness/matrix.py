@@ -48,6 +48,7 @@ from streamproof.reconcile.counts import check_for
 from streamproof.sinks import open_sinks
 from streamproof.storage import Location
 from streamproof.your_modules import importable_beside
+from streamproof.your_steps import MOMENTS_CRASHED
 
 
 def batches_of_cell(guarantee: str, faults_armed: int) -> int:
@@ -164,12 +165,14 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
                  "cell would get a copy of: every cell writes to the same target, and their counts mix")  # fmt: skip
     cells: list[MatrixCell] = []
     planned = _cells(spec, guarantees, points, cluster)
+    learned: dict[str, list[list[str]]] = {}  # your sinks' moments in the clean batches of every cell so far
     while planned:
         guarantee, point, armed = planned.pop(0)
         max_offsets = max(100, -(-count // batches_of_cell(guarantee, len(armed))))
         started = time.monotonic()
         name = f"{guarantee}-{point}"
         emit(f"── cell {name} ──")
+        name = name.replace("#", "-moment-")  # a topic's and a folder's name: no "#" in either
         cell_dir = workdir / name
         topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
         generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
@@ -177,13 +180,18 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         cell_file = cell_dir / "pipeline.toml"
         cell_dir.mkdir(parents=True, exist_ok=True)
         cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / name, max_offsets)))
-        harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster)
+        harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster,
+                                   learned=learned)  # fmt: skip
+        for label, lists in harness.seen_moments.items():  # what each later cell's crash is checked against
+            learned.setdefault(label, []).extend(lists)
         cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
         reports = verify_pipeline(spark, cell_pipeline)
         sinks = open_sinks(cell_pipeline)
         labels = [sink.name for sink in sinks]
         for sink, report in zip(sinks, reports, strict=True):
             crashes, missed = credited(harness, sink.name, labels)
+            if report.not_yet_read:  # the cell drained its topic: records it did not read are no proof of anything
+                missed = [*missed, f"the pipeline did not read {report.not_yet_read:,} records of its topic"]
             if not crashes and not missed and not wiring_for(guarantee).exactly_once:
                 emit(f"   {name} [{report.sink}]: no fault of this cell hit it (lost {report.lost}, duplicated "
                      f"{report.duplicated}, unexpected {report.unexpected}): not a cell")  # fmt: skip
@@ -233,7 +241,8 @@ def first_moment_of_yours(where: str, labels: Sequence[str], yours: set[str]) ->
 def moment_cells(guarantee: str, armed: Sequence[str], labels: Sequence[str],
                  moments: dict[str, list[str]]) -> list[tuple[str, str, list[str]]]:  # fmt: skip
     """The cells of the further moments of your own sinks' writes, once a cell armed at their first (``#1``) taught how
-    many there are (``moments``, by sink label): cell ``mid-sink-write#k`` crashes each that has a k-th (a run each).
+    many there are (``moments``, by sink label): cell ``mid-sink-write#k`` crashes each that has a k-th (a run each), up
+    to :data:`~streamproof.your_steps.MOMENTS_CRASHED`.
 
     >>> learned = {"a": ["1", "2", "3"], "b": ["1", "2"]}
     >>> for cell in moment_cells("exactly-once", ["mid-sink-write:a#1", "mid-sink-write:b#1"], ["a", "b"], learned):
@@ -241,8 +250,8 @@ def moment_cells(guarantee: str, armed: Sequence[str], labels: Sequence[str],
     ('exactly-once', 'mid-sink-write#2', ['mid-sink-write:a#2', 'mid-sink-write:b#2'])
     ('exactly-once', 'mid-sink-write#3', ['mid-sink-write:a#3'])
     """
-    firsts = {where[: -len("#1")]: len(moments.get(faults.split_point(where)[1] or labels[0], []))
-              for where in armed if where.endswith("#1")}  # fmt: skip
+    firsts = {where[: -len("#1")]: min(len(moments.get(faults.split_point(where)[1] or labels[0], [])),
+                                       MOMENTS_CRASHED) for where in armed if where.endswith("#1")}  # fmt: skip
     return [(guarantee, f"{faults.MID_SINK_WRITE}#{k}", [f"{where}#{k}" for where, n in firsts.items() if n >= k])
             for k in range(2, max(firsts.values(), default=0) + 1)]  # fmt: skip
 

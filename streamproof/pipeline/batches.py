@@ -216,7 +216,7 @@ class BatchWriter:
                     writes[sink.name] = self._write_retrying(sink, rows, armed)
                 went = writes[sink.name]
                 if went.moments is not None:  # your sink: the crash harness learns its moments
-                    moments = WriteMoments(self.spec.name, batch_id, sink.name, list(went.moments), went.moment_missed)
+                    moments = WriteMoments(self.spec.name, batch_id, sink.name, list(went.moments), list(went.unseen))
                     self.publish(moments)
                 if batch.keyed:
                     self._note_head(sink)

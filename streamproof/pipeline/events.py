@@ -121,7 +121,8 @@ class WriteStarted:
 @dataclass(frozen=True)
 class WriteMoments:
     """The moments your own sink's write of a batch went through (:mod:`streamproof.your_steps`), after it returned:
-    how many a crash can land at in the next batch. ``missed``: why the moment armed in it was not reached."""
+    how many a crash can land at in the next batch. ``unseen``: durable steps it took in other threads, after which
+    no crash can land."""
 
     kind: ClassVar[str] = "moments"
     shown: ClassVar[bool] = False  # for programs: the crash harness learns a write's moments from it
@@ -129,7 +130,7 @@ class WriteMoments:
     batch_id: int
     sink: str
     moments: list[str] = field(default_factory=list)
-    missed: str | None = None
+    unseen: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return f"[{self.pipeline}] batch {self.batch_id}: {self.sink} went through {len(self.moments)} moments"

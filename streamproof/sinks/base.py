@@ -86,10 +86,10 @@ class SinkWrite:
 
     rows_out: int
     replay_skipped: bool = False  # a replayed batch the sink already held: nothing was written
-    # Your own sink: the moments its write went through (streamproof.your_steps), and why the one armed in it (a
-    # mid-sink-write crash) was not reached; None for the sinks streamproof writes itself.
+    # Your own sink: the moments its write went through (streamproof.your_steps), and the durable steps it took in
+    # other threads, which no crash can land after; None for the sinks streamproof writes itself.
     moments: tuple[str, ...] | None = None
-    moment_missed: str | None = None
+    unseen: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,8 @@ class HandedOut:
 
     def hand(self, batch_id: int, start: Offsets | None, end: Offsets, key: str) -> bool:
         """Record that ``batch_id`` with these offsets is handed to your write now; False when it was handed out before
-        with the same offsets (a replay). Another history's batch of that id is a :class:`PipelineError`."""
+        with the same offsets (a replay: until this write returns, not returned again). Another history's batch of that
+        id is a :class:`PipelineError`."""
         record = HandOut(batch_id, start, end, key)
         if self._file(batch_id).create_new(record.text()):
             self._file(batch_id - KEPT).delete()
@@ -87,6 +88,8 @@ class HandedOut:
                 "checkpoint is not the one your sink was written with; restore the checkpoint backup it was written "
                 "with, or rebuild the checkpoint from the records (`streamproof checkpoint recover PIPELINE`)"
             )
+        if before is not None and before.returned:  # a crash in this replay may leave it in part: handed, not done
+            self._file(batch_id).replace_with_text(record.text())
         return False
 
     def returned(self, batch_id: int) -> None:

@@ -37,10 +37,10 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof import faults, your_steps
-from streamproof.sinks.handed import HandedOut, HandOut
 from streamproof.config import PipelineSpec, PythonSinkSpec
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.handed import HandedOut, HandOut
 from streamproof.task_faults import fault_folder
 from streamproof.your_modules import importable_beside, load_attribute, ship_module
 from streamproof.your_steps import WriteSteps, YourBatch
@@ -105,10 +105,9 @@ class PythonSink(Sink):
             raise self._failed(error, batch.batch_id) from None
         if batch.keyed:
             self.handed.returned(batch.batch_id)
-        missed = None if armed is None else not_reached(self.spec.write, batch.batch_id, armed, steps.moments)
-        if missed is not None:
-            print(f"[streamproof] {missed}", file=sys.stderr, flush=True)
-        return SinkWrite(batch.rows, moments=tuple(steps.moments), moment_missed=missed)
+        if armed is not None:  # the write went through fewer moments: killed now, the harness told why
+            steps.crash(not_reached(self.spec.write, batch.batch_id, armed, steps.moments), "driver", reached=False)
+        return SinkWrite(batch.rows, moments=tuple(steps.moments), unseen=tuple(steps.unseen))
 
     def _failed(self, error: BaseException, batch_id: int) -> PipelineError:
         """Your code raised: its traceback to a file beside the checkpoint, one line for people."""
