@@ -332,9 +332,10 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             code = harness.wait_for_exit(run)
             killed_at = time.monotonic()
             if code != -signal.SIGKILL:
+                why = "too little data for two batches?" if code == 0 else f"it failed: {_error_line(run)}"
                 raise PipelineError(
                     f"crash {armed.encode()} missed: run {run.number} exited with code {code} instead of dying "
-                    f"by SIGKILL (too little data for two batches?); log: {run.child.log_path}"
+                    f"by SIGKILL ({why}); log: {run.child.log_path}"
                 )
             started = [sink for batch, sink in run.writes_started if batch == armed.batch_id]
             crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
@@ -373,6 +374,13 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
     finally:
         result = harness.finish()
     return result
+
+
+def _error_line(run: HarnessRun) -> str:
+    """The run's own error line (``error: ...`` on its stderr), or the last line of its log."""
+    lines = log_tail(run.child.log_path, 200).splitlines()
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return (errors or lines or ["(no log)"])[-1][:500]
 
 
 def your_moment(landing: dict[str, Any] | None, moment: int, seen: list[list[str]] | None) -> str | None:

@@ -256,27 +256,30 @@ def not_reached(write: str, batch_id: int, armed: int, moments: list[str]) -> st
             f"{plural} ({'; '.join(moments)})")  # fmt: skip
 
 
-_PYTHON_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\w*)(: .*)?$")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
 
 
 def your_exception(error: BaseException) -> str:
-    """Your code's exception in one line, ``Type: message``: itself when it was raised in the driver, the last Python
-    exception in the traceback Spark wraps a failed task's in (no Py4J or JVM lines).
+    """Your code's exception in one line, ``Type: message``: itself when it was raised in the driver, else the
+    exception line of the last Python traceback Spark wraps a failed task's in (no Py4J or JVM lines).
 
     >>> your_exception(ValueError("bad row"))
     'ValueError: bad row'
     >>> your_exception(RuntimeError("Job aborted: Traceback (most recent call last):\\n  File x\\nKeyError: 'i'\\n"))
     "KeyError: 'i'"
+    >>> your_exception(RuntimeError("Traceback (most recent call last):\\n  File x\\n    y()\\nerrors.Unique: dup"))
+    'errors.Unique: dup'
     """
     text = str(error)
-    if type(error).__module__.split(".")[0] not in ("py4j", "pyspark") and "Traceback (most recent call" not in text:
+    marker = "Traceback (most recent call last):"
+    if type(error).__module__.split(".")[0] not in ("py4j", "pyspark") and marker not in text:
         first = text.strip().splitlines()[0] if text.strip() else ""
         return f"{type(error).__name__}: {first}".rstrip(": ")
-    python = text[text.rfind("Traceback (most recent call last)") :]
-    found = [match for line in python.splitlines() if (match := _PYTHON_ERROR.match(line.strip()))]
-    found = [match for match in found if not match.group(1).startswith(("py4j", "java", "org.apache"))]
+    frames = text[text.rfind(marker) + len(marker) :].splitlines()
+    found = next((line.strip() for line in frames if line and not line[0].isspace()
+                  and _EXCEPTION_LINE.match(line.strip())), None)  # fmt: skip
     if found:
-        return found[-1].group(0)[:300]
+        return found[:300]
     return f"{type(error).__name__}: {text.strip().splitlines()[0][:300] if text.strip() else ''}"
 
 

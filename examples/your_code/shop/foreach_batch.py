@@ -124,10 +124,13 @@ class EpochLedgerWriter:
     def open(self, partition_id: int, epoch_id: int) -> bool:
         self.partition_id, self.epoch_id, self.rows = partition_id, epoch_id, []
         self.connection = psycopg.connect(self.conninfo)
-        self.connection.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({ROW_TYPES})")
-        self.connection.execute(f"CREATE TABLE IF NOT EXISTS {self.table}_epochs (partition_id int, epoch_id bigint, "
-                                "PRIMARY KEY (partition_id, epoch_id))")  # fmt: skip
-        self.connection.commit()
+        try:  # every partition's writer creates the tables: two at once may race on PostgreSQL's catalog
+            self.connection.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({ROW_TYPES})")
+            self.connection.execute(f"CREATE TABLE IF NOT EXISTS {self.table}_epochs (partition_id int, "
+                                    "epoch_id bigint, PRIMARY KEY (partition_id, epoch_id))")  # fmt: skip
+            self.connection.commit()
+        except psycopg.errors.UniqueViolation:
+            self.connection.rollback()  # the other writer created them
         done = self.connection.execute(f"SELECT 1 FROM {self.table}_epochs WHERE partition_id = %s AND epoch_id = %s",
                                        (partition_id, epoch_id)).fetchone()  # fmt: skip
         return done is None
