@@ -247,6 +247,8 @@ mid-sink-write#2 (after step 2: save); clean at after-sink-commit
         verdict = "exactly-once" if len(landed) == len(mine) else "exactly-once where exercised"
     parts = []
     for cell in landed:
+        if not cell.crashes and faults.split_point(cell.point)[0] in faults.WRITE_POINTS:
+            continue  # a crash inside another sink's write (a moment yours does not have): not one of yours
         counts = (("lost", cell.lost), ("duplicated", cell.duplicated), ("unexpected", cell.unexpected))
         damage = ", ".join(f"{name} {count:,}" for name, count in counts if count) or "clean"
         moments = [crash["facts"]["moment"]["what"] for crash in cell.crashes if crash.get("facts", {}).get("moment")]
@@ -258,21 +260,21 @@ mid-sink-write#2 (after step 2: save); clean at after-sink-commit
 def your_expected_damage(guarantee: str, damage: str, point: str) -> str:
     """The damage a cell must leave in your own sink, given the damage a sink streamproof writes would show there
     (``damage``): none under exactly-once (streamproof hands your write every batch, replays included; whether it then
-    writes twice or loses is your code's, and the matrix fails on either); under the weaker guarantees your code may
-    absorb a replay, or finish its write before the crash, so a certain damage inside or after your write is a possible
-    one (a batch never handed to you stays lost).
+    writes twice or loses is your code's, and the matrix fails on either). Under the weaker guarantees your code is
+    held to what the guarantee allows, no more: at-least-once may duplicate (a replay your code does not absorb) and
+    never lose; at-most-once may lose (its batch ids restart at every start, so a ledger keyed on them skips new
+    batches) and never duplicate, and a batch marked done before it was handed to you is lost.
 
     >>> your_expected_damage("exactly-once", "clean", "after-sink-commit")
     'clean'
-    >>> [your_expected_damage("at-least-once", "duplicated", p) for p in ("mid-sink-write", "after-sink-commit")]
+    >>> [your_expected_damage("at-least-once", damage, "after-sink-commit") for damage in ("clean", "duplicated")]
     ['may-duplicate', 'may-duplicate']
     >>> [your_expected_damage("at-most-once", "lost", p) for p in ("mid-sink-write", "before-sink-write")]
     ['may-lose', 'lost']
     """
-    if wiring_for(guarantee).exactly_once:
+    wiring = wiring_for(guarantee)
+    if wiring.exactly_once:
         return "clean"
-    if damage == "duplicated":
+    if wiring.may_duplicate:
         return "may-duplicate"
-    if damage == "lost" and point == faults.MID_SINK_WRITE:
-        return "may-lose"
-    return damage
+    return "lost" if damage == "lost" and point == faults.BEFORE_SINK_WRITE else "may-lose"

@@ -172,14 +172,14 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         started = time.monotonic()
         name = f"{guarantee}-{point}"
         emit(f"── cell {name} ──")
-        name = name.replace("#", "-moment-")  # a topic's and a folder's name: no "#" in either
-        cell_dir = workdir / name
-        topic = f"{spec.source.topic}-matrix-{stamp}-{name}"
+        slug = name.replace("#", "-moment-")  # a topic's and a folder's name: no "#" in either
+        cell_dir = workdir / slug
+        topic = f"{spec.source.topic}-matrix-{stamp}-{slug}"
         generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
                  duplicates=duplicates, late=late, avro=avro)  # fmt: skip
         cell_file = cell_dir / "pipeline.toml"
         cell_dir.mkdir(parents=True, exist_ok=True)
-        cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / name, max_offsets)))
+        cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / slug, max_offsets)))
         harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster,
                                    learned=learned)  # fmt: skip
         for label, lists in harness.seen_moments.items():  # what each later cell's crash is checked against
