@@ -289,18 +289,18 @@ def test_your_sinks_get_the_guarantee_their_code_gives(
     """examples/your_code/your_sinks.toml: 2,000 events in 4 partitions, batches of 500, five foreachBatch functions
     of your own, no marker in them, SIGKILLed three times under exactly-once (streamproof hands each sink every batch,
     replays included) at moments it found in their writes: between the two commits of the ledger-checked-before sink
-    (its second psycopg commit, moment #2), in a task of the per-source-partition sink after its partition committed
-    (#2: the first is the driver's table creation), and after every sink's write (before Spark's commit). The ledger
-    in the rows' transaction and the ledger keyed on the rows' Kafka partition hold: 0/0/0; the ledger written after
-    the rows, and the naive writer, duplicate."""
+    (its second psycopg commit, moment #2), and in a task of the per-source-partition sink after its partition
+    committed (#2: the first is the driver's table creation), by when every sink before it has written the batch. The
+    ledger in the rows' transaction and the ledger keyed on the rows' Kafka partition hold: 0/0/0; the ledger written
+    after the rows, and the naive writer, duplicate."""
     monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
     monkeypatch.syspath_prepend(str(EXAMPLE))
     topic = "your-sinks"
     generate(kafka_broker.bootstrap_servers, topic, 2_000, partitions=4, malformed=0.005, seed=31)
     pipeline = _your_sinks(tmp_path, kafka_broker, streamproof_postgres, topic)
-    points = ["mid-sink-write:ledger-checked-before#2", "mid-sink-write:per-source-partition#2", "after-sink-commit"]
+    points = ["mid-sink-write:ledger-checked-before#2", "mid-sink-write:per-source-partition#2"]
     harness = run_with_crashes(pipeline, points, log_dir=tmp_path / "logs", emit=print)
-    assert not harness.missed and len(harness.crashes) == 3, harness.missed
+    assert not harness.missed and len(harness.crashes) == 2, harness.missed
     landed = [crash.facts["moment"] for crash in harness.crashes[:2]]
     assert landed[0]["what"] == "after step 2: psycopg commit" and landed[0]["where"] == "driver", landed
     assert landed[1]["what"].startswith("in a task of step 2 (foreachPartition), after its psycopg commit 1"), landed
@@ -314,7 +314,7 @@ def test_your_sinks_get_the_guarantee_their_code_gives(
         assert reports[clean].ok
     for doubled in ("ledger-checked-before", "naive"):
         assert reports[doubled].duplicated > 0 and reports[doubled].lost == 0, reports[doubled].to_json()
-    cells = [MatrixCell("exactly-once", name, "three crashes", lost=r.lost, duplicated=r.duplicated,
+    cells = [MatrixCell("exactly-once", name, "two crashes", lost=r.lost, duplicated=r.duplicated,
                         unexpected=r.unexpected, crashes=[], restart_s=None, expected="observed", seconds=0.0)
              for name, r in reports.items()]  # fmt: skip
     assert guarantee_given(cells, "naive").startswith("naive (your sink) gave at-least-once: duplicated")

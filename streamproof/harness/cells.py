@@ -247,7 +247,7 @@ mid-sink-write#2 (after step 2: save); clean at after-sink-commit
         verdict = "exactly-once" if len(landed) == len(mine) else "exactly-once where exercised"
     parts = []
     for cell in landed:
-        if not cell.crashes and faults.split_point(cell.point)[0] in faults.WRITE_POINTS:
+        if not cell.crashes and cell.point.partition(":")[0].partition("#")[0] in faults.WRITE_POINTS:
             continue  # a crash inside another sink's write (a moment yours does not have): not one of yours
         counts = (("lost", cell.lost), ("duplicated", cell.duplicated), ("unexpected", cell.unexpected))
         damage = ", ".join(f"{name} {count:,}" for name, count in counts if count) or "clean"
