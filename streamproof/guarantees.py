@@ -135,10 +135,17 @@ def refusal(guarantee: str, source_kind: str, sink_kind: str) -> str | None:
     return None
 
 
-# Object stores whose default Delta LogStore assumes one writer, and where a file cannot be created atomically
-# only-if-absent through Hadoop's S3A: Delta's docs (the "S3 single-cluster" setup) and docs/cluster.md.
-SINGLE_WRITER_SCHEMES = ("s3", "s3a", "s3n")
-MULTI_WRITER_LOGSTORE = "io.delta.storage.S3DynamoDBLogStore"
+# S3 through Hadoop's S3A: the store creates a file only if absent (a conditional PUT, If-None-Match: *; Hadoop 3.4.2+,
+# HADOOP-19256), and streamproof's own classes (jvm/s3) use it for Spark's checkpoint and Delta's log; the run lock and
+# streamproof's own files use it too (storage.Location.create_new). Set for every pipeline with a file on s3a://,
+# unless [spark.conf] says otherwise.
+CONDITIONAL_WRITES = "spark.hadoop.fs.s3a.create.conditional.enabled"
+S3_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass": "dev.streamproof.s3.ConditionalCheckpointFileManager",
+    "spark.delta.logStore.s3a.impl": "dev.streamproof.s3.ConditionalS3LogStore",
+}
+S3_LOGSTORES = ("dev.streamproof.s3.ConditionalS3LogStore", "io.delta.storage.S3DynamoDBLogStore")
+NO_CONDITIONAL_SCHEMES = ("s3", "s3n")  # S3 not through S3A: no conditional create there
 
 
 def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str, str]) -> str | None:
@@ -146,30 +153,33 @@ def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str
     honour the guarantee (one line), or None when it can.
 
     Exactly-once needs one writer at a time and atomic commits. HDFS (atomic rename), local disks, ``abfss://``
-    and ``gs://`` (Delta's own LogStores for them) give both. On S3 a second process started by mistake could
-    write the same batch: streamproof's run lock cannot be created atomically there, and Delta's default S3
-    LogStore lets the later of two commits of one version replace the earlier.
+    and ``gs://`` (Delta's own LogStores for them) give both. S3 through S3A gives both with conditional writes (the
+    store refuses a second create of one key: :data:`S3_CONF`), or Delta's DynamoDB LogStore for the tables; a store
+    whose conditional writes are turned off, or Delta's single-driver S3 LogStore, lets a second writer by mistake
+    replace what the first wrote.
 
     >>> storage_refusal("exactly-once", "hdfs", "delta", {}) is None
     True
-    >>> storage_refusal("exactly-once", "s3a", "delta", {}).startswith("a Delta table on s3a://")
+    >>> storage_refusal("exactly-once", "s3a", "delta", S3_CONF) is None
     True
-    >>> storage_refusal("exactly-once", "s3a", "delta",
-    ...                 {"spark.delta.logStore.s3a.impl": "io.delta.storage.S3DynamoDBLogStore"}) is None
-    True
+    >>> storage_refusal("exactly-once", "s3a", "checkpoint", {**S3_CONF, CONDITIONAL_WRITES: "false"})[:60]
+    'a checkpoint on s3a:// cannot guarantee exactly-once with sp'
     """
-    if not wiring_for(guarantee).exactly_once or scheme not in SINGLE_WRITER_SCHEMES:
+    if not wiring_for(guarantee).exactly_once:
         return None
-    if role == "checkpoint":
-        return (
-            f"a checkpoint on {scheme}:// cannot guarantee exactly-once: its run lock cannot be created atomically "
-            "there, so a second process started by mistake could replay the same batches; put the checkpoint on "
-            "HDFS or a shared file system (docs/cluster.md)"
-        )
-    if spark_conf.get(f"spark.delta.logStore.{scheme}.impl") != MULTI_WRITER_LOGSTORE:
-        return (
-            f"a Delta table on {scheme}:// cannot guarantee exactly-once with Delta's default S3 LogStore (one writer "
-            f'only); set [spark.conf] "spark.delta.logStore.{scheme}.impl" = "{MULTI_WRITER_LOGSTORE}" and its '
-            "DynamoDB table (docs/cluster.md)"
-        )
+    what = "a checkpoint" if role == "checkpoint" else "a Delta table"
+    if scheme in NO_CONDITIONAL_SCHEMES:
+        return (f"{what} on {scheme}:// cannot guarantee exactly-once: only Hadoop's S3A (s3a://) creates a file "
+                "only if absent on S3 (conditional writes); write the path as s3a://")  # fmt: skip
+    if scheme != "s3a":
+        return None
+    if spark_conf.get(CONDITIONAL_WRITES, "true").lower() == "false":
+        return (f'{what} on s3a:// cannot guarantee exactly-once with {CONDITIONAL_WRITES} = "false": a second writer '
+                "by mistake (a run, a commit of one Delta version) would replace the first's file; remove the setting "
+                "(S3 and the stores streamproof proves on create only-if-absent: docs/storage.md)")  # fmt: skip
+    store = spark_conf.get("spark.delta.logStore.s3a.impl")
+    if role == "delta" and store not in S3_LOGSTORES:
+        return (f"a Delta table on s3a:// cannot guarantee exactly-once with the LogStore {store} (one writer only); "
+                f'leave [spark.conf] "spark.delta.logStore.s3a.impl" unset (streamproof\'s conditional-write LogStore) '
+                f'or set it to "{S3_LOGSTORES[1]}" with its DynamoDB table (docs/storage.md)')  # fmt: skip
     return None

@@ -2,9 +2,9 @@
 
 Three sets exist:
 
-* ``spark``: Delta Lake and Spark's Kafka connector with their runtime dependencies, minus every
+* ``spark``: Delta Lake, Spark's Kafka connector and Hadoop's S3A with their runtime dependencies, minus every
   artifact the pyspark wheel already ships (Spark's own jars are never duplicated, so no second
-  Jackson, Hadoop or Parquet can shadow Spark's).
+  Jackson, Hadoop or Parquet can shadow Spark's), and streamproof's own classes for S3, built from ``jvm/s3``;
 * ``kafka``: the Apache Kafka broker (KRaft) with a log4j2 backend, for ``streamproof infra up``;
 * ``hdfs``: the HDFS NameNode and DataNode (Hadoop at the version pyspark bundles as its client), for
   ``streamproof infra up --hdfs``; their own JVMs, never on Spark's classpath.
@@ -43,6 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 JVM_DIR = REPO_ROOT / "jvm"
 MAVEN_SETTINGS = JVM_DIR / "settings.xml"
 JAR_SETS = ("spark", "kafka", "hdfs")
+OWN_CLASSES = JVM_DIR / "s3"  # streamproof's own Java (a checkpoint manager and a Delta LogStore for S3): built
 
 # "<artifactId>-<version>.jar", where the version is the last "-<digits>." run: greedy on the artifact
 # so that "spark-sql-kafka-0-10_2.13-4.2.0.jar" splits at "-4.2.0", not at "-0-10".
@@ -109,6 +110,10 @@ class JarSet:
         digest.update(MAVEN_SETTINGS.read_bytes())
         if self.name == "spark":
             digest.update(importlib.metadata.version("pyspark").encode())
+            for source in sorted(OWN_CLASSES.rglob("*")):  # its own classes are rebuilt when their code changes
+                if source.is_file() and "target" not in source.relative_to(OWN_CLASSES).parts:
+                    digest.update(str(source.relative_to(OWN_CLASSES)).encode())
+                    digest.update(source.read_bytes())
         return digest.hexdigest()[:16]
 
     def folder(self) -> Path:
@@ -158,11 +163,26 @@ def resolve(name: str, *, quiet: bool = True) -> list[Path]:
             raise SetupError(f"Maven could not resolve {target.pom}:\n{tail}")
         if name == "spark":
             _drop_jars_spark_already_ships(staging)
+            _build_own_classes(mvn, staging, quiet=quiet)
         (staging / ".complete").write_text(target.key() + "\n")
         if folder.exists():  # an earlier interrupted attempt
             shutil.rmtree(folder)
         staging.rename(folder)
     return cached_jars(name)
+
+
+def _build_own_classes(mvn: str, staging: Path, *, quiet: bool) -> None:
+    """``mvn package`` of :data:`OWN_CLASSES` (compiled against jars already present: nothing transitive fetched),
+    its jar put with the set's."""
+    command = [mvn, "-B", "-s", str(MAVEN_SETTINGS), "-f", str(OWN_CLASSES / "pom.xml"), "package", "-DskipTests"]
+    if quiet:
+        command.insert(1, "-q")
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise SetupError(f"Maven could not build {OWN_CLASSES}:\n{tail}")
+    for jar in (OWN_CLASSES / "target").glob("streamproof-*.jar"):
+        shutil.copy2(jar, staging / jar.name)
 
 
 def _drop_jars_spark_already_ships(staging: Path) -> None:

@@ -41,6 +41,13 @@ DENIED = frozenset({
 })  # fmt: skip
 
 
+# Object stores whose files are created only-if-absent by the store itself (S3's conditional PUT, If-None-Match: *,
+# through Hadoop S3A's conditional create, HADOOP-19256): no rename there, and none needed (an object is never seen
+# in part).
+CONDITIONAL_SCHEMES = frozenset({"s3a"})
+IF_NONE_MATCH = "fs.option.create.conditional.overwrite"  # Hadoop's option for that create
+
+
 def java_classes(exception: Any) -> list[str]:
     """The class names of a Java exception (a Py4J object): its own class first, then each superclass."""
     names, cls = [], exception.getClass()
@@ -48,6 +55,18 @@ def java_classes(exception: Any) -> list[str]:
         names.append(str(cls.getName()))
         cls = cls.getSuperclass()
     return names
+
+
+def refused_as_existing(error: Any) -> bool:
+    """Whether a failed conditional create says the object exists (S3's HTTP 412, which S3A raises as
+    ``RemoteFileChangedException``), from the error's classes and text, its causes included.
+
+    >>> refused_as_existing("RemoteFileChangedException: PUT s3a://b/k: 412 Precondition Failed")
+    True
+    """
+    text = str(error)
+    return any(sign in text for sign in ("RemoteFileChangedException", "412", "PreconditionFailed",
+                                          "Precondition Failed"))  # fmt: skip
 
 
 class Location:
@@ -216,7 +235,10 @@ class Location:
     def create_new(self, text: str) -> bool:
         """Create the file with ``text`` only if it does not exist, atomically with its content (a reader never sees
         it empty or partly written: written aside, then linked or renamed into place, which fails when the file
-        exists, on local disks and HDFS); False when it exists already."""
+        exists, on local disks and HDFS; on S3, a conditional PUT the store refuses when the object exists); False
+        when it exists already."""
+        if self.scheme in CONDITIONAL_SCHEMES:
+            return self._create_if_absent(text)
         temporary = self.with_name(f".{self.name}.{os.getpid()}.{time.monotonic_ns()}.new")
         if not self.is_remote:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,9 +256,33 @@ class Location:
             temporary.delete()
         return created
 
+    def _create_if_absent(self, text: str) -> bool:
+        """S3: the store creates the object only if no object is there (its answer to the PUT at ``close``: 412 when
+        one is). A 412 can also answer our own PUT retried after its first answer was lost: the object holding exactly
+        our text is ours."""
+        from py4j.protocol import Py4JJavaError
+
+        builder = self._fs.createFile(self._jpath).create().overwrite(False).must(IF_NONE_MATCH, True)
+        stream = builder.build()
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+            stream.close()
+        except Py4JJavaError as error:
+            if not refused_as_existing(error):
+                raise self._os_error(error.java_exception) from None
+            try:
+                return self.read_text() == text
+            except FileNotFoundError:
+                return False
+        return True
+
     def replace_with_text(self, text: str) -> None:
         """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary
-        sibling made durable, then renamed over the file."""
+        sibling made durable, then renamed over the file (on S3, where an object appears whole when its PUT
+        completes, written in place)."""
+        if self.scheme in CONDITIONAL_SCHEMES:
+            self.write_text(text)
+            return
         temporary = self.with_name(f".{self.name}.tmp")
         if not self.is_remote:
             with open(temporary.path, "w", encoding="utf-8") as handle:

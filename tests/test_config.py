@@ -135,13 +135,24 @@ def test_uris_pass_through_unchanged(uri: str, tmp_path: Path) -> None:
     assert f'path = "{uri}"' in dump_pipeline(spec)
 
 
-def test_a_store_that_cannot_be_exactly_once_is_refused_in_one_line() -> None:
-    text = EXAMPLE.replace('path = ".streamproof/tables/orders"', 'path = "s3a://bucket/orders"')
-    with pytest.raises(ConfigError, match=r"sink: a Delta table on s3a:// cannot guarantee exactly-once .* "
-                                          r'"spark.delta.logStore.s3a.impl"'):  # fmt: skip
-        parse_pipeline(text)
-    with pytest.raises(ConfigError, match="checkpoint: a checkpoint on s3a:// cannot guarantee exactly-once"):
-        parse_pipeline(text.replace('checkpoint = ".streamproof/checkpoints/orders"', 'checkpoint = "s3a://b/c"'))
+def test_a_store_that_cannot_be_exactly_once_is_refused_in_one_line_naming_what_it_lacks() -> None:
+    """S3 through S3A is accepted with its conditional writes (streamproof's checkpoint manager and Delta LogStore put
+    in [spark.conf]); turned off, or with Delta's single-driver LogStore, or as s3://, it is refused, naming why."""
+    text = EXAMPLE.replace('path = ".streamproof/tables/orders"', 'path = "s3a://bucket/orders"').replace(
+        'checkpoint = ".streamproof/checkpoints/orders"', 'checkpoint = "s3a://bucket/checkpoints/orders"')
+    spec = parse_pipeline(text)
+    assert spec.spark.conf["spark.delta.logStore.s3a.impl"] == "dev.streamproof.s3.ConditionalS3LogStore"
+    assert "ConditionalCheckpointFileManager" in spec.spark.conf["spark.sql.streaming.checkpointFileManagerClass"]
+    off = text + '\n"spark.hadoop.fs.s3a.create.conditional.enabled" = "false"\n'  # [spark.conf] ends the file
+    with pytest.raises(ConfigError, match=r'checkpoint: a checkpoint on s3a:// cannot guarantee exactly-once with '
+                                          r'spark.hadoop.fs.s3a.create.conditional.enabled = "false"'):  # fmt: skip
+        parse_pipeline(off)
+    single = text + '\n"spark.delta.logStore.s3a.impl" = "io.delta.storage.S3SingleDriverLogStore"\n'
+    with pytest.raises(ConfigError, match=r"sink: a Delta table on s3a:// cannot guarantee exactly-once with the "
+                                          r"LogStore io.delta.storage.S3SingleDriverLogStore"):  # fmt: skip
+        parse_pipeline(single)
+    with pytest.raises(ConfigError, match="sink: a Delta table on s3:// cannot guarantee exactly-once: only"):
+        parse_pipeline(text.replace("s3a://bucket/orders", "s3://bucket/orders"))
 
 
 def test_schema_field_names_handles_nested_types() -> None:

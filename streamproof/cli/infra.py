@@ -1,4 +1,4 @@
-"""``streamproof infra up|down|status``: the local daemons (Kafka, PostgreSQL, a Spark cluster, HDFS)."""
+"""``streamproof infra up|down|status``: the local daemons (Kafka, PostgreSQL, a Spark cluster, HDFS, S3)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from streamproof.cli.base import (
     infra_app,
     state_path,
 )
-from streamproof.infra import HdfsCluster, KafkaBroker, PostgresServer, SparkCluster
+from streamproof.infra import HdfsCluster, KafkaBroker, PostgresServer, S3Server, SparkCluster
 
 
 @infra_app.command("up")
@@ -30,13 +30,22 @@ def infra_up(
     spark_port: Annotated[int, typer.Option(help="Spark master port on 127.0.0.1.")] = 7077,
     spark_webui_port: Annotated[int, typer.Option(help="Spark master web UI port (workers: the next ones).")] = 8080,
     hdfs: Annotated[bool, typer.Option("--hdfs", help="Also start HDFS: a NameNode and a DataNode.")] = False,
+    s3: Annotated[bool, typer.Option("--s3", help="Also start a local S3 server (SeaweedFS), bucket streamproof.")] = (
+        False
+    ),
+    s3_port: Annotated[int, typer.Option(help="S3 endpoint port on 127.0.0.1.")] = 8333,
     state_dir: StateDir = None,
 ) -> None:
-    """Start the local Kafka broker; PostgreSQL, a Spark cluster and HDFS when asked (running ones are reused)."""
+    """Start the local Kafka broker; PostgreSQL, a Spark cluster, HDFS and S3 when asked (running ones are reused)."""
     state = state_path(state_dir)
     console.print(KafkaBroker(state, port, controller_port).up())
     if postgres:
         console.print(PostgresServer(state, pg_port).up())
+    if s3:
+        server = S3Server(state, s3_port)
+        console.print(server.up())
+        settings = "\n".join(f'"{key}" = "{value}"' for key, value in server.spark_conf().items())
+        console.print(f"its [spark.conf] for s3a:// paths (examples/orders_to_s3.toml):\n{settings}", markup=False)
     if hdfs:
         console.print(HdfsCluster(state).up())
     if spark_workers:
@@ -62,8 +71,8 @@ def infra_status(state_dir: StateDir = None) -> None:
         console.print(daemon.status())
 
 
-def _local_daemons(state: Path) -> list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster]:
+def _local_daemons(state: Path) -> list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster | S3Server]:
     """The broker, and each other daemon `infra up` ever started under ``state``."""
-    others: list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster] = [
-        PostgresServer(state), HdfsCluster(state), SparkCluster.started_under(state)]  # fmt: skip
+    others: list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster | S3Server] = [
+        PostgresServer(state), S3Server(state), HdfsCluster(state), SparkCluster.started_under(state)]  # fmt: skip
     return [KafkaBroker(state), *(daemon for daemon in others if daemon.home.exists())]

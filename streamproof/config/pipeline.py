@@ -27,7 +27,15 @@ from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, 
 from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, Lookup, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
 from streamproof.errors import ConfigError
-from streamproof.guarantees import KNOWN_SINKS, KNOWN_SOURCES, Guarantee, refusal, storage_refusal, wiring_for
+from streamproof.guarantees import (
+    KNOWN_SINKS,
+    KNOWN_SOURCES,
+    S3_CONF,
+    Guarantee,
+    refusal,
+    storage_refusal,
+    wiring_for,
+)
 from streamproof.storage import Location
 
 
@@ -217,6 +225,8 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _storage_can_honour_the_guarantee(self) -> PipelineSpec:
+        if any(location.scheme == "s3a" for location in self.locations):  # conditional writes: guarantees.S3_CONF
+            self.spark.conf.update({key: value for key, value in S3_CONF.items() if key not in self.spark.conf})
         delta = [self.resolve_path(sink.folder) for sink in self.sink_specs
                  if isinstance(sink, DeltaSinkSpec) and sink.folder is not None]  # fmt: skip
         places = [("checkpoint", "checkpoint", self.checkpoint_dir), ("transform.quarantine", "delta",
