@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: demo test setup system-packages jars jvm-archive lint clean
+.PHONY: demo test test-all setup system-packages jars jvm-archive lint clean
 
 demo: setup
 	$(VENV)/bin/streamproof demo
@@ -14,6 +14,10 @@ demo: setup
 # pytest exits 5 when it collects no test: make stops on any non-zero code, so that fails too.
 test: setup
 	$(PY) -m pytest
+
+# The whole suite, the slow tier too (tests/conftest.py SLOW_TIER: tests a faster CI test proves again).
+test-all: setup
+	$(PY) -m pytest --slow
 
 setup: system-packages $(INSTALLED) jars jvm-archive
 

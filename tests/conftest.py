@@ -22,21 +22,52 @@ os.environ.setdefault("STREAMPROOF_JIT", "quick-start")
 os.environ.setdefault("STREAMPROOF_SPARK_UI", "off")  # the tests that want Spark's UI turn it on for their run
 CLI_TIMEOUT_S = 600
 
+# The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
+# its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
+SLOW_TIER = {
+    "examples/your_code/tests/test_shop.py::test_shop_orders_are_exactly_once_through_crashes":
+        "tests/test_your_code.py::test_a_replay_joins_the_version_its_first_attempt_joined (the shop's pipeline "
+        "through a SIGKILL) and tests/test_testing_plugin.py (the plugin's prove through a kill)",
+    "tests/test_crash_recovery.py::test_two_random_sigkills_lose_nothing_and_duplicate_nothing":
+        "tests/test_testing_plugin.py::test_user_records_go_through_a_random_kill_as_given",
+    "tests/test_nemesis.py::test_a_small_nemesis_drawn_from_a_seed_ends_clean":
+        "tests/test_nemesis.py::test_a_replay_bug_planted_in_the_pipeline_is_found_by_replaying_its_sequence",
+    "tests/test_bench.py::test_throughput_benchmark_writes_its_results_with_same_run_ratios":
+        "tests/test_bench.py's units of ratios and phases (`streamproof bench` is the benchmark)",
+    "tests/test_examples.py::test_example_runs_and_reconciles[orders_avro_to_delta]":
+        "tests/test_avro.py::test_an_avro_pipeline_from_a_registry_survives_a_kill_mid_write",
+}  # fmt: skip
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the slow tier (tests/conftest.py SLOW_TIER)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave the slow tier out unless ``--slow`` (``make test-all``); a test named on the command line runs."""
+    named = {arg.split("::")[0] for arg in config.args if "::" in arg}
+    if config.getoption("--slow"):
+        return
+    slow = [item for item in items if item.nodeid in SLOW_TIER and item.nodeid.split("::")[0] not in named]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]
+
 
 def write_pipeline(workdir: Path, *, name: str, topic: str, bootstrap: str, max_offsets: int) -> Path:
     """The demo's pipeline (the one users see first), with checkpoint and tables under ``workdir``."""
     return write_demo_pipeline(workdir, topic, bootstrap, max_offsets, name=name)
 
 
-# The data of the dedup and window tests: 30,000 records, 3% resends, 1% events 6 hours late, 0.5% malformed.
-STATEFUL_EVENTS = 30_000
+# The data of the dedup and window tests: 12,000 records, 3% resends, 1% events 6 hours late, 0.5% malformed.
+STATEFUL_EVENTS = 12_000
 STATEFUL_DATA = {"malformed": 0.005, "duplicates": 0.03, "late": 0.01}
 
 
 def stateful_example(workdir: Path, broker: str, topic: str, late: str = "quarantine",
                      example: str = "orders_dedup_to_delta.toml") -> Path:  # fmt: skip
-    """The example on the test broker, 1-minute delay (and windows of 1 minute per status), 10,000-record
-    batches, its own folders."""
+    """The example on the test broker, 1-minute delay (and windows of 1 minute per status), 4,000-record
+    batches (three of :data:`STATEFUL_EVENTS`), its own folders."""
     from streamproof.config import dump_pipeline, load_pipeline
 
     spec = load_pipeline(REPO / "examples" / example)
@@ -48,7 +79,7 @@ def stateful_example(workdir: Path, broker: str, topic: str, late: str = "quaran
     spec = spec.model_copy(update={
         "checkpoint": str(workdir / "checkpoint"),
         "source": spec.source.model_copy(update={"bootstrap_servers": broker, "topic": topic,
-                                                 "max_offsets_per_trigger": 10_000}),
+                                                 "max_offsets_per_trigger": 4_000}),
         "transform": spec.transform.model_copy(update={
             "quarantine": str(workdir / "quarantine"),
             "dedup": dedup.model_copy(update={"delay": "1 minute", "late": late}),
