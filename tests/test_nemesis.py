@@ -10,8 +10,8 @@ Expected: every step carries on or refuses with the line the docs list for it (a
 every sink is 0 lost / 0 duplicated / 0 unexpected by both checkers. Then the old "first batch of a run only" replay
 rule planted into the pipeline's processes (a ``sitecustomize`` on their path), on the same pipeline deduplicating
 (so the batches the sinks hold beyond a restored backup run again): replaying a backup restored two batches behind
-ends in duplicates, which the nemesis reports with the sequence to replay. (The drawn nemesis is in the slow tier,
-`make test-all`: the planted bug's replay runs the same steps on a live pipeline in CI.)
+ends in duplicates, which the nemesis reports with the sequence to replay. (Both are in the slow tier, `make
+test-all`: tests/conftest.py SLOW_TIER names the CI tests that prove the same.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 at-least-once where it duplicates (after-sink-commit): 2 cells (the 25-minute CI budget). ``prove --matrix``
 runs all 12. Elsewhere in CI: exactly-once after the sink commit on a Delta append (test_dedup.py) and on every
 other sink, and at-most-once's loss on two sinks (test_sinks_exactly_once.py); before the write and after the
-checkpoint commit nothing is in flight, and ``prove --matrix`` proves them. 20,000 events per cell (0.5% malformed),
+checkpoint commit nothing is in flight, and ``prove --matrix`` proves them. 8,000 events per cell (0.5% malformed),
 each cell on a fresh topic, table and checkpoint, one SIGKILL of the pipeline's process group in batch 1, restart
 until drained, record-by-record reconciliation.
 
@@ -41,9 +41,9 @@ def matrix_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def matrix(kafka_broker: KafkaBroker, spark: Any, matrix_workdir: Path) -> dict[tuple[str, str], MatrixCell]:
     pipeline_file = write_pipeline(
         matrix_workdir / "base", name="matrix", topic="matrix", bootstrap=kafka_broker.bootstrap_servers,
-        max_offsets=10_000,
+        max_offsets=4_000,
     )  # fmt: skip
-    data: dict[str, Any] = {"count": 20_000, "malformed": 0.005, "seed": 7}
+    data: dict[str, Any] = {"count": 8_000, "malformed": 0.005, "seed": 7}
     cells = run_matrix(pipeline_file, spark, workdir=matrix_workdir, guarantees=("exactly-once",), points=POINTS,
                        **data)  # fmt: skip
     for guarantee, point in sorted(WEAKER_CELLS):
