@@ -52,6 +52,33 @@ SLOW_TIER = {
     "tests/test_nemesis.py::test_a_replay_bug_planted_in_the_pipeline_is_found_by_replaying_its_sequence":
         "tests/test_replay_through.py::test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes_"
         "nothing_twice (the replay rule on a backup restored behind the sinks)",
+    "tests/test_dedup.py::test_dedup_is_exactly_once_through_a_crash[after-sink-commit]":
+        "tests/test_windows.py::test_windows_are_written_once_through_a_crash (the dedup-then-windows pipeline through "
+        "the same kill)",
+    "tests/test_dedup.py::test_every_record_is_accounted_for_after_the_crash[after-sink-commit]":
+        "tests/test_windows.py::test_windows_are_written_once_through_a_crash (every identity term checked)",
+    "tests/test_dedup.py::test_late_records_dropped_by_configuration_are_counted":
+        "tests/test_checker.py::test_late_records_dropped_by_configuration_are_counted_and_expected_nowhere",
+    "tests/test_examples.py::test_partitioned_example_survives_kills_mid_write_and_compacts_per_partition":
+        "tests/test_sink_idempotency.py::test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_"
+        "the_batch_s and tests/test_sinks_exactly_once.py::test_every_sink_is_exactly_once_through_every_crash_point "
+        "(a MERGE killed in its write)",
+    "tests/test_outages.py::test_postgres_restart_mid_run_is_survived":
+        "tests/test_outages.py::test_kafka_broker_restart_mid_run_is_survived (a server restarted mid-run, the query "
+        "restarted from its checkpoint) and tests/test_outages.py::test_an_outage_longer_than_the_bound_stops_cleanly_"
+        "and_the_next_run_resumes (PostgreSQL away)",
+    "tests/test_sinks_exactly_once.py::test_at_most_once_loses_and_never_duplicates":
+        "tests/test_proof_matrix.py::test_at_least_once_duplicates_after_sink_commit_and_never_loses (a weaker "
+        "guarantee shows the damage it allows) and tests/test_matrix_cells.py::test_every_cell_not_as_expected_fails_"
+        "the_matrix_with_which_and_why",
+    "tests/test_s3.py::test_two_processes_committing_one_delta_version_on_s3_both_land_one_after_the_other":
+        "tests/test_s3.py::test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_second_process_is_refused_by_"
+        "the_store (its Delta commits through the same conditional LogStore) and tests/test_s3.py::test_sixteen_"
+        "creates_of_one_key_racing_on_the_store_have_exactly_one_winner",
+    "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
+        "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
+        "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
+        "(the checkpoint on HDFS through three faults)",
 }  # fmt: skip
 
 
