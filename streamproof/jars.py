@@ -151,16 +151,8 @@ def resolve(name: str, *, quiet: bool = True) -> list[Path]:
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{name}-") as tmp:
         staging = Path(tmp) / "jars"
-        command = [
-            mvn, "-B", "-s", str(MAVEN_SETTINGS), "-f", str(target.pom),
-            "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-        ]  # fmt: skip
-        if quiet:
-            command.insert(1, "-q")
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise SetupError(f"Maven could not resolve {target.pom}:\n{tail}")
+        goals = ["dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+        _maven(mvn, target.pom, goals, quiet=quiet, failure=f"could not resolve {target.pom}")
         if name == "spark":
             _drop_jars_spark_already_ships(staging)
             _build_own_classes(mvn, staging, quiet=quiet)
@@ -174,15 +166,20 @@ def resolve(name: str, *, quiet: bool = True) -> list[Path]:
 def _build_own_classes(mvn: str, staging: Path, *, quiet: bool) -> None:
     """``mvn package`` of :data:`OWN_CLASSES` (compiled against jars already present: nothing transitive fetched),
     its jar put with the set's."""
-    command = [mvn, "-B", "-s", str(MAVEN_SETTINGS), "-f", str(OWN_CLASSES / "pom.xml"), "package", "-DskipTests"]
-    if quiet:
-        command.insert(1, "-q")
+    goals = ["package", "-DskipTests"]
+    _maven(mvn, OWN_CLASSES / "pom.xml", goals, quiet=quiet, failure=f"could not build {OWN_CLASSES}")
+    for jar in (OWN_CLASSES / "target").glob("streamproof-*.jar"):
+        shutil.copy2(jar, staging / jar.name)
+
+
+def _maven(mvn: str, pom: Path, goals: list[str], *, quiet: bool, failure: str) -> None:
+    """Run Maven on ``pom`` with the project's settings; a failure is a :class:`SetupError`, "Maven ``failure``:"
+    and Maven's last lines."""
+    command = [mvn, "-B", *(["-q"] if quiet else []), "-s", str(MAVEN_SETTINGS), "-f", str(pom), *goals]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise SetupError(f"Maven could not build {OWN_CLASSES}:\n{tail}")
-    for jar in (OWN_CLASSES / "target").glob("streamproof-*.jar"):
-        shutil.copy2(jar, staging / jar.name)
+        raise SetupError(f"Maven {failure}:\n{tail}")
 
 
 def _drop_jars_spark_already_ships(staging: Path) -> None:
