@@ -26,8 +26,17 @@ CLI_TIMEOUT_S = 600
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
     "examples/your_code/tests/test_shop.py::test_shop_orders_are_exactly_once_through_crashes":
-        "tests/test_your_code.py::test_a_replay_joins_the_version_its_first_attempt_joined (the shop's pipeline "
-        "through a SIGKILL) and tests/test_testing_plugin.py (the plugin's prove through a kill)",
+        "tests/test_foreach_batch.py::test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_"
+        "checkpoint_refused (the shop's code through SIGKILLs) and tests/test_testing_plugin.py (the plugin's prove "
+        "through a kill)",
+    "tests/test_your_code.py::test_a_replay_joins_the_version_its_first_attempt_joined":
+        "tests/test_your_code.py::test_a_replayed_batch_reads_its_recorded_lookup_version_when_pinned (the pin's rule) "
+        "and tests/test_replay_through.py::test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_"
+        "writes_nothing_twice (a backup restored behind the sinks, replayed)",
+    "tests/test_files_source.py::test_files_source_is_exactly_once_through_a_crash_and_reads_new_files_only":
+        "streamproof/__init__.py's example (a folder of files killed after the sink's commit, later files read, "
+        "verified) and tests/test_files_source.py::test_a_file_s_lines_are_numbered_from_1_a_blank_line_is_a_record_"
+        "and_a_final_newline_is_not",
     "tests/test_crash_recovery.py::test_two_random_sigkills_lose_nothing_and_duplicate_nothing":
         "tests/test_testing_plugin.py::test_user_records_go_through_a_random_kill_as_given",
     "tests/test_nemesis.py::test_a_small_nemesis_drawn_from_a_seed_ends_clean":

@@ -20,7 +20,7 @@ from streamproof.infra import KafkaBroker
 
 pytestmark = pytest.mark.integration
 
-EVENTS = 60_000
+EVENTS = 20_000
 MALFORMED = 0.005
 
 
@@ -39,7 +39,7 @@ def drained(kafka_broker: KafkaBroker, tmp_path_factory: pytest.TempPathFactory)
         kafka_broker.bootstrap_servers, "e2e-orders", EVENTS, partitions=4, malformed=MALFORMED, seed=2026
     )
     pipeline_file = write_pipeline(
-        workdir, name="e2e", topic="e2e-orders", bootstrap=kafka_broker.bootstrap_servers, max_offsets=15_000
+        workdir, name="e2e", topic="e2e-orders", bootstrap=kafka_broker.bootstrap_servers, max_offsets=5_000
     )
     done = run_cli("run", str(pipeline_file), "--available-now")
     assert done.returncode == 0, done.stderr[-3000:]

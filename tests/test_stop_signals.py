@@ -75,16 +75,16 @@ def test_sigterm_stops_after_the_current_batch_and_restart_completes_and_a_secon
 def test_max_batches_stops_after_that_many_batches_and_verify_counts_the_rest_not_yet_read(
     kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
-    """30,000 events in 2 partitions (0.5% malformed), `run --max-batches 2` of 5,000-record batches: it stops after
+    """12,000 events in 2 partitions (0.5% malformed), `run --max-batches 2` of 2,000-record batches: it stops after
     batch 1. Then both checkers on the pipeline stopped midway (issue 38, item 6: both said `lost`, `exactly-once
     broken`, for the records no batch had read yet): ok, 0 lost / duplicated / unexpected, the records past the
     committed batch (or past the planned one, when the sink wrote it before the stop) not yet read, the identity
     holding, both checkers alike term by term, ``read_through`` showing the checkpoint's bounds, and `verify` saying so
     with exit 0."""
     topic = "maxb-orders"
-    generate(kafka_broker.bootstrap_servers, topic, 30_000, partitions=2, malformed=0.005, seed=9)
+    generate(kafka_broker.bootstrap_servers, topic, 12_000, partitions=2, malformed=0.005, seed=9)
     pipeline_file = write_pipeline(
-        tmp_path, name="maxb", topic=topic, bootstrap=kafka_broker.bootstrap_servers, max_offsets=5_000
+        tmp_path, name="maxb", topic=topic, bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000
     )
     done = run_cli("run", str(pipeline_file), "--max-batches", "2")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -95,14 +95,14 @@ def test_max_batches_stops_after_that_many_batches_and_verify_counts_the_rest_no
     assert set(logged_batches(checkpoint)) <= {0, 1, 2}
     committed = batch_end_offsets(checkpoint, committed_batches(checkpoint)[-1])[topic]
     planned = {**committed, **batch_end_offsets(checkpoint, logged_batches(checkpoint)[-1])[topic]}
-    past_committed, past_planned = 30_000 - sum(committed.values()), 30_000 - sum(planned.values())
-    assert past_committed >= 20_000, committed  # two batches of at most 5,000 records read
+    past_committed, past_planned = 12_000 - sum(committed.values()), 12_000 - sum(planned.values())
+    assert past_committed >= 8_000, committed  # two batches of at most 2,000 records read
 
     reports, independent = verify_pipeline(spark, spec), verify_independently(spec)
     assert disagreements(reports, independent) == []
     for report in (*reports, *independent):
         figures = (report.source_records, report.lost, report.duplicated, report.unexpected, report.verdict)
-        assert figures == (30_000, 0, 0, 0, "ok"), report.to_json()
+        assert figures == (12_000, 0, 0, 0, "ok"), report.to_json()
         # Past the committed batch, or past the planned one where the sink (and the quarantine) wrote it first.
         assert report.identity_holds and past_planned <= report.not_yet_read <= past_committed, report.to_json()
         bounds = {p: {"committed": committed.get(p, 0), "planned": planned[p]} for p in sorted(planned)}

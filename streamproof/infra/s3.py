@@ -98,6 +98,13 @@ class S3Server(LocalDaemon):
         finally:
             connection.close()
 
+    def _writes(self, path: str) -> bool:
+        try:
+            written = self.request("PUT", path, b"ready") == 200
+            return written and self.request("DELETE", path) == 204
+        except OSError:
+            return False
+
     def _answers(self) -> bool:
         try:
             return self.request("GET", "/") < 500
@@ -139,6 +146,13 @@ class S3Server(LocalDaemon):
                 why = f"exited with code {ended}" if ended is not None else f"did not answer in {timeout_s:.0f} s"
                 raise InfraError(f"SeaweedFS at {self.endpoint} {why}; last lines of {self.log_file}:\n"
                                  f"{log_tail(self.log_file, 20)}")  # fmt: skip
+            time.sleep(0.2)
+        # The first object written makes SeaweedFS allocate its volumes: seconds during which writes wait (16
+        # racing PUTs right after a start saw 7 of them time out after 10 s). Up means a write is answered at once.
+        while not self._writes(f"/{S3_BUCKET}/_streamproof_ready"):
+            if time.monotonic() > deadline:
+                raise InfraError(f"SeaweedFS at {self.endpoint} answers but took no write in {timeout_s:.0f} s; last "
+                                 f"lines of {self.log_file}:\n{log_tail(self.log_file, 20)}")  # fmt: skip
             time.sleep(0.2)
         (self.home / "port").write_text(str(self.port))
         return (f"started S3 (SeaweedFS) at {self.endpoint} in {time.monotonic() - started:.1f} s (bucket "

@@ -105,7 +105,7 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     """
     transform = spec.transform
     assert transform.watermark is not None
-    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
+    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint", spec.spark.conf)
     batches = batch_ids(checkpoint, "offsets")
     first = batches[0] if batches else 0
     bound, unlogged = offset_log(checkpoint, first) if first else (0, {})
@@ -183,7 +183,9 @@ def read_delta(table_folder: StoredFolder, columns: list[str]) -> list[tuple[Any
     """
     if not table_folder.is_dir("_delta_log"):
         return None
-    table = DeltaTable(table_folder.uri).to_pyarrow_table(columns=columns)
+    table = DeltaTable(table_folder.uri, storage_options=table_folder.storage_options or None).to_pyarrow_table(
+        columns=columns
+    )
     return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
 
@@ -254,13 +256,13 @@ def read_sink(spec: PipelineSpec, sink: Any, columns: list[str]) -> list[tuple[A
     ('orders', 0, 0)
     """
     if isinstance(sink, DeltaSinkSpec):
-        rows = read_delta(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+        rows = read_delta(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}", spec.spark.conf), columns)
     elif isinstance(sink, PostgresSinkSpec):
         rows = _read_postgres(sink, columns)
     elif isinstance(sink, KafkaSinkSpec):
         rows = _read_kafka_sink(sink, columns)
     elif isinstance(sink, FilesSinkSpec):
-        rows = _read_files(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}"), columns)
+        rows = _read_files(StoredFolder.at(spec.resolve_path(sink.path), f"sink {sink.name}", spec.spark.conf), columns)
     else:
         raise ConfigError(f"verify --independent cannot read a {sink.kind} sink: use `streamproof verify`")
     return rows or []
@@ -353,7 +355,7 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
     schema = RecordSchema.parse(transform.schema_, transform.required, summed)
     cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     source = read_source(spec, schema)
-    quarantine_table = StoredFolder.at(spec.quarantine_path, "the quarantine table")
+    quarantine_table = StoredFolder.at(spec.quarantine_path, "the quarantine table", spec.spark.conf)
     quarantine_rows = read_delta(quarantine_table, [*COORDINATES, "reason"]) or []
     basis = dict.fromkeys(TERMS, RECOMPUTED)
     late_terms = LATE_TERMS[transform.late]
@@ -460,7 +462,7 @@ def maybe_late_judged(spec: PipelineSpec, sink: Any, source: list[SourceRecord],
     transform = spec.transform
     dedup_keys = list(transform.dedup.key_columns) if transform.dedup else None
     maybe_late = sum(1 for record in source if record.maybe_late)
-    first = batch_ids(StoredFolder.at(spec.checkpoint_dir, "the checkpoint"), "offsets")[0]
+    first = batch_ids(StoredFolder.at(spec.checkpoint_dir, "the checkpoint", spec.spark.conf), "offsets")[0]
     named = transform.aggregate is None and check_for(sink).kind == "records"  # rows that name their records
     held = None
     if named:

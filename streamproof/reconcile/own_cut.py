@@ -45,7 +45,7 @@ def closed_through_ms(spec: PipelineSpec) -> int:
     >>> closed_through_ms(spec)                                                           # doctest: +SKIP
     1767225720000
     """
-    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
+    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint", spec.spark.conf)
     committed = batch_ids(checkpoint, "commits")
     return offset_log(checkpoint, committed[-1])[0] if committed else 0
 
@@ -60,7 +60,7 @@ def read_through(spec: PipelineSpec) -> ReadThrough:
     """
     if not isinstance(spec.source, KafkaSource):
         return ReadThrough(no_cut=NOT_OFFSETS.format(kind=spec.source.kind))
-    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint")
+    checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint", spec.spark.conf)
     try:
         if wiring_for(spec.guarantee).progress_before_write:
             marked = PROGRESS in checkpoint.names()

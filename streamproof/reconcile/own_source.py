@@ -129,10 +129,10 @@ def _read_delta_source(spec: PipelineSpec, source: DeltaSource, schema: RecordSc
             "verify --independent recomputes late records from a Kafka source's offsets only, and this pipeline "
             "reads a Delta table with a watermark: use `streamproof verify`"
         )
-    folder = StoredFolder.at(spec.resolve_path(source.path), "source.path")
+    folder = StoredFolder.at(spec.resolve_path(source.path), "source.path", spec.spark.conf)
     if not folder.is_dir("_delta_log"):
         raise PipelineError(f"source.path: {folder.uri} is not a Delta table (no _delta_log folder)")
-    table = DeltaTable(folder.uri)
+    table = DeltaTable(folder.uri, storage_options=folder.storage_options or None)
     if source.read_change_feed:
         changes = table.load_cdf(starting_version=source.starting_version or 0)
         rows = pa.RecordBatchReader.from_stream(changes).read_all().to_pylist()

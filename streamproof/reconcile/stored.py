@@ -1,6 +1,9 @@
-"""The files the independent checker reads (checkpoint logs, Delta tables, Parquet folders), local or on HDFS,
+"""The files the independent checker reads (checkpoint logs, Delta tables, Parquet folders), local, on HDFS or on S3,
 without a JVM: HDFS is reached with ``hdfs-native`` (a Rust client of the NameNode's and DataNodes' own protocol,
-the one delta-rs uses), never through Hadoop's FileSystem that Spark and :mod:`streamproof.storage` use.
+the one delta-rs uses), S3 with Arrow's own S3 client (C++) and delta-rs's (Rust), never through Hadoop's FileSystem
+that Spark and :mod:`streamproof.storage` use. Where S3 is and who reads it comes from the pipeline's own
+``spark.hadoop.fs.s3a.*`` settings (endpoint, region, path style, keys), else from the AWS defaults (environment,
+profile), as delta-rs and Arrow find them.
 
 Example::
 
@@ -12,10 +15,12 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from fsspec.implementations.arrow import ArrowFSWrapper
 from fsspec.implementations.local import LocalFileSystem
 from hdfs_native.fsspec import HdfsFileSystem
 
@@ -30,18 +35,22 @@ class StoredFolder:
     filesystem: Any
     root: str
     uri: str  # as delta-rs opens it
+    storage_options: dict[str, str] = field(default_factory=dict)  # delta-rs's, for an object store
 
     @classmethod
-    def at(cls, location: Location, what: str) -> StoredFolder:
-        """The folder at ``location`` (a local path or ``hdfs://host:port/path``); ``what`` names it in errors."""
+    def at(cls, location: Location, what: str, conf: Mapping[str, str] | None = None) -> StoredFolder:
+        """The folder at ``location`` (a local path, ``hdfs://host:port/path`` or ``s3a://bucket/path``); ``what``
+        names it in errors; ``conf`` is the pipeline's ``[spark.conf]`` (where S3 is, and its keys)."""
         if not location.is_remote:
             return cls(LocalFileSystem(), str(location.path), str(location.path))
+        parsed = urlparse(str(location))
+        if location.scheme in ("s3a", "s3"):
+            return _on_s3(parsed.netloc, parsed.path.strip("/"), conf or {})
         if location.scheme != "hdfs":
             raise ConfigError(
-                f"verify --independent reads local folders and hdfs:// only, and {what} is at {location}: use "
+                f"verify --independent reads local folders, hdfs:// and s3a:// only, and {what} is at {location}: use "
                 "`streamproof verify`"
             )
-        parsed = urlparse(str(location))
         return cls(HdfsFileSystem(host=parsed.hostname, port=parsed.port), parsed.path.rstrip("/"), str(location))
 
     def path(self, relative: str = "") -> str:
@@ -49,7 +58,8 @@ class StoredFolder:
 
     def _unreachable(self, error: Exception) -> PipelineError:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return PipelineError(f"cannot read {self.uri}: {reason}; is the storage up (`streamproof infra up --hdfs`)?")
+        server = "--s3" if self.uri.startswith("s3://") else "--hdfs"
+        return PipelineError(f"cannot read {self.uri}: {reason}; is the storage up (`streamproof infra up {server}`)?")
 
     def is_dir(self, relative: str = "") -> bool:
         try:
@@ -71,3 +81,30 @@ class StoredFolder:
         """Every file below the folder whose name ends in ``suffix``, as paths relative to it."""
         found = self.filesystem.find(self.root, detail=False)
         return sorted(str(path)[len(self.root) + 1 :] for path in found if str(path).endswith(suffix))
+
+
+def _on_s3(bucket: str, key: str, conf: Mapping[str, str]) -> StoredFolder:
+    """A folder of an S3 bucket, read as S3A would read it with these settings (unset ones: the AWS defaults)."""
+    from pyarrow.fs import S3FileSystem
+
+    def setting(name: str) -> str | None:
+        return conf.get(f"spark.hadoop.fs.s3a.{name}")
+
+    endpoint = setting("endpoint")
+    secure = (setting("connection.ssl.enabled") or "true").lower() != "false"
+    if endpoint and "://" in endpoint:
+        secure = endpoint.startswith("https://")
+    address = endpoint.split("://", 1)[-1].rstrip("/") if endpoint else None
+    path_style = (setting("path.style.access") or "false").lower() == "true"
+    region = setting("endpoint.region") or setting("region")
+    access_key, secret_key = setting("access.key"), setting("secret.key")
+    filesystem = S3FileSystem(access_key=access_key, secret_key=secret_key, region=region,
+                              endpoint_override=address, scheme="https" if secure else "http",
+                              force_virtual_addressing=not path_style and address is None)  # fmt: skip
+    options = {"AWS_REGION": region, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
+               "AWS_ENDPOINT_URL": f"{'https' if secure else 'http'}://{address}" if address else None,
+               "AWS_ALLOW_HTTP": None if secure else "true",
+               "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if path_style else None}  # fmt: skip
+    root = f"{bucket}/{key}".rstrip("/")
+    return StoredFolder(ArrowFSWrapper(filesystem), root, f"s3://{root}",
+                        {name: value for name, value in options.items() if value is not None})  # fmt: skip
