@@ -305,10 +305,22 @@ class Location:
         """Remove the file (or, ``recursive``, the folder); nothing when it does not exist."""
         if self.is_remote:
             self._fs.delete(self._jpath, recursive)
+            if recursive and self.scheme in CONDITIONAL_SCHEMES:
+                self._delete_folders_left()
         elif self.path.is_dir() and recursive:
             shutil.rmtree(self.path)
         else:
             self.path.unlink(missing_ok=True)
+
+    def _delete_folders_left(self) -> None:
+        """Delete the empty folders a deleted tree left, deepest first. SeaweedFS keeps them (a HEAD of ``folder/``
+        answers 200, and S3A takes that for a folder: the checkpoint deleted "exists", measured); on AWS S3 there is
+        nothing left, and this costs the one check that says so."""
+        if not self.exists():
+            return
+        for name in self.names():
+            (self / name)._delete_folders_left()
+        self._fs.delete(self._jpath, False)
 
     def rename(self, target: Location) -> None:
         """Move to ``target`` (which must not exist): atomic on HDFS and local disks."""
@@ -318,6 +330,8 @@ class Location:
             self.path.rename(target.path)
         elif not self._fs.rename(self._jpath, target._jpath):
             raise PipelineError(f"{self._fs.getScheme()}: could not rename {self} to {target} (does it exist?)")
+        elif self.scheme in CONDITIONAL_SCHEMES:  # S3A's rename is a copy and a delete: the same folders stay behind
+            self._delete_folders_left()
 
     def copy_tree(self, target: Location, *, skip: tuple[str, ...] = ()) -> None:
         """Copy this folder to ``target`` (which must not exist) byte for byte, leaving out the names in ``skip`` at

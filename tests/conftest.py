@@ -14,6 +14,7 @@ import pytest
 
 from streamproof.demo import write_demo_pipeline
 from streamproof.infra import KafkaBroker
+from streamproof.storage import Location
 
 REPO = Path(__file__).resolve().parent.parent
 # Every JVM a test starts lives seconds: C1 only (see streamproof.session.jit_option), inherited by the
@@ -84,6 +85,10 @@ SLOW_TIER = {
         "tests/test_s3.py::test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_second_process_is_refused_by_"
         "the_store (its Delta commits through the same conditional LogStore) and tests/test_s3.py::test_sixteen_"
         "creates_of_one_key_racing_on_the_store_have_exactly_one_winner",
+    "tests/test_s3.py::test_checkpoint_commands_and_maintenance_work_on_s3":
+        "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
+        "(the same commands) and tests/test_s3.py::test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_"
+        "second_process_is_refused_by_the_store (the checkpoint and table on S3 through a kill, both checkers)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
@@ -251,3 +256,16 @@ def kafka_broker(streamproof_kafka: KafkaBroker) -> KafkaBroker:
 def spark(streamproof_spark: object) -> object:
     """The test process's SparkSession (streamproof defaults: cached jars, Delta, local[2])."""
     return streamproof_spark
+
+
+def tree_bytes(folder: Location, skip: str = "") -> dict[str, bytes]:
+    """Every file under ``folder`` (but ``skip``), by its path inside it, with its bytes."""
+    files: dict[str, bytes] = {}
+    for name in folder.names():
+        if name == skip:
+            continue
+        if (folder / name).is_dir():
+            files |= {f"{name}/{path}": data for path, data in tree_bytes(folder / name, skip).items()}
+        else:
+            files[name] = (folder / name).read_bytes()
+    return files

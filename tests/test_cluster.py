@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, tree_bytes
 from streamproof.checkpoint.folder import RunLock, backup, restore
 from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
@@ -143,19 +143,6 @@ def test_each_fault_left_its_evidence(proven: Any) -> None:
     assert datanode["failed"] >= 1 and datanode["datanode_live_again"], datanode
     assert datanode["killed_datanode_pid"] != datanode["restarted_datanode_pid"], datanode
     assert all(fact["pipeline_exit"] == 0 for fact in facts.values()), facts  # the run survived each of them
-
-
-def tree_bytes(folder: Location, skip: str = "") -> dict[str, bytes]:
-    """Every file under ``folder`` (but ``skip``), by its path inside it, with its bytes."""
-    files: dict[str, bytes] = {}
-    for name in folder.names():
-        if name == skip:
-            continue
-        if (folder / name).is_dir():
-            files |= {f"{name}/{path}": data for path, data in tree_bytes(folder / name, skip).items()}
-        else:
-            files[name] = (folder / name).read_bytes()
-    return files
 
 
 def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker, tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from streamproof.errors import ConfigError
-from streamproof.harness.nemesis import Daemons, Sequence, Step, parse_sequence
+from streamproof.harness.daemons import Daemons
+from streamproof.harness.nemesis import Sequence, Step, parse_sequence
 from streamproof.harness.search import replay, search, shorten
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 

@@ -8,6 +8,7 @@ second process started on its checkpoint by mistake is refused by the store.
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import sys
 import textwrap
@@ -20,14 +21,22 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, run_cli, write_pipeline
+from conftest import REPO, run_cli, tree_bytes, write_pipeline
+from streamproof.checkpoint.folder import RunLock, backup, restore
+from streamproof.checkpoint.log import committed_batches
+from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.config import dump_pipeline, load_pipeline
+from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_crashes
+from streamproof.harness.daemons import S3Faults
 from streamproof.infra import KafkaBroker, S3Server, free_port
 from streamproof.infra.s3 import S3_BUCKET
+from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.sinks import open_sinks
+from streamproof.storage import Location
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +67,40 @@ def test_sixteen_creates_of_one_key_racing_on_the_store_have_exactly_one_winner(
     in docs/storage.md)."""
     rounds = [_race(s3_server, f"race/lock-{round_number}", writers=16) for round_number in range(3)]
     assert all(codes == Counter({200: 1, 412: 15}) for codes in rounds), rounds
+
+
+def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server: S3Server) -> None:
+    """The nemesis's S3 faults, on the real store behind the proxy: requests pass; a fault resets the connection a
+    client keeps open (as S3 clients do), then answers new ones 503 SlowDown (or resets them) until it ends; an
+    abandoned multipart upload leaves its key absent."""
+    faults = S3Faults(s3_server)
+    try:
+        host = ("127.0.0.1", faults.proxy.port)
+        kept = http.client.HTTPConnection(*host, timeout=5)
+        kept.request("PUT", f"/{S3_BUCKET}/proxy/a", body=b"a")
+        assert kept.getresponse().status == 200
+        faults.proxy.fail("slow-down", seconds=2)
+        with pytest.raises(ConnectionResetError):  # the connection open when the fault began
+            kept.request("GET", f"/{S3_BUCKET}/proxy/a")
+            kept.getresponse()
+        fresh = http.client.HTTPConnection(*host, timeout=5)
+        fresh.request("GET", f"/{S3_BUCKET}/proxy/a")
+        answer = fresh.getresponse()
+        assert answer.status == 503 and b"<Code>SlowDown</Code>" in answer.read()
+        faults.proxy.fail("reset", seconds=1)
+        with pytest.raises(ConnectionResetError):
+            fresh = http.client.HTTPConnection(*host, timeout=5)
+            fresh.request("GET", f"/{S3_BUCKET}/proxy/a")
+            fresh.getresponse()
+        time.sleep(1.1)
+        fresh = http.client.HTTPConnection(*host, timeout=5)
+        fresh.request("GET", f"/{S3_BUCKET}/proxy/a")
+        assert fresh.getresponse().read() == b"a"  # the fault over, the store answers again
+        assert faults.proxy.faults_given == Counter({"reset": 2, "slow-down": 1})
+        faults.abandon_multipart_upload(f"{S3_BUCKET}/proxy/b")
+        assert s3_server.request("GET", f"/{S3_BUCKET}/proxy/b") == 404
+    finally:
+        faults.proxy.close()
 
 
 def _race(server: S3Server, key: str, writers: int) -> Counter[int]:
@@ -141,18 +184,7 @@ def test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_second_process_
     create the store refuses."""
     topic = "orders-on-s3"
     generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.005, seed=39)
-    local = write_pipeline(tmp_path, name="on-s3", topic=topic, bootstrap=kafka_broker.bootstrap_servers,
-                           max_offsets=2_000)  # fmt: skip
-    spec = load_pipeline(local)
-    root = f"s3a://{S3_BUCKET}/pipelines-{free_port()}"
-    on_s3 = spec.model_copy(update={
-        "checkpoint": f"{root}/checkpoint",
-        "transform": spec.transform.model_copy(update={"quarantine": f"{root}/quarantine"}),
-        "sink": spec.sink.model_copy(update={"path": f"{root}/orders"}),  # type: ignore[union-attr]
-        "spark": spec.spark.model_copy(update={"conf": {**spec.spark.conf, **s3_server.spark_conf()}}),
-    })  # fmt: skip
-    pipeline = tmp_path / "on_s3.toml"
-    pipeline.write_text(dump_pipeline(on_s3))
+    pipeline, root = _demo_on_s3(tmp_path, kafka_broker, s3_server, topic, max_offsets=2_000)
     harness = run_with_crashes(pipeline, ["after-sink-commit"], log_dir=tmp_path / "logs", emit=print)
     assert not harness.missed and len(harness.crashes) == 1, harness.missed
     (report,) = verify_pipeline(s3_spark, load_pipeline(pipeline))
@@ -176,6 +208,78 @@ def test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_second_process_
     finally:
         first.terminate()
         first.communicate(timeout=300)
+
+
+def _demo_on_s3(workdir: Path, broker: KafkaBroker, server: S3Server, topic: str, max_offsets: int) -> tuple[Path, str]:
+    """The demo's pipeline with its checkpoint, Delta table and quarantine under a fresh folder of the bucket: the
+    pipeline file and that folder."""
+    local = write_pipeline(workdir, name="on-s3", topic=topic, bootstrap=broker.bootstrap_servers,
+                           max_offsets=max_offsets)  # fmt: skip
+    spec = load_pipeline(local)
+    root = f"s3a://{S3_BUCKET}/pipelines-{free_port()}"
+    on_s3 = spec.model_copy(update={
+        "checkpoint": f"{root}/checkpoint",
+        "transform": spec.transform.model_copy(update={"quarantine": f"{root}/quarantine"}),
+        "sink": spec.sink.model_copy(update={"path": f"{root}/orders"}),  # type: ignore[union-attr]
+        "spark": spec.spark.model_copy(update={"conf": {**spec.spark.conf, **server.spark_conf()}}),
+    })  # fmt: skip
+    pipeline = workdir / "on_s3.toml"
+    pipeline.write_text(dump_pipeline(on_s3))
+    return pipeline, root
+
+
+def test_checkpoint_commands_and_maintenance_work_on_s3(
+    kafka_broker: KafkaBroker, s3_server: S3Server, s3_spark: Any, tmp_path: Path
+) -> None:
+    """On s3a://, as an operator runs them: `checkpoint show`; backup and restore, byte for byte (a binary file too);
+    the checkpoint lost, the start refused, `checkpoint recover`; the Delta table's newest commit lost from the store,
+    the start refused, `checkpoint rewind`; `maintain` (OPTIMIZE and VACUUM); then both checkers: 0/0/0, agreeing.
+    The commands that need no pipeline run in this process as the CLI calls them (a JVM start each saved)."""
+    topic = "commands-on-s3"
+    generate(kafka_broker.bootstrap_servers, topic, 4_000, partitions=2, malformed=0.005, seed=41)
+    pipeline, root = _demo_on_s3(tmp_path, kafka_broker, s3_server, topic, max_offsets=1_000)
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    spec = load_pipeline(pipeline)
+    checkpoint = spec.checkpoint_dir
+    shown = run_cli("checkpoint", "show", str(pipeline))
+    assert shown.returncode == 0 and f"checkpoint {checkpoint}" in shown.stdout, shown.stderr[-2000:]
+    committed = committed_batches(checkpoint)
+    assert len(committed) >= 4 and shown.stdout.count("yes") >= len(committed), shown.stdout
+
+    # A binary file stands for a state store's (LZ4, RocksDB): every byte value once, which a copy as text corrupts.
+    (checkpoint / "binary-check" / "256-bytes.bin").write_bytes(bytes(range(256)))
+    original = tree_bytes(checkpoint, skip=RunLock.NAME)
+    copy = backup(checkpoint, Location(f"{checkpoint}-backup"))
+    assert copy.is_remote and committed_batches(copy) == committed
+    assert tree_bytes(copy) == original
+    checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
+    with pytest.raises(PipelineError, match="the checkpoint was lost"):  # as `run` refuses it
+        refuse_if_checkpoint_lost(s3_spark, spec, open_sinks(spec))
+    assert restore(checkpoint, copy) is None and tree_bytes(checkpoint) == original  # byte for byte
+    checkpoint.delete(recursive=True)
+    rebuilt = recover(s3_spark, spec)
+    assert rebuilt.startswith(f"rebuilt {checkpoint}") and committed_batches(checkpoint)[-1] == committed[-1], rebuilt
+
+    # The store loses the table's newest commit (a restore of the bucket, a lifecycle rule): the start is refused,
+    # and the rewind replays what the table lost.
+    generate(kafka_broker.bootstrap_servers, topic, 2_000, partitions=2, malformed=0.005, seed=42)
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    log = Location(f"{root}/orders/_delta_log")
+    newest = max(int(name.split(".")[0]) for name in log.names() if name.endswith(".json"))
+    (log / f"{newest:020d}.json").delete()
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2 and "is behind the checkpoint" in refused.stderr, refused.stderr[-2000:]
+    rewound = run_cli("checkpoint", "rewind", str(pipeline), timeout=600)
+    assert rewound.returncode == 0 and "replayed batches" in rewound.stdout, rewound.stdout + rewound.stderr[-2000:]
+
+    done = list(maintain(s3_spark, spec, compact=True, vacuum_hours=0, allow_short_retention=True))
+    assert any("OPTIMIZE removed" in line for line in done) and any("VACUUM" in line for line in done), done
+    (report,) = verify_pipeline(s3_spark, load_pipeline(pipeline))
+    figures = (report.source_records, report.lost, report.duplicated, report.unexpected)
+    assert figures == (6_000, 0, 0, 0) and report.identity_holds, report.to_json()
+    assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
 
 
 def _exists(spark: Any, uri: str) -> bool:

@@ -35,8 +35,9 @@ from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
 from streamproof.generator import generate as produce
 from streamproof.harness.cells import cells_not_as_expected
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
+from streamproof.harness.daemons import Daemons
 from streamproof.harness.matrix import run_matrix, upstream_shares
-from streamproof.harness.nemesis import Daemons, parse_sequence
+from streamproof.harness.nemesis import parse_sequence
 from streamproof.harness.proof import prove_pipeline
 from streamproof.harness.search import replay, search
 from streamproof.pipeline.events import Event, RunSummary
@@ -356,7 +357,7 @@ def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Pat
                    sequence: str | None, seed: int, shrink_minutes: float) -> None:  # fmt: skip
     spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
     daemons = Daemons.started_under(state, spec)
-    restartable = [name for name, daemon in (("Kafka", daemons.broker), ("PostgreSQL", daemons.postgres)) if daemon]
+    restartable = daemons.restartable()
     console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
                   f"its pipelines under {workdir}", markup=False)  # fmt: skip
     if sequence is not None:

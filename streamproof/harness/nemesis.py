@@ -11,6 +11,11 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
                    over and drains
 ``broker@A``       the Kafka broker stopped for 3 s after a run's ``A``-th batch; the run rides it out
 ``postgres@A``     PostgreSQL stopped for 3 s after a run's ``A``-th batch; the run rides it out
+``s3@A``           the S3 server SIGKILLed after a run's ``A``-th batch (a write in flight), started again 3 s later
+``s3-slow@A``      S3 answers ``503 SlowDown`` to every request for 3 s after a run's ``A``-th batch (its open
+                   connections reset first)
+``s3-reset@A``     S3's connections reset, and each new one, for 3 s after a run's ``A``-th batch
+``s3-multipart``   a multipart upload of the Delta table's next commit begun and abandoned (a writer that died in it)
 ``backup``         ``checkpoint backup`` of the stopped pipeline
 ``restore:I``      ``checkpoint restore`` of backup ``I`` (0: the oldest; taken modulo the backups there are)
 ``lose-checkpoint`` the checkpoint deleted; the run refuses; ``checkpoint recover``
@@ -21,6 +26,9 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
 ``datanode``       on a cluster with HDFS: the DataNode SIGKILLed while a write streams into it, started again a
                    second later; the run survives it and drains
 =================  ==============================================================================================
+
+On S3 (``infra up --s3``) the sequence's checkpoint and tables live in the pipeline's bucket, and its runs reach the
+store through a fault proxy (:mod:`streamproof.harness.daemons`).
 
 Every step that runs the pipeline first produces new records into the topic (a live stream). After each step the
 pipeline has carried on, or refused with a line the docs list for the state the step left (a lost checkpoint:
@@ -41,9 +49,7 @@ Example::
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -56,15 +62,14 @@ from pyspark.sql import SparkSession
 
 from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.checkpoint.log import committed_batches
-from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec, PostgresSinkSpec, dump_pipeline, load_pipeline
+from streamproof.config import DeltaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, first_line, log_tail
 from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
-from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.harness.crashes import Emit, run_with_crashes
+from streamproof.harness.daemons import Daemons
 from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
-from streamproof.infra import KafkaBroker, PostgresServer
 from streamproof.pipeline.events import STANDBY
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
@@ -73,9 +78,10 @@ from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_co
 from streamproof.storage import Location
 from streamproof.your_modules import importable_beside
 
-ACTIONS = ("kill", "term", "drain", "standby", "broker", "postgres", "backup", "restore", "lose-checkpoint",
-           "lose-commits", "executor", "datanode")  # fmt: skip
-RUNS = ("kill", "term", "drain", "standby", "broker", "postgres", "executor", "datanode")  # they run the pipeline
+OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset")  # a server away for OUTAGE_S during a run
+ACTIONS = ("kill", "term", "drain", "standby", *OUTAGES, "backup", "restore", "lose-checkpoint", "lose-commits",
+           "s3-multipart", "executor", "datanode")  # fmt: skip
+RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
 # The refusals the docs list, by the damage a step left, and the command that repairs each.
@@ -99,7 +105,7 @@ class Step:
     def encode(self) -> str:
         if self.action == "kill":
             return f"kill@{self.after}:{self.phase:.2f}"
-        if self.action in ("term", "standby", "broker", "postgres"):
+        if self.action in ("term", "standby", *OUTAGES):
             return f"{self.action}@{self.after}"
         if self.action in ("restore", "lose-commits"):
             return f"{self.action}:{self.index}"
@@ -143,31 +149,6 @@ class NemesisFailure(AssertionError):
 
 
 @dataclass
-class Daemons:
-    """The servers the nemesis may restart: only those streamproof started (``infra up``, or a test's fixtures)."""
-
-    broker: KafkaBroker | None = None
-    postgres: PostgresServer | None = None
-    cluster: ClusterFaults | None = None  # a Spark cluster's Workers and HDFS (``infra up --spark-workers --hdfs``)
-
-    @classmethod
-    def started_under(cls, state_dir: Path, spec: PipelineSpec) -> Daemons:
-        """The broker and PostgreSQL of ``streamproof infra up`` under ``state_dir``, when the pipeline uses them."""
-        broker = None
-        saved = state_dir / "kafka" / "broker.json"
-        if saved.exists():
-            ports = json.loads(saved.read_text())
-            candidate = KafkaBroker(state_dir, port=int(ports["port"]), controller_port=int(ports["controller_port"]))
-            uses = getattr(spec.source, "bootstrap_servers", "").split(",")
-            broker = candidate if candidate.running() and candidate.bootstrap_servers in uses else None
-        server = PostgresServer(state_dir)
-        ports = {sink.port for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)}
-        postgres = server if server.home.exists() and server.running() and server.port in ports else None
-        on_cluster = not spec.spark.master.startswith("local")
-        return cls(broker, postgres, cluster_faults(state_dir) if on_cluster else None)
-
-
-@dataclass
 class Nemesis:
     """Runs steps on one pipeline of its own (exactly-once, its own topic, checkpoint and sinks under ``workdir``,
     as a matrix cell), and judges the end. ``history`` holds what each step really did."""
@@ -182,8 +163,8 @@ class Nemesis:
     records_per_step: int = 4_000
     batch: int = 1_000
     history: list[str] = field(default_factory=list)
-    backups: list[Path] = field(default_factory=list)
-    replaced: Path | None = None  # the checkpoint the last restore replaced (restore keeps it aside)
+    backups: list[Location] = field(default_factory=list)
+    replaced: Location | None = None  # the checkpoint the last restore replaced (restore keeps it aside)
     runs: int = 0
     produced: int = 0
     steps_applied: int = 0
@@ -196,13 +177,18 @@ class Nemesis:
             raise ConfigError(f"--nemesis produces its records into Kafka and needs a kafka source, not "
                               f"{spec.source.kind}")  # fmt: skip
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.topic = f"{spec.source.topic}-nemesis-{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
-        self.spec = cell_spec(spec, "exactly-once", self.topic, self.workdir, self.batch)
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
+        self.topic = f"{spec.source.topic}-nemesis-{stamp}"
+        # On distributed storage the sequence's files live there, as the pipeline's do (its faults are that store's).
+        parent = spec.checkpoint_dir.parent
+        self.storage = parent / f"nemesis-{stamp}" if spec.on_distributed_storage else Location(self.workdir)
+        cell = cell_spec(spec, "exactly-once", self.topic, self.storage, self.batch)
+        self.spec = self.daemons.through_proxy(cell)
         self.cell_file = self.workdir / "pipeline.toml"
         self.cell_file.write_text(dump_pipeline(self.spec))
         self.shares = upstream_shares(spec, None, None)
         self.avro = avro_contract(with_subject_pinned(spec))
-        self.checkpoint = Path(str(self.spec.checkpoint_dir))
+        self.checkpoint = self.spec.checkpoint_dir
 
     # ------------------------------------------------------------------------------------------ the steps
 
@@ -212,6 +198,8 @@ class Nemesis:
         return {
             "broker": self.daemons.broker is not None,
             "postgres": self.daemons.postgres is not None,
+            **dict.fromkeys(("s3", "s3-slow", "s3-reset"), self.daemons.s3 is not None),
+            "s3-multipart": self.daemons.s3 is not None and self._delta_sink() is not None,
             # A checkpoint rebuilt from the sinks' records starts dedup's and windows' state empty (docs/operations.md):
             # resent records seen before the loss pass again. Not a step for a stateful pipeline.
             "backup": has_batches, "lose-checkpoint": has_batches and self.spec.transform.watermark is None,
@@ -292,6 +280,25 @@ class Nemesis:
         assert self.daemons.postgres is not None
         self._outage(step, self.daemons.postgres.down, self.daemons.postgres.up)
 
+    def _s3(self, step: Step) -> None:
+        assert self.daemons.s3 is not None
+        self._outage(step, self.daemons.s3.kill, self.daemons.s3.restart)
+
+    def _s3_slow(self, step: Step) -> None:
+        assert self.daemons.s3 is not None
+        self._outage(step, lambda: self.daemons.s3.proxy.fail("slow-down", OUTAGE_S), lambda: None)  # type: ignore[union-attr]
+
+    def _s3_reset(self, step: Step) -> None:
+        assert self.daemons.s3 is not None
+        self._outage(step, lambda: self.daemons.s3.proxy.fail("reset", OUTAGE_S), lambda: None)  # type: ignore[union-attr]
+
+    def _s3_multipart(self, step: Step) -> None:
+        table = self._delta_sink()
+        assert self.daemons.s3 is not None and table is not None
+        key = f"{str(table).split('://', 1)[1]}/_delta_log/{latest_version(table) + 1:020d}.json"
+        upload = self.daemons.s3.abandon_multipart_upload(key)
+        self._say(step, f"multipart upload {upload[:12]}... of {key.rsplit('/', 1)[1]} begun and abandoned")
+
     def _outage(self, step: Step, down: Callable[[], object], up: Callable[[], object]) -> None:
         child = self._start()
         reached = self._after_batches(child, step.after)
@@ -321,7 +328,7 @@ class Nemesis:
                         f"{missed}")  # fmt: skip
 
     def _backup(self, step: Step) -> None:
-        target = self.workdir / "backups" / f"backup-{len(self.backups)}"
+        target = self.storage / "backups" / f"backup-{len(self.backups)}"
         self._cli(step, "checkpoint", "backup", str(self.cell_file), "--to", str(target))
         self.backups.append(target)
         self._say(step, f"backup {len(self.backups) - 1} at batch {committed_batches(self.spec.checkpoint_dir)[-1]}")
@@ -329,16 +336,17 @@ class Nemesis:
     def _restore(self, step: Step) -> None:
         which = step.index % len(self.backups)
         self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.backups[which]))
-        aside = sorted(
-            self.checkpoint.parent.glob(f"{self.checkpoint.name}.replaced-*"), key=lambda kept: kept.stat().st_mtime
-        )
+        prefix = f"{self.checkpoint.name}.replaced-"
+        kept = [name.removeprefix(prefix) for name in self.checkpoint.parent.names() if name.startswith(prefix)]
+        when = sorted(kept, key=lambda stamp: (stamp.split("-")[0], int(stamp.split("-")[1]) if "-" in stamp else 1))
+        aside = [self.checkpoint.parent / f"{prefix}{stamp}" for stamp in when]
         for folder in aside[:-1]:  # kept aside by earlier restores: only the last one may be put back
-            shutil.rmtree(folder, ignore_errors=True)
+            folder.delete(recursive=True)
         self.replaced = aside[-1] if aside else None
         self._say(step, f"restored backup {which} (checkpoint at batch {committed_batches(self.checkpoint)[-1]})")
 
     def _lose_checkpoint(self, step: Step) -> None:
-        shutil.rmtree(self.checkpoint)
+        self.checkpoint.delete(recursive=True)
         self._say(step, "checkpoint deleted")
         self._expect_refusal(step, "checkpoint-lost")
 
@@ -411,7 +419,7 @@ class Nemesis:
             return False
         self._say(step, f"refused ({line[:100]}...); checkpoint restore of the checkpoint it replaced")
         self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.replaced))
-        shutil.rmtree(self.replaced, ignore_errors=True)
+        self.replaced.delete(recursive=True)
         self.replaced = None
         return True
 
@@ -449,7 +457,7 @@ class Nemesis:
 
     def _delta_sink(self) -> Location | None:
         tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
-        return tables[0] if tables and not tables[0].is_remote else None
+        return tables[0] if tables else None
 
     def _failed(self, failure: NemesisFailure) -> None:
         """Said when it happens: a long search then shrinks for minutes before it prints the failure it found."""

@@ -31,11 +31,12 @@ from pyspark.sql import SparkSession
 
 from streamproof.errors import first_line
 from streamproof.harness.crashes import Emit
-from streamproof.harness.nemesis import Daemons, Nemesis, NemesisFailure, Sequence, Step, parse_sequence
+from streamproof.harness.daemons import Daemons
+from streamproof.harness.nemesis import OUTAGES, Nemesis, NemesisFailure, Sequence, Step, parse_sequence
 
 # The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
-ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "lose-commits", "lose-checkpoint",
-         "standby", "executor", "datanode")  # fmt: skip
+ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "s3-slow", "s3-reset", "s3",
+         "lose-commits", "lose-checkpoint", "s3-multipart", "standby", "executor", "datanode")  # fmt: skip
 
 
 @dataclass
@@ -194,7 +195,7 @@ def _machine(open_nemesis: Callable[[int], Nemesis],
                 self._step(Step("kill", after, round(phase, 2)))
             elif action == "term":
                 self._step(Step("term", data.draw(st.integers(1, 3), label="after")))
-            elif action in ("standby", "broker", "postgres"):
+            elif action in ("standby", *OUTAGES):
                 self._step(Step(action, data.draw(st.integers(1, 2), label="after")))
             elif action == "restore":
                 self._step(Step("restore", index=data.draw(st.integers(0, 7), label="which")))

@@ -89,12 +89,17 @@ class S3Server(LocalDaemon):
 
     def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> int:
         """One plain HTTP request to the S3 endpoint (no signature: the server checks none); its status code."""
+        return self.exchange(method, path, body, headers)[0]
+
+    def exchange(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """One plain HTTP request to the S3 endpoint: its status code and body."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
             connection.request(method, path, body=body, headers={"Content-Length": str(len(body)), **(headers or {})})
             response = connection.getresponse()
-            response.read()
-            return response.status
+            return response.status, response.read()
         finally:
             connection.close()
 

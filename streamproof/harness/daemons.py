@@ -1,0 +1,105 @@
+"""The servers a nemesis may fault, and only those streamproof started (``infra up``, or a test's fixtures): the Kafka
+broker and PostgreSQL (stopped for some seconds), a Spark cluster's machines, and the S3 server, which the nemesis
+reaches through a :class:`~streamproof.infra.fault_proxy.FaultProxy` so that it can also throttle it (``503
+SlowDown``) and reset its connections, as S3 itself does.
+
+Example::
+
+    >>> Daemons().restartable()
+    []
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamproof.config import PipelineSpec, PostgresSinkSpec
+from streamproof.harness.cluster import ClusterFaults, cluster_faults
+from streamproof.infra import KafkaBroker, PostgresServer, S3Server
+from streamproof.infra.fault_proxy import FaultProxy
+from streamproof.storage import Location
+
+S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"
+
+
+@dataclass
+class S3Faults:
+    """The S3 server and the fault proxy the nemesis's pipelines reach it through."""
+
+    server: S3Server
+    proxy: FaultProxy = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.proxy = FaultProxy(("127.0.0.1", self.server.port))
+
+    def kill(self) -> None:
+        """SIGKILL the server (its data stays on disk), as a machine lost mid-write; :meth:`restart` brings it back."""
+        pid = self.server.process.pid()
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while self.server.process.pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def restart(self) -> None:
+        self.server.up()
+
+    def abandon_multipart_upload(self, key: str) -> str:
+        """Begin a multipart upload of ``key`` in the bucket, send one part, and never complete it (a writer that died
+        in a large upload): the upload's id. The key must stay absent: a part uploaded is no object."""
+        status, body = self.server.exchange("POST", f"/{key}?uploads")
+        if status != 200 or b"<UploadId>" not in body:
+            raise RuntimeError(f"S3 refused to begin a multipart upload of {key}: {status} {body[:200]!r}")
+        upload = body.split(b"<UploadId>", 1)[1].split(b"</UploadId>", 1)[0].decode()
+        status, body = self.server.exchange("PUT", f"/{key}?partNumber=1&uploadId={upload}", b"{" * 1024)
+        if status != 200:
+            raise RuntimeError(f"S3 refused a part of {key}: {status} {body[:200]!r}")
+        return upload
+
+
+@dataclass
+class Daemons:
+    """The servers the nemesis may fault: only those streamproof started (``infra up``, or a test's fixtures)."""
+
+    broker: KafkaBroker | None = None
+    postgres: PostgresServer | None = None
+    cluster: ClusterFaults | None = None  # a Spark cluster's Workers and HDFS (``infra up --spark-workers --hdfs``)
+    s3: S3Faults | None = None  # the S3 server of the pipeline's s3a:// paths (``infra up --s3``)
+
+    @classmethod
+    def started_under(cls, state_dir: Path, spec: PipelineSpec) -> Daemons:
+        """The servers of ``streamproof infra up`` under ``state_dir`` that the pipeline uses."""
+        broker = None
+        saved = state_dir / "kafka" / "broker.json"
+        if saved.exists():
+            ports = json.loads(saved.read_text())
+            candidate = KafkaBroker(state_dir, port=int(ports["port"]), controller_port=int(ports["controller_port"]))
+            uses = getattr(spec.source, "bootstrap_servers", "").split(",")
+            broker = candidate if candidate.running() and candidate.bootstrap_servers in uses else None
+        server = PostgresServer(state_dir)
+        ports = {sink.port for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)}
+        postgres = server if server.home.exists() and server.running() and server.port in ports else None
+        on_cluster = not spec.spark.master.startswith("local")
+        s3 = S3Server(state_dir)
+        on_s3 = any(Location(location).scheme == "s3a" for location in spec.locations)
+        ours = s3.process.pid() is not None and spec.spark.conf.get(S3_ENDPOINT, "").rstrip("/") == s3.endpoint
+        return cls(broker, postgres, cluster_faults(state_dir) if on_cluster else None,
+                   S3Faults(s3) if on_s3 and ours else None)  # fmt: skip
+
+    def restartable(self) -> list[str]:
+        """The servers' names, as the nemesis announces them."""
+        named = (("Kafka", self.broker), ("PostgreSQL", self.postgres), ("S3", self.s3))
+        return [name for name, daemon in named if daemon is not None]
+
+    def through_proxy(self, spec: PipelineSpec) -> PipelineSpec:
+        """``spec`` with its S3 endpoint moved to the fault proxy (unchanged without an S3 server to fault)."""
+        if self.s3 is None:
+            return spec
+        conf = {**spec.spark.conf, S3_ENDPOINT: self.s3.proxy.endpoint}
+        return spec.model_copy(update={"spark": spec.spark.model_copy(update={"conf": conf})})

@@ -1,0 +1,174 @@
+"""A TCP proxy in front of a server that fails what passes through it on demand: the faults an object store gives
+its clients (S3 answers ``503 SlowDown`` when throttling, and connections reset mid-request), made on a real
+endpoint (SeaweedFS behind it) instead of a mock. The nemesis points a pipeline's S3 endpoint at it.
+
+:meth:`FaultProxy.fail` starts a fault for some seconds: every connection open at that moment is reset (a request in
+flight, a commit half-sent, included: S3 clients keep their connections alive, so the fault must reach those too),
+and each new one is reset at once (``reset``) or answered ``503 SlowDown`` (``slow-down``) until it ends.
+
+Example::
+
+    >>> proxy = FaultProxy(("127.0.0.1", 9))   # doctest: +SKIP
+    >>> proxy.fail("slow-down", seconds=5)      # doctest: +SKIP
+    >>> proxy.faults_given                       # doctest: +SKIP
+    Counter({'slow-down': 12, 'reset': 3})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+
+FAULTS = ("reset", "slow-down")
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%b"
+)
+SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+class FaultProxy:
+    """Forwards connections on ``127.0.0.1:port`` to ``target``, in threads of this process, until :meth:`close`."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[_Connection] = set()
+        self._fault: str | None = None
+        self._until = 0.0
+        self._closed = False
+        self.faults_given: Counter[str] = Counter()
+        threading.Thread(target=self._accept, name=f"fault-proxy-{self.port}", daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, fault: str, seconds: float) -> None:
+        """From now on for ``seconds``: every open connection reset, each new one failed by ``fault``."""
+        if fault not in FAULTS:
+            raise ValueError(f"fault {fault!r}: expected one of {', '.join(FAULTS)}")
+        with self._lock:
+            self._fault, self._until = fault, time.monotonic() + seconds
+            open_now = list(self._open)
+        for connection in open_now:
+            connection.reset()
+            self.faults_given["reset"] += 1
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            open_now = list(self._open)
+        for connection in open_now:
+            connection.reset()
+
+    def _fault_now(self) -> str | None:
+        with self._lock:
+            return self._fault if time.monotonic() < self._until else None
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            fault = self._fault_now()
+            if fault == "reset":
+                self._reset(client)
+                self.faults_given["reset"] += 1
+            elif fault == "slow-down":
+                threading.Thread(target=self._slow_down, args=(client,), daemon=True).start()
+            else:
+                threading.Thread(target=self._forward, args=(client,), daemon=True).start()
+
+    def _slow_down(self, client: socket.socket) -> None:
+        """Read the request's head, answer 503 SlowDown as S3 does when it throttles, close."""
+        client.settimeout(5)
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = client.recv(4096)
+                if not chunk:
+                    break
+                head += chunk
+            client.sendall(SLOW_DOWN % (len(SLOW_DOWN_BODY), SLOW_DOWN_BODY))
+            self.faults_given["slow-down"] += 1
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            self._reset(client)
+            return
+        upstream.settimeout(None)
+        pair = _Connection(client, upstream)
+        with self._lock:
+            self._open.add(pair)
+        threading.Thread(target=self._pump, args=(pair, upstream, client), daemon=True).start()
+        self._pump(pair, client, upstream)
+
+    def _pump(self, pair: _Connection, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        if not pair.resetting:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)  # the end of one direction passed on; the other may go on
+        if pair.direction_ended():  # the second to end closes both: with a reset, RST to both peers
+            with self._lock:
+                self._open.discard(pair)
+            pair.close()
+
+    @staticmethod
+    def _reset(connection: socket.socket) -> None:
+        """Close with a TCP reset (SO_LINGER 0), as a dropped connection reaches the client."""
+        try:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+        except OSError:
+            pass
+
+
+class _Connection:
+    """A client's connection and its upstream one, forwarded both ways by two threads."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.sockets = (client, upstream)
+        self.resetting = False
+        self._ended = 0
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Make both pumps stop at once (a shutdown of reading wakes a blocked recv) and close with RST."""
+        self.resetting = True
+        for connection in self.sockets:
+            try:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def direction_ended(self) -> bool:
+        """Count one direction as ended; True for the second."""
+        with self._lock:
+            self._ended += 1
+            return self._ended == 2
+
+    def close(self) -> None:
+        for connection in self.sockets:
+            connection.close()
