@@ -133,3 +133,17 @@ def test_a_batch_beyond_the_checkpoint_that_no_sink_records_is_refused_in_one_li
                               "batch 1 without the source offsets they were written with (a Parquet folder keeps "
                               "them for its newest 100 batches only") and message.endswith(TOO_OLD_REPAIR) and (
         "\n" not in message), message  # fmt: skip
+
+
+def test_a_batch_no_sink_holds_ends_where_the_batch_after_it_recorded_its_start(tmp_path: Path) -> None:
+    """Found by `prove --nemesis` on S3: a Delta sink lost the commit of batch 22, the quarantine table never held 22
+    (it had no invalid records) but holds 23. Batch 22's end offsets were nowhere, and neither repair the refusal named
+    could go on. Each commit now records where its batch started: 22 ends where 23 started, and is replayed."""
+    spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 4: 0}, committed_through=1)
+    record = json.loads((tmp_path / "files" / BATCHES_DIR / "4.json").read_text())
+    (tmp_path / "files" / BATCHES_DIR / "4.json").write_text(json.dumps({**record, "start_offsets": _ends(30)}))
+    beyond = held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+    assert beyond.offsets == {2: _ends(20), 3: _ends(30), 4: _ends(40)}
+    (tmp_path / "files" / BATCHES_DIR / "4.json").write_text(json.dumps(record))  # a record of before: refused
+    with pytest.raises(PipelineError, match=r"hold batch\(es\) \[3\] beyond the checkpoint's last committed batch 1"):
+        held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]

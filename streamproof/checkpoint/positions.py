@@ -188,6 +188,13 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     # A batch some sink holds completely takes its offsets; one held only in part (some PostgreSQL or Kafka shares
     # committed before a kill) takes those its shares recorded: either way it runs with the range it was written with.
     offsets = _recorded_offsets([*by_sink, quarantine], lambda batch_id: batch_id > last, held_in_part=True)
+    # A batch no sink holds (the quarantine table skips those without invalid records, and a sink may have lost its
+    # commit) ended where the batch after it started, where a sink recorded that start (found by `prove --nemesis`
+    # on S3: a lost Delta commit, the quarantine holding the batch after it, and no repair that could go on).
+    for holds in (*by_sink, quarantine):
+        for batch_id, commit in holds.items():
+            if batch_id - 1 > last and commit.start_offsets is not None:
+                offsets.setdefault(batch_id - 1, commit.start_offsets)
     gaps = sorted(set(range(last + 1, max(offsets, default=last) + 1)) - set(offsets))
     unrecorded = [batch for batch in gaps if any(batch in held and held[batch].end_offsets is None for held in by_sink)]
     if unrecorded:

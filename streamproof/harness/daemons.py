@@ -22,6 +22,7 @@ from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.infra import KafkaBroker, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
+from streamproof.sinks.delta_log import latest_version
 from streamproof.storage import Location
 
 S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"
@@ -49,6 +50,12 @@ class S3Faults:
 
     def restart(self) -> None:
         self.server.up()
+
+    def abandon_next_commit(self, table: Location) -> str:
+        """A multipart upload of the Delta table's next commit file, begun and abandoned: what was done, in words."""
+        key = f"{str(table).split('://', 1)[1]}/_delta_log/{latest_version(table) + 1:020d}.json"
+        upload = self.abandon_multipart_upload(key)
+        return f"multipart upload {upload[:12]}... of {key.rsplit('/', 1)[1]} begun and abandoned"
 
     def abandon_multipart_upload(self, key: str) -> str:
         """Begin a multipart upload of ``key`` in the bucket, send one part, and never complete it (a writer that died

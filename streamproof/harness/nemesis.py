@@ -54,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,7 @@ MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
 # The refusals the docs list, by the damage a step left, and the command that repairs each.
 REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
-_STEP = re.compile(r"(?P<action>[a-z-]+)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
+_STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,8 @@ class Sequence:
 def parse_sequence(text: str) -> Sequence:
     """A sequence as :meth:`Sequence.encode` writes it; one clear line for a step it cannot read.
 
-    >>> parse_sequence("data=3,term@2,lose-checkpoint").encode()
-    'data=3,term@2,lose-checkpoint'
+    >>> parse_sequence("data=3,term@2,lose-checkpoint,s3-slow@1").encode()
+    'data=3,term@2,lose-checkpoint,s3-slow@1'
     """
     parts = [part.strip() for part in text.split(",") if part.strip()]
     seed = 1
@@ -285,19 +286,22 @@ class Nemesis:
         self._outage(step, self.daemons.s3.kill, self.daemons.s3.restart)
 
     def _s3_slow(self, step: Step) -> None:
-        assert self.daemons.s3 is not None
-        self._outage(step, lambda: self.daemons.s3.proxy.fail("slow-down", OUTAGE_S), lambda: None)  # type: ignore[union-attr]
+        self._s3_fault(step, "slow-down")
 
     def _s3_reset(self, step: Step) -> None:
+        self._s3_fault(step, "reset")
+
+    def _s3_fault(self, step: Step, fault: str) -> None:
         assert self.daemons.s3 is not None
-        self._outage(step, lambda: self.daemons.s3.proxy.fail("reset", OUTAGE_S), lambda: None)  # type: ignore[union-attr]
+        proxy = self.daemons.s3.proxy
+        before = Counter(proxy.faults_given)
+        self._outage(step, lambda: proxy.fail(fault, OUTAGE_S), lambda: None)
+        self._say(step, f"the proxy's faults: {dict(proxy.faults_given - before) or 'none (no request came)'}")
 
     def _s3_multipart(self, step: Step) -> None:
         table = self._delta_sink()
         assert self.daemons.s3 is not None and table is not None
-        key = f"{str(table).split('://', 1)[1]}/_delta_log/{latest_version(table) + 1:020d}.json"
-        upload = self.daemons.s3.abandon_multipart_upload(key)
-        self._say(step, f"multipart upload {upload[:12]}... of {key.rsplit('/', 1)[1]} begun and abandoned")
+        self._say(step, self.daemons.s3.abandon_next_commit(table))
 
     def _outage(self, step: Step, down: Callable[[], object], up: Callable[[], object]) -> None:
         child = self._start()

@@ -72,7 +72,9 @@ class Batch:
 
     def commit_record(self) -> dict[str, Any]:
         """What every commit of the batch records beside the data (Delta userMetadata, ledger, marker)."""
-        record = {"pipeline": self.pipeline, "batch_id": self.batch_id, "end_offsets": self.end_offsets}
+        record: dict[str, Any] = {"pipeline": self.pipeline, "batch_id": self.batch_id, "end_offsets": self.end_offsets}
+        if self.start_offsets is not None:  # where the batch before it ended, for when no sink holds that one
+            record["start_offsets"] = self.start_offsets
         return record if self.quarantined is None else {**record, "quarantined": self.quarantined}
 
     def commit_metadata(self) -> str:
@@ -101,6 +103,7 @@ class SinkCommit:
     keyed: bool  # written with the batch key (so a replay of it is skipped)
     complete: bool = True  # False: only some partitions of the batch committed (per-partition sinks)
     quarantined: int | None = None  # the batch's records bound for quarantine, where the commit records them
+    start_offsets: Offsets | None = None  # where the batch started, where the commit records it
 
 
 class Sink(ABC):

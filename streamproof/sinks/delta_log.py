@@ -72,7 +72,8 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
     if record is None:
         return None
     batch_id = int(record["batch_id"])
-    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions, quarantined=record.get("quarantined"))
+    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions, quarantined=record.get("quarantined"),
+                      start_offsets=record.get("start_offsets"))  # fmt: skip
 
 
 def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
