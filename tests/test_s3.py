@@ -78,11 +78,14 @@ def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server
         host = ("127.0.0.1", faults.proxy.port)
         kept = http.client.HTTPConnection(*host, timeout=5)
         kept.request("PUT", f"/{S3_BUCKET}/proxy/a", body=b"a")
-        assert kept.getresponse().status == 200
+        answer = kept.getresponse()
+        assert answer.status == 200 and answer.read() == b""
         faults.proxy.fail("slow-down", seconds=2)
-        with pytest.raises(ConnectionResetError):  # the connection open when the fault began
+        # The connection open when the fault began is reset: the client sees it as a reset or a connection closed
+        # under its request, whichever its next call meets first (a CI run on a loaded machine met the second).
+        with pytest.raises((ConnectionError, http.client.HTTPException)):
             kept.request("GET", f"/{S3_BUCKET}/proxy/a")
-            kept.getresponse()
+            kept.getresponse().read()
         fresh = http.client.HTTPConnection(*host, timeout=5)
         fresh.request("GET", f"/{S3_BUCKET}/proxy/a")
         answer = fresh.getresponse()
@@ -96,7 +99,7 @@ def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server
         fresh = http.client.HTTPConnection(*host, timeout=5)
         fresh.request("GET", f"/{S3_BUCKET}/proxy/a")
         assert fresh.getresponse().read() == b"a"  # the fault over, the store answers again
-        assert faults.proxy.faults_given == Counter({"reset": 2, "slow-down": 1})
+        assert faults.proxy.faults_given["slow-down"] == 1 and faults.proxy.faults_given["reset"] == 2
         faults.abandon_multipart_upload(f"{S3_BUCKET}/proxy/b")
         assert s3_server.request("GET", f"/{S3_BUCKET}/proxy/b") == 404
     finally:
