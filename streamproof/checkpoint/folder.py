@@ -321,6 +321,26 @@ def aside(checkpoint: Location, why: str) -> Location:
     return candidate
 
 
+def kept_aside(checkpoint: Location, why: str) -> list[Location]:
+    """The checkpoints :func:`aside` named for ``why`` beside ``checkpoint``, oldest first.
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> first = aside(checkpoint, "replaced"); first.mkdir()
+    >>> second = aside(checkpoint, "replaced"); second.mkdir()
+    >>> kept_aside(checkpoint, "replaced") == [first, second]
+    True
+    """
+    prefix = f"{checkpoint.name}.{why}-"
+    stamps = [name.removeprefix(prefix) for name in checkpoint.parent.names() if name.startswith(prefix)]
+
+    def order(stamp: str) -> tuple[str, int]:  # <time>, then <time>-2, <time>-3, ... (one second, several)
+        time_part, _, number = stamp.partition("-")
+        return time_part, int(number or 1)
+
+    return [checkpoint.with_name(f"{prefix}{stamp}") for stamp in sorted(stamps, key=order)]
+
+
 def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
     holder = RunLock(Location(checkpoint)).holder()
     if holder is not None:

@@ -94,7 +94,7 @@ class Daemons:
         postgres = server if server.home.exists() and server.running() and server.port in ports else None
         on_cluster = not spec.spark.master.startswith("local")
         s3 = S3Server(state_dir)
-        on_s3 = any(Location(location).scheme == "s3a" for location in spec.locations)
+        on_s3 = any(location.scheme == "s3a" for location in spec.locations)
         ours = s3.process.pid() is not None and spec.spark.conf.get(S3_ENDPOINT, "").rstrip("/") == s3.endpoint
         return cls(broker, postgres, cluster_faults(state_dir) if on_cluster else None,
                    S3Faults(s3) if on_s3 and ours else None)  # fmt: skip

@@ -62,6 +62,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from streamproof.avro import avro_contract, with_subject_pinned
+from streamproof.checkpoint.folder import kept_aside
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, first_line, log_tail
@@ -340,10 +341,7 @@ class Nemesis:
     def _restore(self, step: Step) -> None:
         which = step.index % len(self.backups)
         self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.backups[which]))
-        prefix = f"{self.checkpoint.name}.replaced-"
-        kept = [name.removeprefix(prefix) for name in self.checkpoint.parent.names() if name.startswith(prefix)]
-        when = sorted(kept, key=lambda stamp: (stamp.split("-")[0], int(stamp.split("-")[1]) if "-" in stamp else 1))
-        aside = [self.checkpoint.parent / f"{prefix}{stamp}" for stamp in when]
+        aside = kept_aside(self.checkpoint, "replaced")
         for folder in aside[:-1]:  # kept aside by earlier restores: only the last one may be put back
             folder.delete(recursive=True)
         self.replaced = aside[-1] if aside else None

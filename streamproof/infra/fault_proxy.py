@@ -24,6 +24,7 @@ import time
 from collections import Counter
 
 FAULTS = ("reset", "slow-down")
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: a close sends RST, not FIN
 SLOW_DOWN = (
     b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%b"
 )
@@ -138,7 +139,7 @@ class FaultProxy:
     def _reset(connection: socket.socket) -> None:
         """Close with a TCP reset (SO_LINGER 0), as a dropped connection reaches the client."""
         try:
-            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
             connection.close()
         except OSError:
             pass
@@ -158,7 +159,7 @@ class _Connection:
         self.resetting = True
         for connection in self.sockets:
             try:
-                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
                 connection.shutdown(socket.SHUT_RD)
             except OSError:
                 pass

@@ -52,8 +52,8 @@ def weed_binary() -> Path:
 
 @dataclass
 class S3Server(LocalDaemon):
-    """A local SeaweedFS S3 endpoint under ``state_dir/s3``: ``up``, ``down``, ``status``, and the settings that point
-    Spark's S3A and delta-rs at it (:meth:`spark_conf`, :meth:`storage_options`)."""
+    """A local SeaweedFS S3 endpoint under ``state_dir/s3``: ``up``, ``down``, ``status``, and the ``[spark.conf]``
+    settings that point Spark's S3A at it (:meth:`spark_conf`; the independent checker reads the same settings)."""
 
     folder: ClassVar[str] = "s3"
     log_name: ClassVar[str] = "weed.log"
@@ -80,12 +80,6 @@ class S3Server(LocalDaemon):
             "spark.hadoop.fs.s3a.access.key": S3_ACCESS_KEY,
             "spark.hadoop.fs.s3a.secret.key": S3_SECRET_KEY,
         }
-
-    def storage_options(self) -> dict[str, str]:
-        """delta-rs's options for this server (``verify --independent``)."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": S3_REGION, "AWS_ALLOW_HTTP": "true",
-                "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
-                "conditional_put": "etag"}  # fmt: skip
 
     def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> int:
         """One plain HTTP request to the S3 endpoint (no signature: the server checks none); its status code."""
