@@ -61,6 +61,12 @@ TRANSIENT_SIGNS = (
     "SafeModeException",
     "RetriableException",
     "StandbyException",
+    # S3 (the AWS SDK's messages): a server restarting answers 500 InternalError, a throttled one 503 SlowDown.
+    "We encountered an internal error, please try again",
+    "Please reduce your request rate",
+    "AWSStatus500Exception",
+    "AWSServiceThrottledException",
+    "Service Unavailable",
 )
 
 
@@ -81,6 +87,10 @@ def is_transient(error: BaseException | str) -> bool:
 
 
 _OWN_ERROR = re.compile(r"streamproof\.errors\.\w+Error: (.+)")
+_PYTHON_TRACEBACK = "Python Proxy. Return Message: Traceback"
+_PYTHON_RAISED = re.compile(
+    r"^((?:OSError|IOError|ConnectionError|TimeoutError|RuntimeError|ValueError): .+)$", re.MULTILINE
+)
 _TRACE_NOISE = ("Traceback", "File ", "at ", "^", "~", "During handling", "The above exception")
 
 
@@ -90,11 +100,17 @@ def first_line(error: BaseException | str, limit: int = 300) -> str:
 
     >>> first_line("Py4JJavaError: ...\\nTraceback ...\\nstreamproof.errors.PipelineError: ledger mismatch\\n")
     'ledger mismatch'
+    >>> first_line("An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):\\n"
+    ...            '  File "storage.py", line 186, in read_bytes\\nOSError: s3a://b/offsets/78: 500\\n SQLSTATE: 39000')
+    'OSError: s3a://b/offsets/78: 500'
     """
     text = str(error)
     own = _OWN_ERROR.findall(text)
     if own:  # written by streamproof to be read whole (its path and the command to run are at its end)
         return own[-1].strip()
+    raised_in_batch = _PYTHON_RAISED.findall(text) if _PYTHON_TRACEBACK in text else []
+    if raised_in_batch:  # an exception of streamproof's batch code, under Spark's and Py4J's wrapping: its own line
+        return raised_in_batch[-1].strip()[:limit]
     for line in text.splitlines():
         stripped = line.strip()
         if stripped and not stripped.startswith(_TRACE_NOISE):

@@ -106,6 +106,41 @@ def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server
         faults.proxy.close()
 
 
+def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_retried(
+    kafka_broker: KafkaBroker, s3_server: S3Server, s3_spark: Any, tmp_path: Path
+) -> None:
+    """A store restarting answers 500 InternalError for seconds. With the settings every pipeline on s3a:// gets
+    (guarantees.S3_CONF), a read of its checkpoint made while the store answers 500 for 3 s returns the file: S3A's
+    own retry policy waits it out. Found by `prove --nemesis` on S3 (step s3@2): Hadoop 3.5's default reader gave up
+    after 6 attempts within a second, and the batch reading its start offsets failed."""
+    faults, key = S3Faults(s3_server), f"/{S3_BUCKET}/through-proxy/checkpoint/offsets/78"
+    assert s3_server.request("PUT", key, b'v1\n{"batchWatermarkMs":0}') == 200
+    pipeline, _ = _demo_on_s3(tmp_path, kafka_broker, s3_server, "unread", max_offsets=1_000)
+    settings = {name.removeprefix("spark.hadoop."): value for name, value in load_pipeline(pipeline).spark.conf.items()
+                if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
+    # The pipeline's S3A settings, its endpoint the fault proxy, on a file system of its own (not the cached one).
+    settings |= {"fs.s3a.endpoint": faults.proxy.endpoint, "fs.s3a.impl.disable.cache": "true"}
+    hadoop = s3_spark.sparkContext._jsc.hadoopConfiguration()
+    before = {name: hadoop.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            hadoop.set(name, value)
+        jvm = s3_spark._jvm
+        path = jvm.org.apache.hadoop.fs.Path(f"s3a:/{key}")
+        stream = path.getFileSystem(hadoop).open(path)  # found (its HEAD answered) just before the store fails
+        try:
+            faults.proxy.fail("internal-error", seconds=3)
+            read = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))  # as Location.read_bytes reads it
+        finally:
+            stream.close()
+        assert read == b'v1\n{"batchWatermarkMs":0}'
+        assert faults.proxy.faults_given["internal-error"] >= 2, faults.proxy.faults_given  # it was retried through
+    finally:
+        for name, value in before.items():
+            hadoop.unset(name) if value is None else hadoop.set(name, value)
+        faults.proxy.close()
+
+
 def _race(server: S3Server, key: str, writers: int) -> Counter[int]:
     """``writers`` threads PUT ``key`` only if absent at one moment: the status codes they got."""
     codes: list[int] = [0] * writers

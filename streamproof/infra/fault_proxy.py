@@ -4,7 +4,8 @@ endpoint (SeaweedFS behind it) instead of a mock. The nemesis points a pipeline'
 
 :meth:`FaultProxy.fail` starts a fault for some seconds: every connection open at that moment is reset (a request in
 flight, a commit half-sent, included: S3 clients keep their connections alive, so the fault must reach those too),
-and each new one is reset at once (``reset``) or answered ``503 SlowDown`` (``slow-down``) until it ends.
+and each new one is reset at once (``reset``), answered ``503 SlowDown`` (``slow-down``) or ``500 InternalError`` (what
+a store restarting answers: ``internal-error``) until it ends.
 
 Example::
 
@@ -23,15 +24,27 @@ import threading
 import time
 from collections import Counter
 
-FAULTS = ("reset", "slow-down")
+FAULTS = ("reset", "slow-down", "internal-error")
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: a close sends RST, not FIN
-SLOW_DOWN = (
-    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%b"
-)
-SLOW_DOWN_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-    b"<Message>Please reduce your request rate.</Message></Error>"
-)
+# The answers S3 gives (its XML error document) for the faults answered rather than reset.
+_ANSWERED = {
+    "slow-down": (b"503 Slow Down", b"SlowDown", b"Please reduce your request rate."),
+    "internal-error": (
+        b"500 Internal Server Error",
+        b"InternalError",
+        b"We encountered an internal error, please try again.",
+    ),
+}
+
+
+def _error_answer(fault: str) -> bytes:
+    status, code, message = _ANSWERED[fault]
+    body = b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%b</Code><Message>%b</Message></Error>' % (
+        code,
+        message,
+    )
+    head = b"HTTP/1.1 %b\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+    return head % (status, len(body)) + body
 
 
 class FaultProxy:
@@ -86,13 +99,14 @@ class FaultProxy:
             if fault == "reset":
                 self._reset(client)
                 self.faults_given["reset"] += 1
-            elif fault == "slow-down":
-                threading.Thread(target=self._slow_down, args=(client,), daemon=True).start()
+            elif fault in _ANSWERED:
+                threading.Thread(target=self._answer, args=(client, fault), daemon=True).start()
             else:
                 threading.Thread(target=self._forward, args=(client,), daemon=True).start()
 
-    def _slow_down(self, client: socket.socket) -> None:
-        """Read the request's head, answer 503 SlowDown as S3 does when it throttles, close."""
+    def _answer(self, client: socket.socket, fault: str) -> None:
+        """Read the request's head, answer as S3 does in ``fault`` (503 SlowDown when it throttles, 500 InternalError),
+        close."""
         client.settimeout(5)
         head = b""
         try:
@@ -101,8 +115,8 @@ class FaultProxy:
                 if not chunk:
                     break
                 head += chunk
-            client.sendall(SLOW_DOWN % (len(SLOW_DOWN_BODY), SLOW_DOWN_BODY))
-            self.faults_given["slow-down"] += 1
+            client.sendall(_error_answer(fault))
+            self.faults_given[fault] += 1
         except OSError:
             pass
         finally:
