@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -36,9 +38,27 @@ S3_REGION = "us-east-1"
 S3_ACCESS_KEY = "streamproof"  # a loopback test server's key (SeaweedFS refuses signed requests without one)
 S3_SECRET_KEY = "streamproof"
 EVERY_ACTION = ["Admin", "Read", "List", "Tagging", "Write"]
-# The other servers of `weed server` (master, volume, filer and their gRPC ports): chosen free at each start.
+# The other servers of `weed server` (master, volume, filer and their gRPC ports) and its Prometheus metrics (the
+# requests it served, by kind: `streamproof bench age` counts them): chosen free at each start.
 INNER_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-               "filer.port.grpc", "s3.port.grpc")  # fmt: skip
+               "filer.port.grpc", "s3.port.grpc", "metricsPort")  # fmt: skip
+_REQUESTS_SERVED = re.compile(r"^SeaweedFS_s3_request_total\{(?P<labels>[^}]*)\} (?P<count>[0-9.e+]+)$", re.MULTILINE)
+
+
+def requests_by_kind(metrics: str) -> Counter[str]:
+    r"""The S3 requests a SeaweedFS server served, by kind, from its Prometheus metrics' text (every bucket and answer
+    summed). SeaweedFS counts a HEAD as a GET, as S3 bills them; a LIST is a kind of its own (billed as a PUT).
+
+    >>> requests_by_kind('SeaweedFS_s3_request_total{bucket="b",code="200",type="LIST"} 3\n'
+    ...                  'SeaweedFS_s3_request_total{bucket="b",code="404",type="GET"} 2\n'
+    ...                  'SeaweedFS_s3_request_total{bucket="b",code="200",type="GET"} 1')
+    Counter({'LIST': 3, 'GET': 3})
+    """
+    served: Counter[str] = Counter()
+    for found in _REQUESTS_SERVED.finditer(metrics):
+        kind = re.search(r'type="([^"]*)"', found["labels"])
+        served[kind.group(1) if kind else "?"] += int(float(found["count"]))
+    return served
 
 
 def weed_binary() -> Path:
@@ -81,6 +101,10 @@ class S3Server(LocalDaemon):
             "spark.hadoop.fs.s3a.secret.key": S3_SECRET_KEY,
         }
 
+    def running(self) -> bool:
+        """Whether the server ``up`` started runs and answers."""
+        return self.process.pid() is not None and self._answers()
+
     def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> int:
         """One plain HTTP request to the S3 endpoint (no signature: the server checks none); its status code."""
         return self.exchange(method, path, body, headers)[0]
@@ -94,6 +118,20 @@ class S3Server(LocalDaemon):
             connection.request(method, path, body=body, headers={"Content-Length": str(len(body)), **(headers or {})})
             response = connection.getresponse()
             return response.status, response.read()
+        finally:
+            connection.close()
+
+    def requests_served(self) -> Counter[str]:
+        """The S3 requests this server has served since it started, by kind (:func:`requests_by_kind`); the bench
+        counts a run's requests as the difference of two readings."""
+        ports = json.loads((self.home / "ports.json").read_text())
+        if "metricsPort" not in ports:
+            raise InfraError(f"the S3 server at {self.endpoint} was started without its metrics: `streamproof infra "
+                             "down` then `streamproof infra up --s3`")  # fmt: skip
+        connection = http.client.HTTPConnection("127.0.0.1", ports["metricsPort"], timeout=10)
+        try:
+            connection.request("GET", "/metrics")
+            return requests_by_kind(connection.getresponse().read().decode())
         finally:
             connection.close()
 
