@@ -89,6 +89,11 @@ SLOW_TIER = {
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_s3.py::test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_"
         "second_process_is_refused_by_the_store (the checkpoint and table on S3 through a kill, both checkers)",
+    "tests/test_examples.py::test_example_runs_and_reconciles[orders_to_delta_merge+orders_to_files+orders_to_kafka+"
+    "orders_to_postgres]":
+        "tests/test_config.py::test_every_example_pipeline_loads (each example a valid pipeline) and tests/test_sinks_"
+        "exactly_once.py::test_every_sink_is_exactly_once_through_every_crash_point (these examples' sinks, Delta MERGE, "
+        "PostgreSQL upsert, Kafka and files, through SIGKILLs, both checkers)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
