@@ -174,12 +174,28 @@ def _read_delta(spark: SparkSession, path: Location) -> DataFrame | None:
     return spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
 
 
+# Adaptive execution re-plans each query's stages as they run, in Spark jobs of their own: worth it on big shuffles,
+# overhead on the checker's many small queries. A verify of the demo's pipeline (12,000 events), warm, 8 calls each
+# way alternated: 8 Spark jobs instead of 16, median 2.95 s instead of 3.16 (the same reports); with a nemesis
+# running beside it, 4.28 s instead of 5.62 (4 calls each).
+ADAPTIVE = "spark.sql.adaptive.enabled"
+
+
 def verify_pipeline(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None = None) -> list[Report]:
     """Read everything the pipeline touched and reconcile it, one report per sink (``streamproof verify``).
 
     >>> [report.ok for report in verify_pipeline(spark, load_pipeline("orders.toml"))]   # doctest: +SKIP
     [True]
     """
+    adaptive = spark.conf.get(ADAPTIVE) or "true"
+    spark.conf.set(ADAPTIVE, "false")
+    try:
+        return _verified(spark, spec, manifest_dir)
+    finally:
+        spark.conf.set(ADAPTIVE, adaptive)
+
+
+def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None) -> list[Report]:
     sinks = open_sinks(spec)
     code = YourCode.of(spec)
     if code is not None:
