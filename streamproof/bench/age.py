@@ -19,11 +19,13 @@ native sink on the young and the aged copy, in that order in odd rounds and the 
 process start to its first committed batch, the second the median seconds of its later full batches; the best of the
 rounds is kept.
 
-On the local disk, and on HDFS too when ``streamproof infra up --hdfs`` runs (each its own topic and tables).
+On the local disk, on HDFS when ``streamproof infra up --hdfs`` runs, and on S3 when ``infra up --s3`` does (each its
+own topic and tables). On S3, each run's requests are counted by kind from the server's own metrics: S3 bills and
+throttles per request, so a run on the aged table must make no more LIST requests than one on the young.
 
 Example::
 
-    $ streamproof infra up --hdfs && streamproof bench age                          # doctest: +SKIP
+    $ streamproof infra up --s3 && streamproof bench age                            # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +42,16 @@ from streamproof.bench.throughput import native_delta_sink_rate
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
-from streamproof.infra import HdfsCluster
+from streamproof.infra import HdfsCluster, S3Server
+from streamproof.infra.s3 import S3_BUCKET
 from streamproof.kafka_client import topic_end_offsets
 from streamproof.sinks.delta_log import commit_file, latest_version
 from streamproof.storage import Location
 
 AGED_COMMITS = 50_000
+# On S3 each made commit is a PUT through S3A, and the native sink's copy of it a GET and a PUT: a
+# tenth of the local one's age (docs/performance.md has the time it takes).
+S3_AGED_COMMITS = 5_000
 BATCH_ROWS = 20_000
 ROUND_EVENTS = 3 * BATCH_ROWS
 PIPELINE = "bench-age"  # both tables are this pipeline's: the aged one by its made commits
@@ -53,8 +60,9 @@ FIRST_TARGET, STEADY_TARGET = 1.1, 1.05
 
 def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGED_COMMITS) -> dict[str, Any]:
     """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated: on the local
-    disk, and on HDFS too when ``streamproof infra up --hdfs`` runs (its tables deleted from HDFS afterwards)."""
-    hdfs = HdfsCluster(state_dir)
+    disk, on HDFS when ``streamproof infra up --hdfs`` runs, and on S3 when ``infra up --s3`` does (aged by
+    :data:`S3_AGED_COMMITS`, its requests counted); the tables on HDFS and S3 are deleted afterwards."""
+    hdfs, s3 = HdfsCluster(state_dir), S3Server(state_dir)
     results = {"local": _measure(bench, "local", None, rounds, commits)}
     if hdfs.running() and hdfs.live_datanodes() >= 1:
         storage = Location(f"{hdfs.uri}/bench/{bench.workdir.name}/age")  # bench cluster's are beside it
@@ -63,8 +71,18 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
         finally:
             delete_quietly(bench, storage)
     else:
-        bench.emit("HDFS is not running with a live DataNode (`streamproof infra up --hdfs`): measured on the local "
-                   "disk only")  # fmt: skip
+        bench.emit("HDFS is not running with a live DataNode (`streamproof infra up --hdfs`): not measured on HDFS")
+    if s3.running():
+        storage = Location(f"s3a://{S3_BUCKET}/bench/{bench.workdir.name}/age")
+        spark = bench.spark()  # the aged commits and the native sink's copies are written through its S3A
+        for key, value in s3.spark_conf().items():
+            spark.sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
+        try:
+            results["s3"] = _measure(bench, "s3", str(storage), rounds, min(commits, S3_AGED_COMMITS), s3)
+        finally:
+            delete_quietly(bench, storage)
+    else:
+        bench.emit("S3 is not running (`streamproof infra up --s3`): not measured on S3")
     return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
             "storage": results,
             "ratios": {f"{where}_{name}": value for where, result in results.items()
@@ -73,15 +91,17 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
                             for name, met in result["targets_met"].items()}}  # fmt: skip
 
 
-def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits: int) -> dict[str, Any]:
+def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits: int,
+             s3: S3Server | None = None) -> dict[str, Any]:  # fmt: skip
     """One storage's measurement: its own topic, pipelines, tables and the native sink's copies (under ``storage``, a
-    URI, if given)."""
+    URI, if given); on ``s3``, the requests each run made, by kind."""
     measure_started = time.monotonic()
     topic = f"bench-age-{where}-{time.strftime('%H%M%S')}"
     _produce(bench, topic, BATCH_ROWS, seed=0)
+    conf = s3.spark_conf() if s3 is not None else None
     files = {
         side: relocated(bench.pipeline("throughput_delta", topic, f"age-{where}-{side}", pipeline_name=PIPELINE,
-                                       source={"max_offsets_per_trigger": BATCH_ROWS}), storage)
+                                       source={"max_offsets_per_trigger": BATCH_ROWS}), storage, conf=conf)
         for side in ("young", "aged")
     }  # fmt: skip
     for side, pipeline_file in files.items():
@@ -99,6 +119,7 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
     bench.emit(f"{where}: copied both tables for the native sink in {copying_s:.0f} s")
     runs: dict[str, list[dict[str, float]]] = {f"{who}_{side}": [] for who in ("streamproof", "native")
                                                for side in files}  # fmt: skip
+    requests: dict[str, list[dict[str, int]]] = {name: [] for name in runs}
     for round_number in range(1, rounds + 1):
         start = topic_end_offsets(bench.bootstrap, topic)
         _produce(bench, topic, ROUND_EVENTS, seed=round_number)
@@ -107,16 +128,24 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
         order = ("young", "aged") if round_number % 2 else ("aged", "young")
         for side in order:
             bench.emit(f"{where}: streamproof, {side} table (round {round_number} of {rounds})")
-            runs[f"streamproof_{side}"].append(_figures(bench.drain(files[side])))
+            before = s3.requests_served() if s3 is not None else None
+            figures = _figures(bench.drain(files[side]))
+            runs[f"streamproof_{side}"].append(figures)
+            if s3 is not None and before is not None:
+                requests[f"streamproof_{side}"].append(_requests_of_run(bench, s3, before, figures))
         for side in order:
             bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
             name = f"age-{where}-native-{side}-{round_number}"
+            before = s3.requests_served() if s3 is not None else None
             native = native_delta_sink_rate(bench, files[side], name, table=str(native_tables[side]),
                                             starting_offsets={topic: start},
                                             checkpoint=f"{native_tables[side]}-checkpoint-{round_number}")  # fmt: skip
             later = list(zip(native["batch_rows"], native["batch_seconds"], strict=True))[1:]
-            runs[f"native_{side}"].append({"first_commit_s": native["first_commit_s"],
-                                           "steady_batch_s": _median(_full(later))})  # fmt: skip
+            figures = {"first_commit_s": native["first_commit_s"], "steady_batch_s": _median(_full(later)),
+                       "batches": len(native["batch_rows"])}  # fmt: skip
+            runs[f"native_{side}"].append(figures)
+            if s3 is not None and before is not None:
+                requests[f"native_{side}"].append(_requests_of_run(bench, s3, before, figures))
     best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
             for name, figures in runs.items()}  # fmt: skip
     ratios = {
@@ -131,10 +160,26 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
         targets[f"aged/young {figure} <= {target} or <= the native sink's"] = ours is not None and (
             ours <= target or (theirs is not None and ours <= theirs)
         )
+    if s3 is not None:
+        # S3 bills and throttles per request: a run on the aged table makes no more of them than one on the young.
+        listed = {name: max(run["LIST"] for run in made) for name, made in requests.items() if made}
+        ratios["streamproof_aged_over_young_list_requests"] = ratio(listed["streamproof_aged"],
+                                                                    listed["streamproof_young"])  # fmt: skip
+        targets["aged/young LIST requests of a run <= 1"] = listed["streamproof_aged"] <= listed["streamproof_young"]
     bench.emit(f"{where}: best of {rounds}: {json.dumps(best)}")
-    return {"storage": storage or "local disk", "ageing_s": round(ageing_s, 1), "copying_s": round(copying_s, 1),
-            "seconds": round(time.monotonic() - measure_started, 1), "runs": runs, "best": best, "ratios": ratios,
-            "targets_met": targets}  # fmt: skip
+    return {"storage": storage or "local disk", "aged_commits": commits, "ageing_s": round(ageing_s, 1),
+            "copying_s": round(copying_s, 1), "seconds": round(time.monotonic() - measure_started, 1), "runs": runs,
+            "best": best, "ratios": ratios, "targets_met": targets,
+            **({"requests": requests} if s3 is not None else {})}  # fmt: skip
+
+
+def _requests_of_run(bench: Bench, s3: S3Server, before: Counter[str], figures: dict[str, float]) -> dict[str, int]:
+    """The S3 requests of the run that just ended, by kind, with its batches (its start's requests included)."""
+    made = s3.requests_served() - before
+    counted = {kind: made.get(kind, 0) for kind in ("LIST", "GET", "PUT", "DELETE", "POST")}
+    counted |= {"other": sum(made.values()) - sum(counted.values()), "batches": int(figures.get("batches", 0))}
+    bench.emit(f"  S3 requests of the run: {json.dumps(counted)}")
+    return counted
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
@@ -189,7 +234,8 @@ def _figures(run: PipelineRun) -> dict[str, float]:
     if not run.batches:
         raise PipelineError(f"{run.pipeline} committed no batch")
     later = [(batch["rows"], batch["duration_s"]) for batch in run.batches[1:]]
-    return {"first_commit_s": round(run.batches[0]["t"], 3), "steady_batch_s": _median(_full(later))}
+    return {"first_commit_s": round(run.batches[0]["t"], 3), "steady_batch_s": _median(_full(later)),
+            "batches": len(run.batches)}  # fmt: skip
 
 
 def _full(batches: list[tuple[int, float]]) -> list[float]:

@@ -174,7 +174,7 @@ def bench(
             help="throughput, latency, recovery, sinks, scaling, tuning (default: these six); partitioned (a "
             "partitioned Delta table against the same unpartitioned); cluster (on the cluster of `infra up "
             "--spark-workers 2`); age (a sink of 50,000 commits against a young one; on HDFS too under `infra up "
-            "--hdfs`).",
+            "--hdfs`, on S3 under `infra up --s3`, its requests counted).",
             show_default=False,
         ),
     ] = None,
