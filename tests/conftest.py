@@ -92,8 +92,12 @@ SLOW_TIER = {
     "tests/test_examples.py::test_example_runs_and_reconciles[orders_to_delta_merge+orders_to_files+orders_to_kafka+"
     "orders_to_postgres]":
         "tests/test_config.py::test_every_example_pipeline_loads (each example a valid pipeline) and tests/test_sinks_"
-        "exactly_once.py::test_every_sink_is_exactly_once_through_every_crash_point (these examples' sinks, Delta MERGE, "
-        "PostgreSQL upsert, Kafka and files, through SIGKILLs, both checkers)",
+        "exactly_once.py::test_every_sink_is_exactly_once_through_every_crash_point (these examples' sinks, Delta "
+        "MERGE, PostgreSQL upsert, Kafka and files, through SIGKILLs, both checkers)",
+    "tests/test_testing_plugin.py::test_user_records_go_through_a_random_kill_as_given":
+        "tests/test_avro.py::test_an_avro_pipeline_from_a_registry_survives_a_kill_mid_write (the plugin's prove "
+        "through a SIGKILL, as a user calls it) and tests/test_testing_plugin.py::test_guarantee_check_fails_with_"
+        "exact_counts (its judgement); random kills: tests/test_crash_recovery.py, in this tier",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
