@@ -7,7 +7,8 @@ The aged table is made, not waited for: after the pipeline's first real batch, 5
 appended to its log the way streamproof writes them (its ``userMetadata`` and SetTransaction, from the table's own
 newest commit; no data, the end offsets of that batch), then one table-property commit lands on a multiple of the
 table's checkpoint interval, so Delta writes its own checkpoint and ``_last_checkpoint``; the pipeline's checkpoint is
-moved to the last aged batch. The young table is the same pipeline's, with its first batch only. What this leaves
+moved to the last aged batch, holding the entries of the last 100 as Spark leaves them. The young table is the same
+pipeline's, with its first batch only. What this leaves
 out: the made commits have no checksum files (Delta's ``.crc``, Hadoop's hidden ones: a real local log holds about
 four files a version), so a listing of the log, which Delta's own snapshot makes on a local disk, is shorter than a
 real one's; and they carry no data, so the aged table's state (its Delta checkpoint) is as small as the young one's:
@@ -52,6 +53,7 @@ AGED_COMMITS = 50_000
 # On S3 each made commit is a PUT through S3A, and the native sink's copy of it a GET and a PUT: a
 # tenth of the local one's age (docs/performance.md has the time it takes).
 S3_AGED_COMMITS = 5_000
+RETAINED_BATCHES = 100  # the offset and commit log entries Spark keeps (spark.sql.streaming.minBatchesToRetain)
 BATCH_ROWS = 20_000
 ROUND_EVENTS = 3 * BATCH_ROWS
 PIPELINE = "bench-age"  # both tables are this pipeline's: the aged one by its made commits
@@ -209,13 +211,20 @@ def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
     spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('streamproof.bench.aged' = '{made}')")
     if not (table / "_delta_log" / f"{newest + made + 1:020d}.checkpoint.parquet").exists():
         raise PipelineError(f"Delta wrote no checkpoint at version {newest + made + 1} of {table}")
-    # Spark resumes from the newest committed batch and reads the entry before it too: both end where the real
-    # batch ended (every made batch was empty).
-    offsets = checkpoint / "offsets"
-    last_real = max(int(name) for name in offsets.names() if name.isdigit())
-    for made_batch in (batch - 1, batch):
-        (offsets / str(made_batch)).write_text((offsets / str(last_real)).read_text())
-        (checkpoint / "commits" / str(made_batch)).write_text((checkpoint / "commits" / str(last_real)).read_text())
+    # The checkpoint a run of that age leaves: the entries of its last 100 batches (Spark's minBatchesToRetain), the
+    # older ones purged. Every made batch ends where the real one ended (each was empty).
+    offset_log, commit_log = checkpoint / "offsets", checkpoint / "commits"
+    last_real = max(int(name) for name in offset_log.names() if name.isdigit())
+    retained = range(max(last_real + 1, batch - RETAINED_BATCHES + 1), batch + 1)
+    real_offsets, real_commit = (offset_log / str(last_real)).read_text(), (commit_log / str(last_real)).read_text()
+    for made_batch in retained:
+        (offset_log / str(made_batch)).write_text(real_offsets)
+        (commit_log / str(made_batch)).write_text(real_commit)
+    for log in (offset_log, commit_log):  # purged as Spark purges them (a made log with a gap is no log Spark leaves)
+        for name in log.names():
+            entry = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
+            if entry.isdigit() and int(entry) < retained.start:
+                (log / name).delete()
     return batch
 
 
