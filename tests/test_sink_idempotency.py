@@ -218,9 +218,9 @@ def test_every_keyed_delta_append_decides_from_the_table_s_newest_commits_and_co
         calls.append(("writer", batch.batch_id))
         return real_append(frame, path, batch, **kwargs)
 
-    def committed(txn: Any, frame: Any, batch: Batch) -> int:
+    def committed(txn: Any, frame: Any, batch: Batch, app: str | None = None) -> int:
         calls.append(("transaction", batch.batch_id))
-        return real_commit(txn, frame, batch)
+        return real_commit(txn, frame, batch, app)
 
     monkeypatch.setattr(delta_sink, "append_batch", appended)
     monkeypatch.setattr(delta_sink, "commit_keyed", committed)

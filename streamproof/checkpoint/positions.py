@@ -116,11 +116,12 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
         quarantine = lag.sink.location == str(spec.quarantine_path)
         what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
+        why = lag.sink.why_behind() or "its storage lost commits, or was restored from an older backup"
         raise PipelineError(
             f"{what} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
             f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {start} to "
-            f"{_offsets_text(spec, lag.committed_through)}) are missing from it (its storage lost commits, or was "
-            f"restored from an older backup); replay them with `streamproof checkpoint rewind {spec._source_name}`"
+            f"{_offsets_text(spec, lag.committed_through)}) are missing from it ({why}); replay them with "
+            f"`streamproof checkpoint rewind {spec._source_name}`"
         )
     for table in _stranded_logs(spark, spec, sinks):
         shown = ", ".join(table.past.stranded[:3]) + (f" and {len(table.past.stranded) - 3} more"

@@ -193,6 +193,15 @@ class Sink(ABC):
         """
         return None
 
+    def why_behind(self) -> str | None:
+        """What made the sink hold fewer batches than the checkpoint committed, when its records tell (read by its
+        last :meth:`last_commit`), as the rest of a sentence; None when they do not.
+
+        >>> sink.why_behind()                                                               # doctest: +SKIP
+        'a RESTORE committed as version 5 brought it back to version 1, undoing versions 2-4'
+        """
+        return None
+
     @property
     def name(self) -> str:
         """The sink's label in progress lines and reports."""

@@ -6,7 +6,10 @@ Idempotency rule, stated once: a keyed batch is committed with Delta's SetTransa
 unreferenced files that readers never see. Whether a batch is written at all is decided by the replay rule of
 :mod:`streamproof.sinks.base` on what the table holds: its newest commit files are read once per run, back to the
 run's first batch (:func:`streamproof.sinks.delta_log.batches_back_to`), and every later decision reads only the
-commits made since (by this run or anyone else), from the version of the transaction that commits the batch.
+commits made since (by this run or anyone else), from the version of the transaction that commits the batch. A
+commit a RESTORE undid is not held (:func:`streamproof.sinks.delta_log.in_effect`); a RESTORE under a running sink
+that undid batches of the run stops it; the batches replayed after a RESTORE are committed under an appId marked
+with it (:func:`streamproof.sinks.delta_log.app_id`). Proven by ``tests/test_other_writers.py``.
 
 * append: the batch's files and the SetTransaction are committed through Delta's transaction API, without Delta's
   own lookup of the appId (a rebuild of the whole table state per commit); a new table, a schema-evolving write,
@@ -44,7 +47,14 @@ from pyspark.sql.types import StructType
 from streamproof.config import DeltaSinkSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
-from streamproof.sinks.delta_log import app_id, batches_back_to, commits_on_disk, latest_version, newest_commit
+from streamproof.sinks.delta_log import (
+    Restore,
+    app_id,
+    batches_back_to,
+    commits_on_disk,
+    latest_version,
+    newest_commit,
+)
 from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
@@ -56,18 +66,19 @@ USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False,
-                 partition_by: Sequence[str] = ()) -> None:  # fmt: skip
+                 partition_by: Sequence[str] = (), app: str | None = None) -> None:  # fmt: skip
     """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``; with
     ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``);
-    ``partition_by``: the table's partition columns (a new table is created with them). Delta's writer skips a keyed
-    batch whose version is not above the appId's (its own check, a rebuild of the table state)."""
+    ``partition_by``: the table's partition columns (a new table is created with them); ``app``: the appId of a keyed
+    batch (default: the pipeline's, :func:`streamproof.sinks.delta_log.app_id`). Delta's writer skips a keyed batch
+    whose version is not above the appId's (its own check, a rebuild of the table state)."""
     writer = frame.write.format("delta").mode("append").option("userMetadata", batch.commit_metadata())
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     if merge_schema:
         writer = writer.option("mergeSchema", "true")
     if batch.keyed:
-        writer = writer.option("txnAppId", app_id(batch.pipeline)).option("txnVersion", batch.batch_id)
+        writer = writer.option("txnAppId", app or app_id(batch.pipeline)).option("txnVersion", batch.batch_id)
     writer.save(path)
 
 
@@ -93,13 +104,13 @@ def start_transaction(spark: SparkSession, path: str, *, latest: int | None = No
     return log.startTransaction()
 
 
-def commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
+def commit_keyed(txn: Any, frame: DataFrame, batch: Batch, app: str | None = None) -> int:
     """Commit ``frame``'s files and SetTransaction ``(appId, batch id)`` in ``txn``, with the batch's userMetadata:
     the commit :func:`append_batch` makes, without Delta's lookup of the appId's version, which rebuilds the whole
     table state before every keyed write (measured: 3.0 s a commit against 0.57 s without it, 1,000 rows, 16
     appends). The caller decided the table does not hold the batch (:meth:`DeltaSink.append`) and that the frame
     fits the table (:func:`fits_table`). A concurrent commit of the same appId is still a conflict: the transaction
-    records that it read the appId. Returns the version committed.
+    records that it read the appId (``app``, default the pipeline's). Returns the version committed.
 
     >>> commit_keyed(start_transaction(spark, "/data/orders"), rows, Batch("orders", 8, ends, True))  # doctest: +SKIP
     12
@@ -107,14 +118,15 @@ def commit_keyed(txn: Any, frame: DataFrame, batch: Batch) -> int:
     jvm = frame.sparkSession._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
     delta = jvm.org.apache.spark.sql.delta
-    txn.readTxn().addOne(app_id(batch.pipeline))  # what txnVersion() records, minus the state rebuild
+    app = app or app_id(batch.pipeline)
+    txn.readTxn().addOne(app)  # what txnVersion() records, minus the state rebuild
     files = txn.writeFiles(frame._jdf)
     actions = jvm.java.util.ArrayList()
     written = files.iterator()
     while written.hasNext():
         actions.add(written.next())
     now = jvm.java.lang.Long.valueOf(str(int(time.time() * 1000)))
-    actions.add(delta.actions.SetTransaction(app_id(batch.pipeline), batch.batch_id, jvm.scala.Some(now)))
+    actions.add(delta.actions.SetTransaction(app, batch.batch_id, jvm.scala.Some(now)))
     none = jvm.scala.Option.empty()
     write = getattr(delta, "DeltaOperations$Write")(
         jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(batch.commit_metadata()), none, none,
@@ -194,6 +206,7 @@ class DeltaSink(FolderSink):
     spec: DeltaSinkSpec
     _log_read_through: int = -1  # the table version through which this run has read the log for its decisions
     _head_seen: int = -1  # the latest version :meth:`head` read: where the next look starts
+    _restores: tuple[Restore, ...] = ()  # the RESTOREs met reading back to the pipeline's newest commit in effect
 
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new), and
@@ -255,7 +268,7 @@ class DeltaSink(FolderSink):
             return SinkWrite(0, replay_skipped=True)
         try:
             if version >= 0 and not merge_schema and fits_table(rows, txn):
-                committed = commit_keyed(txn, rows, batch)
+                committed = commit_keyed(txn, rows, batch, self._app_id())
                 if committed == version + 1:  # nobody else committed in between: nothing more to read
                     self._log_read_through = committed
             else:
@@ -268,7 +281,8 @@ class DeltaSink(FolderSink):
 
     def _append_through_delta_writer(self, rows: DataFrame, batch: Batch, merge_schema: bool) -> None:
         try:
-            append_batch(rows, str(self.path), batch, merge_schema=merge_schema, partition_by=self.spec.partition_by)
+            append_batch(rows, str(self.path), batch, merge_schema=merge_schema, partition_by=self.spec.partition_by,
+                         app=self._app_id())  # fmt: skip
         except AnalysisException as refused:  # a predictable mistake: one line, never a JVM trace
             if "DELTA" not in str(refused.getCondition() or ""):
                 raise
@@ -287,13 +301,35 @@ class DeltaSink(FolderSink):
         if self._held is None or version < self._log_read_through:
             self._held = HeldBatches(self._read_held(batch.batch_id - 1, version, txn))
         elif version > self._log_read_through:
-            found = batches_back_to(self.path, self.pipeline.name, version, -1, oldest=self._log_read_through + 1)
-            if not found.complete:  # cleaned up in between: read back to the batch before this one again
+            read_through = self._log_read_through
+            found = batches_back_to(self.path, self.pipeline.name, version, -1, oldest=read_through + 1)
+            if not found.complete or any(restore.to < read_through for restore in found.restores):
+                # cleaned up, or restored to a version this run had read past: read back to the batch before again
+                through = self._held.through
                 self._held = HeldBatches(self._read_held(batch.batch_id - 1, version, txn))
+                if self._held.through < through:
+                    holds = newest_commit(self.path, self.pipeline.name, version)
+                    restore = found.restores[0]
+                    raise PipelineError(self._undone_while_running(restore, -1 if holds is None else holds.batch_id,
+                                                                   through))  # fmt: skip
             for commit in found.commits.values():
                 self._held.add(commit)
             self._log_read_through = version
         return self.replay_check(batch)
+
+    def _app_id(self) -> str:
+        """The appId of this run's keyed commits: the pipeline's, or, when a RESTORE was met reading back to its
+        commits, one marked with that RESTORE (:func:`streamproof.sinks.delta_log.app_id`: Delta would skip the
+        replay of an undone batch under the pipeline's own)."""
+        return app_id(self.pipeline.name, after_restore=self._restores[0].version if self._restores else None)
+
+    def _undone_while_running(self, restore: Restore, holds: int, through: int) -> str:
+        return (
+            f"{self.path} was restored while the pipeline ran: a RESTORE committed as version {restore.version} "
+            f"brought it back to version {restore.to}, undoing {restore.undid} and with them batches {holds + 1}-"
+            f"{through} the checkpoint has committed; the run stops here, and `streamproof checkpoint rewind "
+            f"{self.pipeline._source_name}` replays them"
+        )
 
     def held_from(self, first_batch: int) -> dict[int, SinkCommit]:
         """The newest commits only, back to ``first_batch`` (:func:`streamproof.sinks.delta_log.batches_back_to`)."""
@@ -306,6 +342,7 @@ class DeltaSink(FolderSink):
         if first_batch < 0 and txn_version(txn or self._transaction(), self.pipeline.name) < 0:
             return {}  # a pipeline's first batch into a table it never wrote: no reason to read the table's log
         found = batches_back_to(self.path, self.pipeline.name, version, first_batch)
+        self._restores = tuple(found.restores)
         if not found.complete:
             self._refuse_unless_nothing_beyond(found.commits, first_batch, txn)
         return found.commits
@@ -349,7 +386,7 @@ class DeltaSink(FolderSink):
             matches = matches & partitions_of(rows, self.spec.partition_by)
         confs = {USER_METADATA_CONF: batch.commit_metadata()}
         if batch.keyed:
-            confs.update({TXN_APP_ID_CONF: app_id(batch.pipeline), TXN_VERSION_CONF: str(batch.batch_id)})
+            confs.update({TXN_APP_ID_CONF: self._app_id(), TXN_VERSION_CONF: str(batch.batch_id)})
         for name, value in confs.items():
             spark.conf.set(name, value)
         try:
@@ -405,12 +442,27 @@ class DeltaSink(FolderSink):
         table at all (with a session), rather than every commit file of a table it may never have written."""
         latest = latest_version(self.path)
         oldest = max(latest - OTHERS_READ_PAST, 0)
-        found = newest_commit(self.path, self.pipeline.name, latest, oldest=oldest)
+        restores: list[Restore] = []
+        found = newest_commit(self.path, self.pipeline.name, latest, oldest=oldest, restores=restores)
+        self._restores = tuple(restores)
         if found is not None or oldest == 0:
             return found
         if spark is not None and txn_version(start_transaction(spark, str(self.path)), self.pipeline.name) < 0:
             return None
-        return newest_commit(self.path, self.pipeline.name, oldest - 1)
+        found = newest_commit(self.path, self.pipeline.name, oldest - 1, restores=restores)
+        self._restores = tuple(restores)
+        return found
+
+    def why_behind(self) -> str | None:
+        """The RESTORE met reading back to the pipeline's newest commit that the table still holds, if one was
+        (:meth:`last_commit`): its commit files stay in the log, so without it the table would look up to date."""
+        if not self._restores:
+            return None
+        restore = self._restores[-1]  # the oldest met: the one that reached back past the pipeline's commits
+        return (
+            f"a RESTORE committed as version {restore.version} brought it back to version {restore.to}, "
+            f"undoing {restore.undid}"
+        )
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):

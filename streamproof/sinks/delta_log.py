@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamproof.errors import PipelineError
 from streamproof.sinks.base import SinkCommit
 from streamproof.storage import Location
 
@@ -37,13 +39,21 @@ _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9a-fA-
 _BY_VERSION = re.compile(r"(?:\d{20}\.)?(\d{20})\.(?:json|crc|compacted\.json|checkpoint\..*)")
 
 
-def app_id(pipeline: str) -> str:
-    """Delta SetTransaction appId of a pipeline: stable across restarts of the same pipeline.
+def app_id(pipeline: str, *, after_restore: int | None = None) -> str:
+    """Delta SetTransaction appId of a pipeline: stable across restarts of the same pipeline. ``after_restore``: the
+    version of a RESTORE that undid commits of the pipeline. Delta keeps its record of the transactions the undone
+    commits carried, and skips a write whose transaction version is not above the one recorded for its appId (a MERGE,
+    its writer): the batches replayed after that RESTORE are committed under an appId of their own.
 
-    >>> app_id("orders")
-    'streamproof/orders'
+    >>> app_id("orders"), app_id("orders", after_restore=5)
+    ('streamproof/orders', 'streamproof/orders@5')
     """
-    return f"streamproof/{pipeline}"
+    return f"streamproof/{pipeline}" if after_restore is None else f"streamproof/{pipeline}@{after_restore}"
+
+
+def _is_app_of(app: object, pipeline: str) -> bool:
+    """Whether a SetTransaction's appId is one of the pipeline's (:func:`app_id`; a pipeline's name has no ``@``)."""
+    return isinstance(app, str) and (app == app_id(pipeline) or app.startswith(app_id(pipeline) + "@"))
 
 
 def commit_file(table: Location, version: int) -> Location:
@@ -63,7 +73,7 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
         if '"txn"' not in line and '"commitInfo"' not in line:
             continue  # add / remove / metaData actions: nothing of the batch key in them
         action = json.loads(line)
-        if "txn" in action and action["txn"].get("appId") == app_id(pipeline):
+        if "txn" in action and _is_app_of(action["txn"].get("appId"), pipeline):
             txn_versions.add(int(action["txn"]["version"]))
         elif "commitInfo" in action:
             metadata = json.loads(action["commitInfo"].get("userMetadata") or "{}").get("streamproof") or {}
@@ -77,17 +87,100 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
 
 
 def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
-    """Every commit of ``pipeline`` in the table's log: ``{"version", "batch_id", "end_offsets", "txn"}``, oldest
-    first. Reads every commit file: for the harness and the start checks, not for a batch's decision
-    (:func:`batches_back_to` reads the newest only)."""
+    """Every commit of ``pipeline`` the table holds (those a RESTORE undid left out): ``{"version", "batch_id",
+    "end_offsets", "txn"}``, oldest first. Reads every commit file: for the harness and the start checks, not for a
+    batch's decision (:func:`batches_back_to` reads the newest only)."""
+    versions = _commit_versions((table / "_delta_log").names())
     commits: list[dict[str, Any]] = []
-    log = table / "_delta_log"
-    for name in (name for name in log.names() if _COMMIT.fullmatch(name)):
-        commit = pipeline_commit((log / name).read_text(), pipeline)
-        if commit is not None:
-            commits.append({"version": int(name.split(".")[0]), "batch_id": commit.batch_id,
-                            "end_offsets": commit.end_offsets, "txn": commit.keyed})  # fmt: skip
-    return commits
+    try:
+        for version, text in in_effect(table, max(versions, default=-1), min(versions, default=0), []):
+            commit = pipeline_commit(text, pipeline)
+            if commit is not None:
+                commits.append({"version": version, "batch_id": commit.batch_id,
+                                "end_offsets": commit.end_offsets, "txn": commit.keyed})  # fmt: skip
+    except FileNotFoundError:
+        pass  # a gap: the older commit files were cleaned up behind a Delta checkpoint
+    return commits[::-1]
+
+
+@dataclass(frozen=True)
+class Restore:
+    """A RESTORE commit (Delta's ``RESTORE TABLE``, delta-rs's ``DeltaTable.restore``): committed as ``version``, it
+    brought the table back to its state at ``to``, undoing every commit in between (their files removed; the commit
+    files stay in the log, and Delta's record of the transactions they carried too)."""
+
+    version: int
+    to: int
+
+    @property
+    def undid(self) -> str:
+        """The versions it undid, in words.
+
+        >>> Restore(9, 1).undid
+        'versions 2-8'
+        """
+        first, last = self.to + 1, self.version - 1
+        return f"version {first}" if first == last else f"versions {first}-{last}"
+
+
+def restore_of(text: str, version: int) -> Restore | None:
+    """The RESTORE one commit file (of ``version``) records (None: another operation); :class:`PipelineError` for a
+    RESTORE whose commit does not say to which version.
+
+    >>> restore_of('{"commitInfo": {"operation": "RESTORE", "operationParameters": {"version": "1"}}}', 5)
+    Restore(version=5, to=1)
+    >>> restore_of('{"commitInfo": {"operation": "WRITE"}}', 5) is None
+    True
+    >>> try:
+    ...     restore_of('{"commitInfo": {"operation": "RESTORE", "operationParameters": {"timestamp": "2026"}}}', 5)
+    ... except PipelineError as refused:
+    ...     print(str(refused)[:60])
+    version 5 of the table is a RESTORE whose commit does not na
+    """
+    for line in text.splitlines():
+        if '"commitInfo"' not in line:
+            continue
+        info = json.loads(line).get("commitInfo") or {}
+        if info.get("operation") != "RESTORE":
+            return None
+        to = (info.get("operationParameters") or {}).get("version")
+        try:
+            return Restore(version, int(str(to)))
+        except (TypeError, ValueError):
+            raise PipelineError(
+                f"version {version} of the table is a RESTORE whose commit does not name the version it restored "
+                f"(operationParameters {json.dumps(info.get('operationParameters'))}), so which of the pipeline's "
+                "batches it undid cannot be told: restore by version (RESTORE TABLE ... TO VERSION AS OF n)"
+            ) from None
+    return None
+
+
+def in_effect(table: Location, newest: int, oldest: int, restores: list[Restore]) -> Iterator[tuple[int, str]]:
+    """``(version, commit file text)`` of the commits in effect as of ``newest``, newest first, down to ``oldest``:
+    the commits a RESTORE undid are passed over (a commit's file stays in the log after a RESTORE removed its data,
+    so a batch in it is no longer held). Each RESTORE met is appended to ``restores``; one whose ``to`` is below
+    ``oldest`` ends the walk (what lies below was read before, and the caller must read it again). A commit file
+    that is gone raises :class:`FileNotFoundError` (cleaned up behind a Delta checkpoint).
+
+    >>> import tempfile
+    >>> table, met = Location(tempfile.mkdtemp()), []
+    >>> for version in range(4):
+    ...     commit_file(table, version).write_text('{"commitInfo": {"operation": "WRITE"}}')
+    >>> restore = {"commitInfo": {"operation": "RESTORE", "operationParameters": {"version": 1}}}
+    >>> commit_file(table, 4).write_text(json.dumps(restore))
+    >>> [version for version, _ in in_effect(table, 4, 0, met)], met
+    ([1, 0], [Restore(version=4, to=1)])
+    """
+    version = newest
+    while version >= oldest:
+        text = commit_file(table, version).read_text()
+        restore = restore_of(text, version)
+        if restore is None:
+            yield version, text
+            version -= 1
+            continue
+        restores.append(restore)
+        version = restore.to
 
 
 def latest_version(table: Location, *, known: int = -1) -> int:
@@ -140,21 +233,23 @@ def _commit_versions(names: list[str] | set[str]) -> set[int]:
     return {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
 
 
-def newest_commit(table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0) -> SinkCommit | None:
+def newest_commit(table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0,
+                  restores: list[Restore] | None = None) -> SinkCommit | None:  # fmt: skip
     """The newest commit of ``pipeline`` in the table (None: none in the commit files from ``oldest`` on), read
     newest first from version ``newest`` (default: the latest): other writers' commits after it are read past, the
-    older ones never.
+    older ones never, and so are the commits a RESTORE undid (:func:`in_effect`; each RESTORE met is appended to
+    ``restores``).
 
     >>> newest_commit(Location("/data/orders"), "orders")                                  # doctest: +SKIP
     SinkCommit(batch_id=41, end_offsets={'orders': {'0': 90210}}, keyed=True, complete=True, quarantined=0)
     """
-    for version in range(latest_version(table) if newest is None else newest, oldest - 1, -1):
-        try:
-            text = commit_file(table, version).read_text()
-        except FileNotFoundError:
-            return None  # cleaned up behind a Delta checkpoint: the commit files hold none of the pipeline's
-        if (commit := pipeline_commit(text, pipeline)) is not None:
-            return commit
+    newest = latest_version(table) if newest is None else newest
+    try:
+        for _, text in in_effect(table, newest, oldest, [] if restores is None else restores):
+            if (commit := pipeline_commit(text, pipeline)) is not None:
+                return commit
+    except FileNotFoundError:
+        return None  # cleaned up behind a Delta checkpoint: the commit files hold none of the pipeline's
     return None
 
 
@@ -167,6 +262,7 @@ class BatchesFound:
     commits: dict[int, SinkCommit] = field(default_factory=dict)
     complete: bool = True
     read: int = 0  # commit files read
+    restores: list[Restore] = field(default_factory=list)  # the RESTOREs met, newest first (:func:`in_effect`)
 
 
 def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: int, *,
@@ -181,21 +277,19 @@ def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: in
     less) the caller asks Delta's own state first, rather than reading a foreign table's whole log.
     """
     found = BatchesFound()
-    for version in range(newest, oldest - 1, -1):
-        try:
-            text = commit_file(table, version).read_text()
-        except FileNotFoundError:
-            found.complete = False
-            return found
-        found.read += 1
-        commit = pipeline_commit(text, pipeline)
-        if commit is None:
-            continue
-        if commit.batch_id < first_batch:
-            return found
-        found.commits.setdefault(commit.batch_id, commit)  # the newest commit of a batch id is what a reader sees
-        if commit.batch_id == first_batch:
-            return found  # every older commit holds an older batch: nothing more to look for
+    try:
+        for _, text in in_effect(table, newest, oldest, found.restores):
+            found.read += 1
+            commit = pipeline_commit(text, pipeline)
+            if commit is None:
+                continue
+            if commit.batch_id < first_batch:
+                return found
+            found.commits.setdefault(commit.batch_id, commit)  # the newest commit of a batch id is what a reader sees
+            if commit.batch_id == first_batch:
+                return found  # every older commit holds an older batch: nothing more to look for
+    except FileNotFoundError:
+        found.complete = False
     return found
 
 
