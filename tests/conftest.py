@@ -98,6 +98,10 @@ SLOW_TIER = {
         "tests/test_avro.py::test_an_avro_pipeline_from_a_registry_survives_a_kill_mid_write (the plugin's prove "
         "through a SIGKILL, as a user calls it) and tests/test_testing_plugin.py::test_guarantee_check_fails_with_"
         "exact_counts (its judgement); random kills: tests/test_crash_recovery.py, in this tier",
+    "tests/test_readme.py::test_the_from_python_example_runs_as_written":
+        "tests/test_readme.py::test_the_from_python_example_calls_streamproof_as_it_is (the example's calls, checked "
+        "without a JVM) and streamproof/__init__.py's example (Pipeline, run, prove through a SIGKILL after the sink's "
+        "commit, verify: the same calls, run)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
