@@ -23,8 +23,8 @@ import pytest
 
 from streamproof.errors import ConfigError
 from streamproof.harness.daemons import Daemons
-from streamproof.harness.nemesis import Sequence, Step, parse_sequence
 from streamproof.harness.search import replay, search, shorten
+from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
@@ -55,6 +55,26 @@ def test_a_sequence_is_written_and_read_back_exactly() -> None:
     assert parse_sequence(text) == sequence
     with pytest.raises(ConfigError, match=r"--nemesis-replay: 'explode@2' is not a step; expected one of kill, "):
         parse_sequence("data=1,explode@2")
+
+
+def test_the_same_seed_gives_the_same_sequence_and_each_step_applies_in_the_plan_s_model() -> None:
+    """Without a JVM: a sequence is drawn from its seed before anything runs, so two plans of one seed are the same
+    sequence (and other seeds other ones); in it no restore comes before a backup, and no backup, loss of the
+    checkpoint or loss of commits before a step has run the pipeline; an action the set-up does not support (here:
+    S3, a cluster) is never drawn."""
+    local = {"drain", "term", "kill", "backup", "restore", "broker", "postgres", "lose-commits", "lose-checkpoint",
+             "standby"}  # fmt: skip
+    first, again = plan(3901, 300, local.__contains__), plan(3901, 300, local.__contains__)
+    assert first.encode() == again.encode() and len(first.steps) == 300
+    assert len({plan(seed, 30, local.__contains__).encode() for seed in range(20)}) == 20
+    assert {step.action for step in first.steps} == local  # every supported action drawn in 300 steps, nothing else
+    ran = backed_up = False
+    for step in first.steps:
+        assert step.action != "restore" or backed_up, first.encode()
+        assert step.action not in ("backup", "lose-checkpoint", "lose-commits") or ran, first.encode()
+        backed_up = backed_up or step.action == "backup"
+        ran = ran or step.action in ("drain", "term", "kill", "broker", "postgres", "standby")
+    assert parse_sequence(first.encode()) == first
 
 
 def test_a_failing_sequence_is_shortened_by_removing_steps_within_its_bound() -> None:
@@ -126,6 +146,7 @@ def test_a_small_nemesis_drawn_from_a_seed_ends_clean(
     print("\n".join(lines))
     assert outcome.ok, (outcome.failure, outcome.sequence)
     assert len(outcome.history) >= 4 and outcome.sequence.count(",") == 3  # three steps, then the drain
+    assert f"the sequence of seed 11: {outcome.sequence}" in lines  # printed before its first step, as run
     assert lines[-1].startswith("nemesis: 1 sequence(s) in ")
 
 

@@ -37,9 +37,9 @@ from streamproof.harness.cells import cells_not_as_expected
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.matrix import run_matrix, upstream_shares
-from streamproof.harness.nemesis import parse_sequence
 from streamproof.harness.proof import prove_pipeline
 from streamproof.harness.search import replay, search
+from streamproof.harness.sequence import parse_sequence
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
 from streamproof.reconcile import reports_document, verify_pipeline

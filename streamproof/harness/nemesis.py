@@ -36,20 +36,19 @@ pipeline has carried on, or refused with a line the docs list for the state the 
 refusal, or a run that fails, ends the sequence as a failure. At the end the topic is drained and every sink must be
 0 lost / 0 duplicated / 0 unexpected by Spark's checker and by the independent one, which must agree.
 
-A sequence is written as its steps joined by ``,`` after the seed of its data, e.g.
-``data=7,kill@2:0.41,backup,drain,restore:0,drain``: :func:`parse_sequence` reads it back, so a failing sequence is
-replayed exactly (``--nemesis-replay``); the moment of a kill within a batch stays approximate, and each step
-prints what really happened.
+A sequence (:mod:`streamproof.harness.sequence`: its steps, its text ``data=7,kill@2:0.41,backup,drain``, its plan
+from a seed) is replayed exactly (``--nemesis-replay``); the moment of a kill within a batch stays approximate, and
+each step prints what really happened.
 
 Example::
 
+    >>> from streamproof.harness.sequence import parse_sequence
     >>> parse_sequence("data=7,kill@2:0.41,restore:0").steps
     [Step(action='kill', after=2, phase=0.41, index=0), Step(action='restore', after=1, phase=0.0, index=0)]
 """
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -72,6 +71,7 @@ from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import Emit, run_with_crashes
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
+from streamproof.harness.sequence import RUNS, Step, state_allows
 from streamproof.pipeline.events import STANDBY
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
@@ -80,70 +80,10 @@ from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_co
 from streamproof.storage import Location
 from streamproof.your_modules import importable_beside
 
-OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset")  # a server away for OUTAGE_S during a run
-ACTIONS = ("kill", "term", "drain", "standby", *OUTAGES, "backup", "restore", "lose-checkpoint", "lose-commits",
-           "s3-multipart", "executor", "datanode")  # fmt: skip
-RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
 # The refusals the docs list, by the damage a step left, and the command that repairs each.
 REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
-_STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One action of the nemesis (the module's table), with its parameters.
-
-    >>> Step("kill", after=2, phase=0.41).encode(), Step("lose-commits", index=2).encode()
-    ('kill@2:0.41', 'lose-commits:2')
-    """
-
-    action: str
-    after: int = 1  # batches of the run before the fault (run steps)
-    phase: float = 0.0  # kill: the fraction of a batch's duration waited after them
-    index: int = 0  # restore: which backup; lose-commits: how many commits
-
-    def encode(self) -> str:
-        if self.action == "kill":
-            return f"kill@{self.after}:{self.phase:.2f}"
-        if self.action in ("term", "standby", *OUTAGES):
-            return f"{self.action}@{self.after}"
-        if self.action in ("restore", "lose-commits"):
-            return f"{self.action}:{self.index}"
-        return self.action
-
-
-@dataclass(frozen=True)
-class Sequence:
-    """The seed of the data and the steps: what replays a nemesis run."""
-
-    data_seed: int
-    steps: list[Step]
-
-    def encode(self) -> str:
-        return ",".join([f"data={self.data_seed}", *(step.encode() for step in self.steps)])
-
-
-def parse_sequence(text: str) -> Sequence:
-    """A sequence as :meth:`Sequence.encode` writes it; one clear line for a step it cannot read.
-
-    >>> parse_sequence("data=3,term@2,lose-checkpoint,s3-slow@1").encode()
-    'data=3,term@2,lose-checkpoint,s3-slow@1'
-    """
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    seed = 1
-    if parts and parts[0].startswith("data="):
-        seed = int(parts.pop(0)[5:])
-    steps = []
-    for part in parts:
-        match = _STEP.fullmatch(part)
-        if match is None or match["action"] not in ACTIONS:
-            raise ConfigError(f"--nemesis-replay: {part!r} is not a step; expected one of {', '.join(ACTIONS)} "
-                              "(e.g. kill@2:0.41, term@1, restore:0, lose-commits:1)")  # fmt: skip
-        steps.append(Step(match["action"], int(match["after"] or 1), float(match["phase"] or 0.0),
-                          int(match["index"] or 0)))  # fmt: skip
-    return Sequence(seed, steps)
 
 
 class NemesisFailure(AssertionError):
@@ -194,9 +134,8 @@ class Nemesis:
 
     # ------------------------------------------------------------------------------------------ the steps
 
-    def can(self, action: str) -> bool:
-        """Whether ``action`` applies now (a backup needs a checkpoint, a restore a backup, ...)."""
-        has_batches = bool(committed_batches(self.spec.checkpoint_dir))
+    def supports(self, action: str) -> bool:
+        """Whether this set-up has what ``action`` acts on (its server, a Delta sink, a cluster), whatever the state."""
         return {
             "broker": self.daemons.broker is not None,
             "postgres": self.daemons.postgres is not None,
@@ -204,13 +143,18 @@ class Nemesis:
             "s3-multipart": self.daemons.s3 is not None and self._delta_sink() is not None,
             # A checkpoint rebuilt from the sinks' records starts dedup's and windows' state empty (docs/operations.md):
             # resent records seen before the loss pass again. Not a step for a stateful pipeline.
-            "backup": has_batches, "lose-checkpoint": has_batches and self.spec.transform.watermark is None,
-            "restore": bool(self.backups),
-            "lose-commits": has_batches and self._delta_sink() is not None,
+            "lose-checkpoint": self.spec.transform.watermark is None,
+            "lose-commits": self._delta_sink() is not None,
             "executor": self.daemons.cluster is not None and self.daemons.cluster.spark is not None,
             "datanode": self.daemons.cluster is not None and DATANODE_RESTART in cluster_points(self.spec,
                                                                                                self.daemons.cluster),
         }.get(action, True)  # fmt: skip
+
+    def can(self, action: str) -> bool:
+        """Whether ``action`` applies now: supported, and the live state allows it (a backup needs a checkpoint with
+        batches, a restore a backup: :func:`streamproof.harness.sequence.state_allows`)."""
+        has_batches = bool(committed_batches(self.spec.checkpoint_dir))
+        return self.supports(action) and state_allows(action, has_batches=has_batches, backups=len(self.backups))
 
     def apply(self, step: Step) -> None:
         """Run one step to its end (repairs included); :class:`NemesisFailure` when the pipeline misbehaved."""
