@@ -149,6 +149,31 @@ class Location:
     def exists(self) -> bool:
         return self.path.exists() if not self.is_remote else bool(self._fs.exists(self._jpath))
 
+    def status(self) -> tuple[int, int] | None:
+        """The file's size and modification time (in the store's own resolution), None when it does not exist: what
+        tells one file from another written later at the same path (a table dropped and created again).
+
+        >>> import tempfile
+        >>> file = Location(tempfile.mkdtemp()) / "00000000000000000000.json"
+        >>> file.status() is None, file.write_text("{}") or file.status()[0]
+        (True, 2)
+        """
+        if not self.is_remote:
+            try:
+                found = self.path.stat()
+            except FileNotFoundError:
+                return None
+            return found.st_size, found.st_mtime_ns
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            status = self._fs.getFileStatus(self._jpath)
+        except Py4JJavaError as error:
+            if isinstance(self._os_error(error), FileNotFoundError):
+                return None
+            raise
+        return int(status.getLen()), int(status.getModificationTime())
+
     def is_dir(self) -> bool:
         if not self.is_remote:
             return self.path.is_dir()

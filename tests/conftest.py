@@ -102,6 +102,14 @@ SLOW_TIER = {
         "tests/test_readme.py::test_the_from_python_example_calls_streamproof_as_it_is (the example's calls, checked "
         "without a JVM) and streamproof/__init__.py's example (Pipeline, run, prove through a SIGKILL after the sink's "
         "commit, verify: the same calls, run)",
+    "tests/test_compacted_markers.py::test_a_restored_batch_whose_marker_the_cleaner_compacted_is_not_produced_twice":
+        "tests/test_compacted_markers.py::test_a_share_whose_marker_was_compacted_away_is_held_by_its_source_"
+        "partition_s_later_marker (the same markers, the cleaner's work stood for by leaving the compacted ones out)",
+    "tests/test_checkpoint_recovery.py::test_a_sink_that_goes_backwards_while_the_pipeline_runs_stops_it":
+        "tests/test_other_writers.py::test_a_table_dropped_and_created_again_to_the_same_version_under_a_running_sink_"
+        "stops_it (a Delta table changed under a running sink: stopped before its next batch, one line) and tests/test_"
+        "checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks (the start "
+        "refusal of a sink behind, and the rewind)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "

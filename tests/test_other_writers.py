@@ -102,3 +102,37 @@ def test_batches_a_restore_undid_are_merged_again_and_a_restore_under_a_running_
         assert again.write(_rows(spark, offsets, order=f"b{batch.batch_id}-"), batch).replay_skipped
     assert again.write(_rows(spark, range(40, 50), order="b4-"), _batch(4, 10, 50)).rows_out == 10
     assert spark.read.format("delta").load(path).count() == held + 5  # keys b4-0 ... b4-4
+
+
+def test_a_table_dropped_and_created_again_to_the_same_version_under_a_running_sink_stops_it(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """In process, with the sink's own code. The table is deleted and written again by another writer, up to the
+    version the sink read last: the version numbers match, and the next keyed commit would start on Delta's cached
+    snapshot of the old table and commit onto the new one (before: batch 3 was committed as the new table's version 3,
+    without a word, the pipeline's batches 0-2 gone). Expected: the sink's next batch stops on the commit file that
+    changed, one line, nothing written. (The other writer here is this process's session, whose Delta log cache then
+    holds the new table: the old code's commit was on the new table's snapshot, not a stale one; either way the
+    version numbers alone told nothing.)"""
+    import shutil
+
+    from test_sink_idempotency import SINKS, _batch, _rows, _spec
+
+    from streamproof.errors import PipelineError
+    from streamproof.sinks import open_sink
+
+    spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    path = tmp_path / "append"
+    sink = open_sink(spec, spec.sink_specs[0])
+    for n in range(3):  # versions 0-2
+        assert sink.write(_rows(spark, range(10 * n, 10 * n + 10)), _batch(n, 10, 10 * n + 10)).rows_out == 10
+    shutil.rmtree(path)
+    for n in range(3):  # another table at the same path, of the same columns, versions 0-2, other rows
+        _rows(spark, range(100 + n, 101 + n)).write.format("delta").mode("append").save(str(path))
+    with pytest.raises(PipelineError) as stopped:
+        sink.write(_rows(spark, range(30, 40)), _batch(3, 10, 40))
+    assert str(stopped.value).startswith(f"{path} was replaced while the pipeline ran: its commit file of version "), (
+        str(stopped.value))
+    assert "`streamproof checkpoint rewind" in str(stopped.value) and "\n" not in str(stopped.value)
+    assert sorted(name for name in (path / "_delta_log").iterdir() if name.suffix == ".json")[-1].name == (
+        f"{2:020d}.json")  # nothing committed onto the new table

@@ -135,6 +135,8 @@ class BatchWriter:
         outage (``[retry] max_outage``), and a check must not stop a run the retries would carry through."""
         try:
             return sink.head()
+        except PipelineError:
+            raise  # an answer (the table was replaced), not a server away
         except Exception as error:  # noqa: BLE001 - any failure to read it is "unknown", never "went backwards"
             print(f"[{sink.pipeline.name}] {sink.name}: head not readable ({first_line(error)}); checked next batch",
                   file=sys.stderr)  # fmt: skip

@@ -51,6 +51,7 @@ from streamproof.sinks.delta_log import (
     Restore,
     app_id,
     batches_back_to,
+    commit_file,
     commits_on_disk,
     latest_version,
     newest_commit,
@@ -206,6 +207,7 @@ class DeltaSink(FolderSink):
     spec: DeltaSinkSpec
     _log_read_through: int = -1  # the table version through which this run has read the log for its decisions
     _head_seen: int = -1  # the latest version :meth:`head` read: where the next look starts
+    _head_file: tuple[int, int] | None = None  # the size and time of that version's commit file, as read then
     _restores: tuple[Restore, ...] = ()  # the RESTOREs met reading back to the pipeline's newest commit in effect
 
     def prepare(self, spark: SparkSession) -> None:
@@ -432,8 +434,26 @@ class DeltaSink(FolderSink):
 
     def head(self) -> int:
         """The table's latest version (-1: no table): forward from the one read last, two existence checks when
-        nothing else committed (:func:`streamproof.sinks.delta_log.latest_version`), whatever the table's age."""
-        self._head_seen = latest_version(self.path, known=self._head_seen)
+        nothing else committed (:func:`streamproof.sinks.delta_log.latest_version`), whatever the table's age.
+        :class:`PipelineError` when the commit file of the version read last is no longer the one read then (its size
+        or time changed): the table was dropped and created again, or its log rewritten, under the running pipeline.
+        The version numbers alone would not tell, and Delta's cached snapshot of the old table (which the next keyed
+        commit starts on, :func:`start_transaction`) would commit onto the new one. One more file status a commit."""
+        known, present = self._head_seen, False
+        if known >= 0 and self._head_file is not None:
+            now = commit_file(self.path, known).status()
+            if now is not None and now != self._head_file:
+                raise PipelineError(
+                    f"{self.path} was replaced while the pipeline ran: its commit file of version {known} is not the "
+                    "one this run read (another size or time: the table was dropped and created again, or its log "
+                    "rewritten), so what it holds of the pipeline's batches is unknown to this run, which stops here; "
+                    f"if they are gone from it, `streamproof checkpoint rewind {self.pipeline._source_name}` replays "
+                    "them"
+                )
+            present = now is not None
+        self._head_seen = latest_version(self.path, known=known, known_present=present)
+        if self._head_seen >= 0 and (self._head_seen != known or self._head_file is None):
+            self._head_file = commit_file(self.path, self._head_seen).status()
         return self._head_seen
 
     def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:

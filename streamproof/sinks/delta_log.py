@@ -183,7 +183,7 @@ def in_effect(table: Location, newest: int, oldest: int, restores: list[Restore]
         version = restore.to
 
 
-def latest_version(table: Location, *, known: int = -1) -> int:
+def latest_version(table: Location, *, known: int = -1, known_present: bool = False) -> int:
     """The table's latest version (-1: no table), without listing its log: forward from ``known`` (a version this
     process saw) or from Delta's ``_last_checkpoint`` pointer over the commit files that exist, a few existence
     checks (Delta numbers its commits without a gap). The whole log is listed only when neither start has its
@@ -196,7 +196,7 @@ def latest_version(table: Location, *, known: int = -1) -> int:
     >>> latest_version(table), latest_version(table, known=3), latest_version(Location(tempfile.mkdtemp()))
     (4, 4, -1)
     """
-    if known >= 0 and commit_file(table, known).exists():
+    if known >= 0 and (known_present or commit_file(table, known).exists()):  # present: the caller just saw it
         return _last_commit_from(table, known)
     pointer = checkpoint_pointer(table)  # read only when the version seen last is gone (or none was seen)
     if pointer is not None and pointer >= 0 and commit_file(table, pointer).exists():

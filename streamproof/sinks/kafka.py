@@ -145,11 +145,16 @@ def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: s
     """The committed marker of this share of the batch (its ``source_key``), or None if it was not written.
 
     Reads backwards from the end in windows: the markers of one source partition come in batch order, so
-    the search stops at that partition's first marker of an earlier batch.
+    the search stops at that partition's first marker of an earlier batch. The marker topic is compacted (the newest
+    marker per source partition kept): when this share's marker is gone and a later batch's marker of the same source
+    partition is there, that one is returned. A later batch of a source partition is written only once every earlier
+    batch was, so it proves this share written (or that it had no rows); :meth:`TransactionalWriter._check_replay`
+    checks that the share's rows lie below the later batch's.
     """
     source = source_key.rsplit("@", 1)[0]
     end = wait_until_decided(spec)
     start = max(0, end - MARKER_WINDOW)
+    later: dict[str, Any] | None = None  # the oldest marker of this source partition's later batches met so far
     while True:
         window = [
             marker for _, marker in read_markers(spec, start, end)
@@ -161,8 +166,10 @@ def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: s
                 return None
             if int(marker["batch_id"]) == batch_id and marker.get("source_key") == source_key:
                 return marker
+            if int(marker["batch_id"]) > batch_id:
+                later = marker
         if start == 0:
-            return None
+            return later
         end, start = start, max(0, start - 2 * (end - start))
 
 
@@ -228,6 +235,17 @@ class TransactionalWriter:
         producer.poll(0)
 
     def _check_replay(self, source_key: str, marker: dict[str, Any], ranges: SourceRanges) -> None:
+        """The replayed share holds what its marker says; or, its marker compacted away (``marker`` is a later batch's
+        of the same source partition: :func:`find_marker`), its rows lie below that batch's."""
+        if int(marker["batch_id"]) != self.batch_id:
+            held, later = ranges.as_json(), marker.get("source_ranges") or {}
+            if all(part in later and low_high[1] < later[part][0] for part, low_high in held.items()):
+                return
+            raise PipelineError(
+                f"marker topic {self.spec.markers}: the marker of batch {self.batch_id} {source_key} is compacted "
+                f"away, and the replay holds {json.dumps(held)}, not below batch {marker['batch_id']}'s "
+                f"{json.dumps(later)} of the same source partition: the checkpoint does not belong to this topic"
+            )
         if marker.get("source_ranges") == ranges.as_json():
             return
         raise PipelineError(
