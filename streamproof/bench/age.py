@@ -34,11 +34,10 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from streamproof.bench.common import Bench, PipelineRun, delete_quietly, ratio, relocated, rounded
+from streamproof.bench.common import Bench, PipelineRun, delete_quietly, ratio, relocated, requests_of_run, rounded
 from streamproof.bench.throughput import native_delta_sink_rate
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
@@ -134,7 +133,7 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
             figures = _figures(bench.drain(files[side]))
             runs[f"streamproof_{side}"].append(figures)
             if s3 is not None and before is not None:
-                requests[f"streamproof_{side}"].append(_requests_of_run(bench, s3, before, figures))
+                requests[f"streamproof_{side}"].append(requests_of_run(bench, s3, before, figures))
         for side in order:
             bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
             name = f"age-{where}-native-{side}-{round_number}"
@@ -147,7 +146,7 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
                        "batches": len(native["batch_rows"])}  # fmt: skip
             runs[f"native_{side}"].append(figures)
             if s3 is not None and before is not None:
-                requests[f"native_{side}"].append(_requests_of_run(bench, s3, before, figures))
+                requests[f"native_{side}"].append(requests_of_run(bench, s3, before, figures))
     best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
             for name, figures in runs.items()}  # fmt: skip
     ratios = {
@@ -173,15 +172,6 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
             "copying_s": round(copying_s, 1), "seconds": round(time.monotonic() - measure_started, 1), "runs": runs,
             "best": best, "ratios": ratios, "targets_met": targets,
             **({"requests": requests} if s3 is not None else {})}  # fmt: skip
-
-
-def _requests_of_run(bench: Bench, s3: S3Server, before: Counter[str], figures: dict[str, float]) -> dict[str, int]:
-    """The S3 requests of the run that just ended, by kind, with its batches (its start's requests included)."""
-    made = s3.requests_served() - before
-    counted = {kind: made.get(kind, 0) for kind in ("LIST", "GET", "PUT", "DELETE", "POST")}
-    counted |= {"other": sum(made.values()) - sum(counted.values()), "batches": int(figures.get("batches", 0))}
-    bench.emit(f"  S3 requests of the run: {json.dumps(counted)}")
-    return counted
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:

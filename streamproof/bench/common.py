@@ -12,11 +12,13 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from streamproof.faults import ArmedCrash, process_table, process_tree_groups
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.matrix import isolated_sink
-from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV
+from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, S3Server
 from streamproof.kafka_client import topic_end_offsets, topic_exists
 from streamproof.pipeline.events import READY, STARTED, BatchCommitted, Event
 from streamproof.session import build_session
@@ -291,6 +293,15 @@ def relocated(
         )
     pipeline_file.write_text(dump_pipeline(spec.model_copy(update=changes)))
     return pipeline_file
+
+
+def requests_of_run(bench: Bench, s3: S3Server, before: Counter[str], figures: dict[str, float]) -> dict[str, int]:
+    """The S3 requests of the run that just ended, by kind, with its batches (its start's requests included)."""
+    made = s3.requests_served() - before
+    counted = {kind: made.get(kind, 0) for kind in ("LIST", "GET", "PUT", "DELETE", "POST")}
+    counted |= {"other": sum(made.values()) - sum(counted.values()), "batches": int(figures.get("batches", 0))}
+    bench.emit(f"  S3 requests of the run: {json.dumps(counted)}")
+    return counted
 
 
 def delete_quietly(bench: Bench, folder: Location) -> None:

@@ -5,7 +5,10 @@ query writing plain Parquet at-least-once, (b) a ``confluent-kafka`` consumer re
 deserialising the JSON, (c) Spark reading the topic and counting, (d) the same Delta pipeline at-least-once (the
 cost of exactly-once on the same sink), (e) Spark's own Delta streaming sink as the Spark/Delta docs teach it
 (``benchmarks/native_delta_sink.py``: what a user writes instead of streamproof, with no quarantine and no offsets
-recorded); and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet.
+recorded); and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet. Then,
+with the checkpoint and the tables on HDFS (when ``streamproof infra up --hdfs`` runs) and on S3 (``infra up --s3``):
+the exactly-once Delta pipeline and Spark's own Delta sink, a run each, on S3 with its requests counted by kind and
+per batch (S3 bills and throttles per request).
 
 Example::
 
@@ -27,11 +30,23 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
-from streamproof.bench.common import PIPELINES, Bench, phases_line, ratio, timed
+from streamproof.bench.common import (
+    PIPELINES,
+    Bench,
+    delete_quietly,
+    phases_line,
+    ratio,
+    relocated,
+    requests_of_run,
+    timed,
+)
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
+from streamproof.infra import HdfsCluster, S3Server
+from streamproof.infra.s3 import S3_BUCKET
 from streamproof.kafka_client import client_config, topic_end_offsets
 from streamproof.session import JIT_ENV
+from streamproof.storage import Location
 from streamproof.transform import parse_records, valid_records
 
 # Baseline (e): the code a user would write instead of streamproof (benchmarks/, not the package: it is not ours).
@@ -138,8 +153,9 @@ def native_delta_sink_rate(
     return result
 
 
-def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
-    """Delta exactly-once against Parquet at-least-once, the raw consumer, Spark's count and the ceiling."""
+def bench_throughput(bench: Bench, rounds: int = 2, state_dir: Path | None = None) -> dict[str, Any]:
+    """Delta exactly-once against Parquet at-least-once, the raw consumer, Spark's count and the ceiling; then on the
+    stores of ``state_dir``'s servers that run (:func:`on_stores`)."""
     topic = bench.topic(bench.events)
     # Two rounds, interleaved, the faster run of each kept: on a shared 2-core machine one run in a few is
     # slowed by a neighbour, and interleaving spreads a slow spell over both sides of the ratio.
@@ -207,4 +223,58 @@ def bench_throughput(bench: Bench, rounds: int = 2) -> dict[str, Any]:
             "native_delta_sink": native, "native_delta_sink_runs_rows_per_second":
                 [run["rows_per_second"] for run in native_runs],
             "consumer_read": consumer, "spark_count": count, "ceiling": ceiling, "ratios": ratios,
-            "targets_met": targets}  # fmt: skip
+            "targets_met": targets,
+            "stores": on_stores(bench, topic, state_dir, local=rate) if state_dir is not None else {}}  # fmt: skip
+
+
+def on_stores(bench: Bench, topic: str, state_dir: Path, *, local: float) -> dict[str, Any]:
+    """The exactly-once Delta pipeline and Spark's own Delta sink with their checkpoints and tables on HDFS (when
+    ``streamproof infra up --hdfs`` runs) and on S3 (``infra up --s3``), a run each on ``topic``; their rate against
+    the pipeline's on the local disk (``local``, rows/s, measured just before), and on S3 each run's requests by kind
+    and per batch. The folders are deleted afterwards."""
+    hdfs, s3 = HdfsCluster(state_dir), S3Server(state_dir)
+    stores: dict[str, tuple[str, S3Server | None]] = {}
+    if hdfs.running() and hdfs.live_datanodes() >= 1:
+        stores["hdfs"] = (f"{hdfs.uri}/bench/{bench.workdir.name}/throughput", None)
+    if s3.running():
+        stores["s3"] = (f"s3a://{S3_BUCKET}/bench/{bench.workdir.name}/throughput", s3)
+        for key, value in s3.spark_conf().items():  # the bench's own session deletes the folders afterwards
+            bench.spark().sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
+    results: dict[str, Any] = {}
+    for where, (root, server) in stores.items():
+        try:
+            pipeline_file = relocated(bench.pipeline("throughput_delta", topic, f"throughput-{where}"), root,
+                                      conf=server.spark_conf() if server is not None else None)  # fmt: skip
+            bench.emit(f"{where}: Kafka -> Delta, exactly-once, checkpoint and tables on {where}")
+            before = server.requests_served() if server is not None else None
+            run = bench.drain(pipeline_file)
+            ours = (
+                requests_of_run(bench, server, before, {"batches": len(run.batches)})
+                if server is not None and before is not None
+                else None
+            )
+            bench.emit(f"{where}: Spark's own Delta sink, the docs' code, checkpoint and table on {where}")
+            before = server.requests_served() if server is not None else None
+            native = native_delta_sink_rate(
+                bench,
+                pipeline_file,
+                f"throughput-native-{where}",
+                table=f"{root}/native/orders",
+                checkpoint=f"{root}/native/checkpoint",
+            )
+            theirs = (
+                requests_of_run(bench, server, before, native) if server is not None and before is not None else None
+            )
+        finally:
+            delete_quietly(bench, Location(root))
+        results[where] = {
+            "delta_exactly_once": run.to_dict(), "native_delta_sink": native,
+            "ratios": {"exactly_once_over_native_delta_sink": ratio(run.rows_per_second, native["rows_per_second"]),
+                       f"exactly_once_{where}_vs_local": ratio(run.rows_per_second, local)},
+            **({"requests": {"streamproof": ours, "native": theirs}} if ours is not None else {}),
+        }  # fmt: skip
+        bench.emit(f"{where}: {json.dumps(results[where]['ratios'])}")
+    for where in ("hdfs", "s3"):
+        if where not in stores:
+            bench.emit(f"{where.upper()} is not running (`streamproof infra up --{where}`): not measured there")
+    return results

@@ -199,7 +199,8 @@ def bench(
     check_request(chosen, events)
     if plot is not None and "scaling" not in chosen:
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
-    options = {"latency": {"rate": rate, "seconds": seconds}, "throughput": {"rounds": rounds},
+    options = {"latency": {"rate": rate, "seconds": seconds},
+               "throughput": {"rounds": rounds, "state_dir": state_path(state_dir)},
                "age": {"rounds": rounds, "state_dir": state_path(state_dir)},
                "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
     document = run_on_local_servers(chosen, state_dir=state_path(state_dir), bootstrap=bootstrap_servers,
