@@ -144,3 +144,35 @@ def test_a_torn_checkpoint_pointer_is_listed_past_not_a_crash(tmp_path: Path) ->
     (tmp_path / "aged" / "_delta_log" / "_last_checkpoint").write_text('{"versi')
     assert latest_version(table) == 249  # listed
     assert log_past_its_commits(table) is None and log_past_its_commits(table, thorough=True) is None
+
+
+def test_a_restore_is_read_past_whatever_the_number_of_commits_after_it(tmp_path: Path) -> None:
+    """The pipeline's batches 0-2, 1,000 commits of another writer, then a RESTORE to version 1: its newest commit in
+    effect is batch 1, read newest first without a JVM, past the other writer's commits in two walks (the first
+    bounded by OTHERS_READ_PAST; the second must resume where the RESTORE sent the first, not inside what it undid)."""
+    from streamproof.config import parse_pipeline
+    from streamproof.sinks.delta import OTHERS_READ_PAST, DeltaSink
+
+    table = _plant(tmp_path / "t", range(3))
+    others = range(3, 3 + OTHERS_READ_PAST)
+    for version in others:
+        commit_file(table, version).write_text(json.dumps({"commitInfo": {"operation": "WRITE"}}))
+    restore = {"commitInfo": {"operation": "RESTORE", "operationParameters": {"version": "1"}}}
+    commit_file(table, others[-1] + 1).write_text(json.dumps(restore))
+    spec = parse_pipeline(f"""
+name = "aged"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING"
+[sink]
+kind = "delta"
+path = "{table}"
+""")
+    sink = DeltaSink(spec, spec.sink_specs[0])
+    assert sink.last_commit(None).batch_id == 1  # type: ignore[union-attr]
+    assert sink.why_behind() == f"a RESTORE committed as version {others[-1] + 1} brought it back to version 1, " \
+                                f"undoing versions 2-{others[-1]}"  # fmt: skip
+    assert [commit.batch_id for commit in sink.commits()] == [0, 1]

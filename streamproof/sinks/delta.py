@@ -469,7 +469,8 @@ class DeltaSink(FolderSink):
             return found
         if spark is not None and txn_version(start_transaction(spark, str(self.path)), self.pipeline.name) < 0:
             return None
-        found = newest_commit(self.path, self.pipeline.name, oldest - 1, restores=restores)
+        resume = min([oldest - 1, *(restore.to for restore in restores)])  # where the first walk ended
+        found = newest_commit(self.path, self.pipeline.name, resume, restores=restores)
         self._restores = tuple(restores)
         return found
 
