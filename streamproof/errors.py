@@ -32,6 +32,11 @@ class PipelineError(StreamproofError):
     """A pipeline failed for a reason the user can act on (e.g. the topic does not exist)."""
 
 
+class SinkReplaced(PipelineError):
+    """A sink's storage is no longer the one the running pipeline read (a Delta table dropped and created again): an
+    answer of the sink's head, where any other failure to read it means "unknown, look again next batch"."""
+
+
 # Failures that go away when a server comes back: connection refused or reset, a broker, database or
 # DataNode restarting. Matched on the error text, since they reach Python as Py4J, psycopg or librdkafka errors.
 TRANSIENT_SIGNS = (

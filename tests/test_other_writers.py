@@ -136,3 +136,22 @@ def test_a_table_dropped_and_created_again_to_the_same_version_under_a_running_s
     assert "`streamproof checkpoint rewind" in str(stopped.value) and "\n" not in str(stopped.value)
     assert sorted(name for name in (path / "_delta_log").iterdir() if name.suffix == ".json")[-1].name == (
         f"{2:020d}.json")  # nothing committed onto the new table
+
+
+def test_a_replaced_table_stops_the_head_check_and_a_server_away_does_not() -> None:
+    """Without a JVM: the check before each batch reads every sink's head; a failure to read it means "unknown, look
+    again next batch" (a PostgreSQL sink away says so as a PipelineError), and only a replaced table is an answer."""
+    from types import SimpleNamespace
+
+    from streamproof.errors import PipelineError, SinkReplaced
+    from streamproof.pipeline.batches import BatchWriter
+
+    def sink(error: Exception) -> Any:
+        def head() -> int:
+            raise error
+
+        return SimpleNamespace(name="s", pipeline=SimpleNamespace(name="p"), head=head)
+
+    assert BatchWriter._head(sink(PipelineError("cannot connect to postgresql://...: Connection refused"))) is None
+    with pytest.raises(SinkReplaced):
+        BatchWriter._head(sink(SinkReplaced("/t was replaced while the pipeline ran: ...")))

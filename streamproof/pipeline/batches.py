@@ -37,7 +37,7 @@ from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
 from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
-from streamproof.errors import PipelineError, first_line, is_transient
+from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
 from streamproof.guarantees import wiring_for
 from streamproof.pipeline.events import Event, WriteMoments, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
@@ -135,8 +135,8 @@ class BatchWriter:
         outage (``[retry] max_outage``), and a check must not stop a run the retries would carry through."""
         try:
             return sink.head()
-        except PipelineError:
-            raise  # an answer (the table was replaced), not a server away
+        except SinkReplaced:
+            raise  # an answer, not a server away (a PostgreSQL sink's refused connection is a PipelineError too)
         except Exception as error:  # noqa: BLE001 - any failure to read it is "unknown", never "went backwards"
             print(f"[{sink.pipeline.name}] {sink.name}: head not readable ({first_line(error)}); checked next batch",
                   file=sys.stderr)  # fmt: skip

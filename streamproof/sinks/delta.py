@@ -45,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streamproof.config import DeltaSinkSpec
-from streamproof.errors import PipelineError, first_line
+from streamproof.errors import PipelineError, SinkReplaced, first_line
 from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
 from streamproof.sinks.delta_log import (
     Restore,
@@ -443,7 +443,7 @@ class DeltaSink(FolderSink):
         if known >= 0 and self._head_file is not None:
             now = commit_file(self.path, known).status()
             if now is not None and now != self._head_file:
-                raise PipelineError(
+                raise SinkReplaced(
                     f"{self.path} was replaced while the pipeline ran: its commit file of version {known} is not the "
                     "one this run read (another size or time: the table was dropped and created again, or its log "
                     "rewritten), so what it holds of the pipeline's batches is unknown to this run, which stops here; "
