@@ -110,6 +110,10 @@ SLOW_TIER = {
         "stops_it (a Delta table changed under a running sink: stopped before its next batch, one line) and tests/test_"
         "checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks (the start "
         "refusal of a sink behind, and the rewind)",
+    "tests/test_stop_signals.py::test_max_batches_stops_after_that_many_batches_and_verify_counts_the_rest_not_yet_read":
+        "tests/test_replay_through.py::test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes_"
+        "nothing_twice (`run --max-batches 2` as a user types it, then reconciled) and tests/test_identity.py::test_"
+        "records_not_yet_read_are_a_term_of_their_own_and_never_change_the_verdict (the term, without a JVM)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
