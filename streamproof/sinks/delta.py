@@ -309,7 +309,7 @@ class DeltaSink(FolderSink):
                 # cleaned up, or restored to a version this run had read past: read back to the batch before again
                 through = self._held.through
                 self._held = HeldBatches(self._read_held(batch.batch_id - 1, version, txn))
-                if self._held.through < through:
+                if found.restores and self._held.through < through:
                     holds = newest_commit(self.path, self.pipeline.name, version)
                     restore = found.restores[0]
                     raise PipelineError(self._undone_while_running(restore, -1 if holds is None else holds.batch_id,

@@ -180,7 +180,7 @@ def in_effect(table: Location, newest: int, oldest: int, restores: list[Restore]
             version -= 1
             continue
         restores.append(restore)
-        version = restore.to
+        version = min(restore.to, version - 1)  # a RESTORE is to an earlier version; never loop on a malformed one
 
 
 def latest_version(table: Location, *, known: int = -1, known_present: bool = False) -> int:
