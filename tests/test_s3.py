@@ -55,9 +55,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture(scope="module")
 def s3_spark(spark: Any, s3_server: S3Server) -> Any:
     """The test session, its Hadoop configuration pointed at the S3 server (before any s3a:// path is touched)."""
-    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
-    for key, value in s3_server.spark_conf().items():
-        hadoop.set(key.removeprefix("spark.hadoop."), value)
+    s3_server.point_session_at(spark)
     return spark
 
 

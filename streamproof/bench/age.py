@@ -34,16 +34,25 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from streamproof.bench.common import Bench, PipelineRun, delete_quietly, ratio, relocated, requests_of_run, rounded
+from streamproof.bench.common import (
+    Bench,
+    PipelineRun,
+    delete_quietly,
+    ratio,
+    relocated,
+    requests_of_run,
+    rounded,
+    stores_running,
+)
 from streamproof.bench.throughput import native_delta_sink_rate
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
-from streamproof.infra import HdfsCluster, S3Server
-from streamproof.infra.s3 import S3_BUCKET
+from streamproof.infra import S3Server
 from streamproof.kafka_client import topic_end_offsets
 from streamproof.sinks.delta_log import commit_file, latest_version
 from streamproof.storage import Location
@@ -63,27 +72,13 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
     """The young and the aged sink, streamproof's and the native sink's, ``rounds`` rounds alternated: on the local
     disk, on HDFS when ``streamproof infra up --hdfs`` runs, and on S3 when ``infra up --s3`` does (aged by
     :data:`S3_AGED_COMMITS`, its requests counted); the tables on HDFS and S3 are deleted afterwards."""
-    hdfs, s3 = HdfsCluster(state_dir), S3Server(state_dir)
     results = {"local": _measure(bench, "local", None, rounds, commits)}
-    if hdfs.running() and hdfs.live_datanodes() >= 1:
-        storage = Location(f"{hdfs.uri}/bench/{bench.workdir.name}/age")  # bench cluster's are beside it
+    for where, (storage, s3) in stores_running(bench, state_dir, "age").items():
         try:
-            results["hdfs"] = _measure(bench, "hdfs", str(storage), rounds, commits)
+            results[where] = _measure(bench, where, str(storage), rounds,
+                                      min(commits, S3_AGED_COMMITS) if s3 is not None else commits, s3)  # fmt: skip
         finally:
             delete_quietly(bench, storage)
-    else:
-        bench.emit("HDFS is not running with a live DataNode (`streamproof infra up --hdfs`): not measured on HDFS")
-    if s3.running():
-        storage = Location(f"s3a://{S3_BUCKET}/bench/{bench.workdir.name}/age")
-        spark = bench.spark()  # the aged commits and the native sink's copies are written through its S3A
-        for key, value in s3.spark_conf().items():
-            spark.sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
-        try:
-            results["s3"] = _measure(bench, "s3", str(storage), rounds, min(commits, S3_AGED_COMMITS), s3)
-        finally:
-            delete_quietly(bench, storage)
-    else:
-        bench.emit("S3 is not running (`streamproof infra up --s3`): not measured on S3")
     return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
             "storage": results,
             "ratios": {f"{where}_{name}": value for where, result in results.items()
@@ -129,15 +124,15 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
         order = ("young", "aged") if round_number % 2 else ("aged", "young")
         for side in order:
             bench.emit(f"{where}: streamproof, {side} table (round {round_number} of {rounds})")
-            before = s3.requests_served() if s3 is not None else None
+            before = s3.requests_served() if s3 is not None else Counter()
             figures = _figures(bench.drain(files[side]))
             runs[f"streamproof_{side}"].append(figures)
-            if s3 is not None and before is not None:
-                requests[f"streamproof_{side}"].append(requests_of_run(bench, s3, before, figures))
+            if s3 is not None:
+                requests[f"streamproof_{side}"].append(requests_of_run(bench, s3, before, int(figures["batches"])))
         for side in order:
             bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
             name = f"age-{where}-native-{side}-{round_number}"
-            before = s3.requests_served() if s3 is not None else None
+            before = s3.requests_served() if s3 is not None else Counter()
             native = native_delta_sink_rate(bench, files[side], name, table=str(native_tables[side]),
                                             starting_offsets={topic: start},
                                             checkpoint=f"{native_tables[side]}-checkpoint-{round_number}")  # fmt: skip
@@ -145,8 +140,8 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
             figures = {"first_commit_s": native["first_commit_s"], "steady_batch_s": _median(_full(later)),
                        "batches": len(native["batch_rows"])}  # fmt: skip
             runs[f"native_{side}"].append(figures)
-            if s3 is not None and before is not None:
-                requests[f"native_{side}"].append(requests_of_run(bench, s3, before, figures))
+            if s3 is not None:
+                requests[f"native_{side}"].append(requests_of_run(bench, s3, before, int(figures["batches"])))
     best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
             for name, figures in runs.items()}  # fmt: skip
     ratios = {

@@ -32,7 +32,8 @@ from streamproof.faults import ArmedCrash, process_table, process_tree_groups
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.matrix import isolated_sink
-from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, S3Server
+from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, HdfsCluster, S3Server
+from streamproof.infra.s3 import S3_BUCKET
 from streamproof.kafka_client import topic_end_offsets, topic_exists
 from streamproof.pipeline.events import READY, STARTED, BatchCommitted, Event
 from streamproof.session import build_session
@@ -295,13 +296,37 @@ def relocated(
     return pipeline_file
 
 
-def requests_of_run(bench: Bench, s3: S3Server, before: Counter[str], figures: dict[str, float]) -> dict[str, int]:
-    """The S3 requests of the run that just ended, by kind, with its batches (its start's requests included)."""
+def requests_of_run(bench: Bench, s3: S3Server, before: Counter[str], batches: int) -> dict[str, int]:
+    """The S3 requests of the run that just ended (``before``: the server's count when it began), by kind, with its
+    ``batches`` (its start's requests included)."""
     made = s3.requests_served() - before
     counted = {kind: made.get(kind, 0) for kind in ("LIST", "GET", "PUT", "DELETE", "POST")}
-    counted |= {"other": sum(made.values()) - sum(counted.values()), "batches": int(figures.get("batches", 0))}
+    counted |= {"other": sum(made.values()) - sum(counted.values()), "batches": batches}
     bench.emit(f"  S3 requests of the run: {json.dumps(counted)}")
     return counted
+
+
+def stores_running(bench: Bench, state_dir: Path, folder: str) -> dict[str, tuple[Location, S3Server | None]]:
+    """The distributed stores a bench measures on beside the local disk, those whose servers run: HDFS with a live
+    DataNode (``streamproof infra up --hdfs``) and S3 (``infra up --s3``), each with this bench's folder there named
+    ``folder`` and its S3 server (None for HDFS). The bench's own session is pointed at S3 (it writes and deletes
+    there); a store not running is said in one line.
+
+    >>> stores_running(bench, Path(".streamproof"), "age")                                   # doctest: +SKIP
+    {'s3': (Location('s3a://streamproof/bench/20261127T025925Z/age'), S3Server(...))}
+    """
+    hdfs, s3 = HdfsCluster(state_dir), S3Server(state_dir)
+    stores: dict[str, tuple[Location, S3Server | None]] = {}
+    if hdfs.running() and hdfs.live_datanodes() >= 1:
+        stores["hdfs"] = (Location(f"{hdfs.uri}/bench/{bench.workdir.name}/{folder}"), None)
+    else:
+        bench.emit("HDFS is not running with a live DataNode (`streamproof infra up --hdfs`): not measured on HDFS")
+    if s3.running():
+        stores["s3"] = (Location(f"s3a://{S3_BUCKET}/bench/{bench.workdir.name}/{folder}"), s3)
+        s3.point_session_at(bench.spark())
+    else:
+        bench.emit("S3 is not running (`streamproof infra up --s3`): not measured on S3")
+    return stores
 
 
 def delete_quietly(bench: Bench, folder: Location) -> None:

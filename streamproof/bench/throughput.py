@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +39,13 @@ from streamproof.bench.common import (
     ratio,
     relocated,
     requests_of_run,
+    stores_running,
     timed,
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
-from streamproof.infra import HdfsCluster, S3Server
-from streamproof.infra.s3 import S3_BUCKET
 from streamproof.kafka_client import client_config, topic_end_offsets
 from streamproof.session import JIT_ENV
-from streamproof.storage import Location
 from streamproof.transform import parse_records, valid_records
 
 # Baseline (e): the code a user would write instead of streamproof (benchmarks/, not the package: it is not ours).
@@ -232,41 +231,23 @@ def on_stores(bench: Bench, topic: str, state_dir: Path, *, local: float) -> dic
     ``streamproof infra up --hdfs`` runs) and on S3 (``infra up --s3``), a run each on ``topic``; their rate against
     the pipeline's on the local disk (``local``, rows/s, measured just before), and on S3 each run's requests by kind
     and per batch. The folders are deleted afterwards."""
-    hdfs, s3 = HdfsCluster(state_dir), S3Server(state_dir)
-    stores: dict[str, tuple[str, S3Server | None]] = {}
-    if hdfs.running() and hdfs.live_datanodes() >= 1:
-        stores["hdfs"] = (f"{hdfs.uri}/bench/{bench.workdir.name}/throughput", None)
-    if s3.running():
-        stores["s3"] = (f"s3a://{S3_BUCKET}/bench/{bench.workdir.name}/throughput", s3)
-        for key, value in s3.spark_conf().items():  # the bench's own session deletes the folders afterwards
-            bench.spark().sparkContext._jsc.hadoopConfiguration().set(key.removeprefix("spark.hadoop."), value)
     results: dict[str, Any] = {}
-    for where, (root, server) in stores.items():
+    for where, (root, server) in stores_running(bench, state_dir, "throughput").items():
         try:
-            pipeline_file = relocated(bench.pipeline("throughput_delta", topic, f"throughput-{where}"), root,
+            pipeline_file = relocated(bench.pipeline("throughput_delta", topic, f"throughput-{where}"), str(root),
                                       conf=server.spark_conf() if server is not None else None)  # fmt: skip
             bench.emit(f"{where}: Kafka -> Delta, exactly-once, checkpoint and tables on {where}")
-            before = server.requests_served() if server is not None else None
+            before = server.requests_served() if server is not None else Counter()
             run = bench.drain(pipeline_file)
-            ours = (
-                requests_of_run(bench, server, before, {"batches": len(run.batches)})
-                if server is not None and before is not None
-                else None
-            )
+            ours = requests_of_run(bench, server, before, len(run.batches)) if server is not None else None
             bench.emit(f"{where}: Spark's own Delta sink, the docs' code, checkpoint and table on {where}")
-            before = server.requests_served() if server is not None else None
-            native = native_delta_sink_rate(
-                bench,
-                pipeline_file,
-                f"throughput-native-{where}",
-                table=f"{root}/native/orders",
-                checkpoint=f"{root}/native/checkpoint",
-            )
-            theirs = (
-                requests_of_run(bench, server, before, native) if server is not None and before is not None else None
-            )
+            before = server.requests_served() if server is not None else Counter()
+            native = native_delta_sink_rate(bench, pipeline_file, f"throughput-native-{where}",
+                                            table=str(root / "native" / "orders"),
+                                            checkpoint=str(root / "native" / "checkpoint"))  # fmt: skip
+            theirs = requests_of_run(bench, server, before, native["batches"]) if server is not None else None
         finally:
-            delete_quietly(bench, Location(root))
+            delete_quietly(bench, root)
         results[where] = {
             "delta_exactly_once": run.to_dict(), "native_delta_sink": native,
             "ratios": {"exactly_once_over_native_delta_sink": ratio(run.rows_per_second, native["rows_per_second"]),
@@ -274,7 +255,4 @@ def on_stores(bench: Bench, topic: str, state_dir: Path, *, local: float) -> dic
             **({"requests": {"streamproof": ours, "native": theirs}} if ours is not None else {}),
         }  # fmt: skip
         bench.emit(f"{where}: {json.dumps(results[where]['ratios'])}")
-    for where in ("hdfs", "s3"):
-        if where not in stores:
-            bench.emit(f"{where.upper()} is not running (`streamproof infra up --{where}`): not measured there")
     return results

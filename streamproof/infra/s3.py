@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from streamproof.errors import InfraError, log_tail
 from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, free_port, port_in_use, wiped
@@ -100,6 +100,16 @@ class S3Server(LocalDaemon):
             "spark.hadoop.fs.s3a.access.key": S3_ACCESS_KEY,
             "spark.hadoop.fs.s3a.secret.key": S3_SECRET_KEY,
         }
+
+    def point_session_at(self, spark: Any) -> None:
+        """Set :meth:`spark_conf` in a running session's Hadoop configuration, so that its own reads and writes of
+        ``s3a://`` paths reach this server (a pipeline's session gets it from its ``[spark.conf]`` at start).
+
+        >>> S3Server(Path(".streamproof")).point_session_at(spark)                        # doctest: +SKIP
+        """
+        hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+        for key, value in self.spark_conf().items():
+            hadoop.set(key.removeprefix("spark.hadoop."), value)
 
     def running(self) -> bool:
         """Whether the server ``up`` started runs and answers."""

@@ -327,8 +327,7 @@ class DeltaSink(FolderSink):
 
     def _undone_while_running(self, restore: Restore, holds: int, through: int) -> str:
         return (
-            f"{self.path} was restored while the pipeline ran: a RESTORE committed as version {restore.version} "
-            f"brought it back to version {restore.to}, undoing {restore.undid} and with them batches {holds + 1}-"
+            f"{self.path} was restored while the pipeline ran: {restore} and with them batches {holds + 1}-"
             f"{through} the checkpoint has committed; the run stops here, and `streamproof checkpoint rewind "
             f"{self.pipeline._source_name}` replays them"
         )
@@ -435,7 +434,7 @@ class DeltaSink(FolderSink):
     def head(self) -> int:
         """The table's latest version (-1: no table): forward from the one read last, two existence checks when
         nothing else committed (:func:`streamproof.sinks.delta_log.latest_version`), whatever the table's age.
-        :class:`PipelineError` when the commit file of the version read last is no longer the one read then (its size
+        :class:`SinkReplaced` when the commit file of the version read last is no longer the one read then (its size
         or time changed): the table was dropped and created again, or its log rewritten, under the running pipeline.
         The version numbers alone would not tell, and Delta's cached snapshot of the old table (which the next keyed
         commit starts on, :func:`start_transaction`) would commit onto the new one. One more file status a commit."""
@@ -479,11 +478,7 @@ class DeltaSink(FolderSink):
         (:meth:`last_commit`): its commit files stay in the log, so without it the table would look up to date."""
         if not self._restores:
             return None
-        restore = self._restores[-1]  # the oldest met: the one that reached back past the pipeline's commits
-        return (
-            f"a RESTORE committed as version {restore.version} brought it back to version {restore.to}, "
-            f"undoing {restore.undid}"
-        )
+        return str(self._restores[-1])  # the oldest met: the one that reached back past the pipeline's commits
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):

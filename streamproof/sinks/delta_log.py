@@ -122,6 +122,15 @@ class Restore:
         first, last = self.to + 1, self.version - 1
         return f"version {first}" if first == last else f"versions {first}-{last}"
 
+    def __str__(self) -> str:
+        """What it did, as the refusals name it.
+
+        >>> str(Restore(9, 1))
+        'a RESTORE committed as version 9 brought it back to version 1, undoing versions 2-8'
+        """
+        back = f"a RESTORE committed as version {self.version} brought it back to version {self.to}"
+        return f"{back}, undoing {self.undid}"
+
 
 def restore_of(text: str, version: int) -> Restore | None:
     """The RESTORE one commit file (of ``version``) records (None: another operation); :class:`PipelineError` for a
@@ -137,6 +146,8 @@ def restore_of(text: str, version: int) -> Restore | None:
     ...     print(str(refused)[:60])
     version 5 of the table is a RESTORE whose commit does not na
     """
+    if '"RESTORE"' not in text:
+        return None  # every commit file a walk reads passes here: no JSON parsed for the usual ones
     for line in text.splitlines():
         if '"commitInfo"' not in line:
             continue
