@@ -26,6 +26,9 @@ CLI_TIMEOUT_S = 600
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
+    "tests/test_kafka_cluster.py::test_a_pipeline_on_the_cluster_rides_out_each_node_fault_and_every_sink_reconciles":
+        "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
+        "nothing (the Kafka sink's own transaction through each node fault, mid-write, and its replay)",
     "examples/your_code/tests/test_shop.py::test_shop_orders_are_exactly_once_through_crashes":
         "tests/test_foreach_batch.py::test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_"
         "checkpoint_refused (the shop's code through SIGKILLs) and tests/test_testing_plugin.py (the plugin's prove "

@@ -14,7 +14,11 @@ from streamproof.cli.base import (
     infra_app,
     state_path,
 )
-from streamproof.infra import HdfsCluster, KafkaBroker, PostgresServer, S3Server, SparkCluster
+from streamproof.errors import InfraError
+from streamproof.infra import HdfsCluster, KafkaBroker, KafkaCluster, PostgresServer, S3Server, SparkCluster
+from streamproof.infra.common import LocalDaemon
+
+Daemon = KafkaBroker | KafkaCluster | PostgresServer | HdfsCluster | SparkCluster | S3Server
 
 
 @infra_app.command("up")
@@ -22,6 +26,14 @@ from streamproof.infra import HdfsCluster, KafkaBroker, PostgresServer, S3Server
 def infra_up(
     port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1.")] = 9092,
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    kafka_brokers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Kafka brokers: 3 makes a cluster (replication 3, min.insync.replicas 2), node k on "
+            "--port + 2k. Default: what the state folder holds, else 1.",
+        ),
+    ] = None,
     postgres: Annotated[bool, typer.Option("--postgres", help="Also start a local PostgreSQL 15.")] = False,
     pg_port: Annotated[int, typer.Option(help="PostgreSQL port on 127.0.0.1.")] = 5432,
     spark_workers: Annotated[
@@ -36,9 +48,10 @@ def infra_up(
     s3_port: Annotated[int, typer.Option(help="S3 endpoint port on 127.0.0.1.")] = 8333,
     state_dir: StateDir = None,
 ) -> None:
-    """Start the local Kafka broker; PostgreSQL, a Spark cluster, HDFS and S3 when asked (running ones are reused)."""
+    """Start the local Kafka broker (or a cluster of them); PostgreSQL, a Spark cluster, HDFS and S3 when asked
+    (running ones are reused)."""
     state = state_path(state_dir)
-    console.print(KafkaBroker(state, port, controller_port).up())
+    console.print(kafka_of(state, kafka_brokers, port, controller_port).up())
     if postgres:
         console.print(PostgresServer(state, pg_port).up())
     if s3:
@@ -71,8 +84,33 @@ def infra_status(state_dir: StateDir = None) -> None:
         console.print(daemon.status())
 
 
-def _local_daemons(state: Path) -> list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster | S3Server]:
-    """The broker, and each other daemon `infra up` ever started under ``state``."""
-    others: list[KafkaBroker | PostgresServer | HdfsCluster | SparkCluster | S3Server] = [
-        PostgresServer(state), S3Server(state), HdfsCluster(state), SparkCluster.started_under(state)]  # fmt: skip
-    return [KafkaBroker(state), *(daemon for daemon in others if daemon.home.exists())]
+def kafka_of(
+    state: Path, brokers: int | None, port: int = 9092, controller_port: int = 9093
+) -> KafkaBroker | KafkaCluster:
+    """The Kafka of ``state``: a cluster of ``brokers`` nodes (2 or more), a single broker (1), or, not said, the
+    cluster ``infra up --kafka-brokers`` formatted there, else a single broker."""
+    formatted = KafkaCluster.started_under(state)
+    if brokers is None:
+        return formatted or KafkaBroker(state, port, controller_port)
+    if brokers == 1:
+        if formatted is not None:
+            raise InfraError(
+                f"{state} holds a Kafka cluster of {formatted.brokers} brokers: `streamproof infra up "
+                f"--kafka-brokers {formatted.brokers}`, or `streamproof infra down --wipe` first"
+            )
+        return KafkaBroker(state, port, controller_port)
+    return KafkaCluster(state, brokers, port, controller_port)
+
+
+def _local_daemons(state: Path) -> list[Daemon]:
+    """The broker (or cluster), and each other daemon `infra up` ever started under ``state``."""
+    others: list[Daemon] = [
+        PostgresServer(state),
+        S3Server(state),
+        HdfsCluster(state),
+        SparkCluster.started_under(state),
+    ]
+    return [
+        kafka_of(state, None),
+        *(daemon for daemon in others if isinstance(daemon, LocalDaemon) and daemon.home.exists()),
+    ]

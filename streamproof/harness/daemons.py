@@ -1,5 +1,6 @@
 """The servers a nemesis may fault, and only those streamproof started (``infra up``, or a test's fixtures): the Kafka
-broker and PostgreSQL (stopped for some seconds), a Spark cluster's machines, and the S3 server, which the nemesis
+broker and PostgreSQL (stopped for some seconds), a Kafka cluster's nodes (a partition's leader or the active
+controller SIGKILLed, a leader paused), a Spark cluster's machines, and the S3 server, which the nemesis
 reaches through a :class:`~streamproof.infra.fault_proxy.FaultProxy` so that it can also throttle it (``503
 SlowDown``) and reset its connections, as S3 itself does.
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
-from streamproof.infra import KafkaBroker, PostgresServer, S3Server
+from streamproof.infra import KafkaBroker, KafkaCluster, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
 from streamproof.sinks.delta_log import latest_version
 from streamproof.storage import Location
@@ -71,24 +72,72 @@ class S3Faults:
 
 
 @dataclass
+class KafkaFaults:
+    """The faults of a Kafka cluster's nodes (``infra up --kafka-brokers 3``), each said in words as it happens."""
+
+    cluster: KafkaCluster
+
+    def kill_leader(self, topic: str) -> str:
+        """SIGKILL the node leading ``topic``'s partition 0 (its writes in flight move to the new leader)."""
+        leader = self.cluster.leader_of(topic)
+        leader.process.kill()
+        return f"node {leader.node_id}, leader of {topic}[0], SIGKILLed"
+
+    def kill_controller(self) -> str:
+        """SIGKILL the node leading the KRaft quorum (waiting out an election in progress, at most 30 s)."""
+        deadline = time.monotonic() + 30
+        while (controller := self.cluster.active_controller()) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if controller is None:
+            return "no active controller within 30 s: nothing killed"
+        controller.process.kill()
+        return f"node {controller.node_id}, the active controller, SIGKILLed"
+
+    def pause_leader(self, topic: str, seconds: float) -> str:
+        """SIGSTOP the node leading ``topic``'s partition 0 for ``seconds`` (longer than the cluster's session timeout:
+        it is fenced and its partitions led elsewhere), then SIGCONT: it comes back believing it leads."""
+        leader = self.cluster.leader_of(topic)
+        pid = leader.process.pid()
+        if pid is None:
+            return f"node {leader.node_id} not running: nothing paused"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return f"node {leader.node_id}, leader of {topic}[0], paused {seconds:.0f} s"
+
+    def restore(self) -> None:
+        """Every node running again and every replica back in sync (the next fault meets a whole cluster)."""
+        self.cluster.up()
+        self.cluster.wait_in_sync(timeout_s=120)
+
+
+@dataclass
 class Daemons:
     """The servers the nemesis may fault: only those streamproof started (``infra up``, or a test's fixtures)."""
 
-    broker: KafkaBroker | None = None
+    broker: KafkaBroker | KafkaCluster | None = None
     postgres: PostgresServer | None = None
     cluster: ClusterFaults | None = None  # a Spark cluster's Workers and HDFS (``infra up --spark-workers --hdfs``)
     s3: S3Faults | None = None  # the S3 server of the pipeline's s3a:// paths (``infra up --s3``)
 
+    @property
+    def kafka_cluster(self) -> KafkaFaults | None:
+        """The faults of the nodes, when the broker is a cluster."""
+        return KafkaFaults(self.broker) if isinstance(self.broker, KafkaCluster) else None
+
     @classmethod
     def started_under(cls, state_dir: Path, spec: PipelineSpec) -> Daemons:
         """The servers of ``streamproof infra up`` under ``state_dir`` that the pipeline uses."""
-        broker = None
+        broker: KafkaBroker | KafkaCluster | None = KafkaCluster.started_under(state_dir)
         saved = state_dir / "kafka" / "broker.json"
-        if saved.exists():
+        if broker is None and saved.exists():
             ports = json.loads(saved.read_text())
-            candidate = KafkaBroker(state_dir, port=int(ports["port"]), controller_port=int(ports["controller_port"]))
-            uses = getattr(spec.source, "bootstrap_servers", "").split(",")
-            broker = candidate if candidate.running() and candidate.bootstrap_servers in uses else None
+            broker = KafkaBroker(state_dir, port=int(ports["port"]), controller_port=int(ports["controller_port"]))
+        uses = getattr(spec.source, "bootstrap_servers", "").split(",")
+        if broker is not None and not (broker.running() and set(broker.bootstrap_servers.split(",")) & set(uses)):
+            broker = None
         server = PostgresServer(state_dir)
         ports = {sink.port for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)}
         postgres = server if server.home.exists() and server.running() and server.port in ports else None
@@ -101,7 +150,8 @@ class Daemons:
 
     def restartable(self) -> list[str]:
         """The servers' names, as the nemesis announces them."""
-        named = (("Kafka", self.broker), ("PostgreSQL", self.postgres), ("S3", self.s3))
+        kafka = f"Kafka ({self.broker.brokers} brokers)" if isinstance(self.broker, KafkaCluster) else "Kafka"
+        named = ((kafka, self.broker), ("PostgreSQL", self.postgres), ("S3", self.s3))
         return [name for name, daemon in named if daemon is not None]
 
     def through_proxy(self, spec: PipelineSpec) -> PipelineSpec:

@@ -15,6 +15,12 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
 ``s3-slow@A``      S3 answers ``503 SlowDown`` to every request for 3 s after a run's ``A``-th batch (its open
                    connections reset first)
 ``s3-reset@A``     S3's connections reset, and each new one, for 3 s after a run's ``A``-th batch
+``leader@A``      on a Kafka cluster: the node leading partition 0 of the topic the pipeline writes (its Kafka sink's,
+                   else its source) SIGKILLed after a run's ``A``-th batch, as the next one writes; started again 3 s
+                   later, and the step waits until every replica is back in sync
+``controller@A``  on a Kafka cluster: the active KRaft controller SIGKILLed likewise
+``pause@A``       on a Kafka cluster: that leader paused (SIGSTOP) 9 s, past the cluster's 6-s session timeout (it is
+                   fenced, its partitions led elsewhere), then resumed (SIGCONT): a zombie leader until it learns
 ``s3-multipart``   a multipart upload of the Delta table's next commit begun and abandoned (a writer that died in it)
 ``backup``         ``checkpoint backup`` of the stopped pipeline
 ``restore:I``      ``checkpoint restore`` of backup ``I`` (0: the oldest; taken modulo the backups there are)
@@ -63,7 +69,7 @@ from pyspark.sql import SparkSession
 from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.checkpoint.folder import kept_aside
 from streamproof.checkpoint.log import committed_batches
-from streamproof.config import DeltaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
+from streamproof.config import DeltaSinkSpec, KafkaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, first_line, log_tail
 from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
@@ -82,6 +88,7 @@ from streamproof.your_modules import importable_beside
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
+PAUSE_S = 9.0  # a paused Kafka node: longer than the cluster's broker.session.timeout.ms (6 s)
 # The refusals the docs list, by the damage a step left, and the command that repairs each.
 REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
 
@@ -139,6 +146,7 @@ class Nemesis:
         return {
             "broker": self.daemons.broker is not None,
             "postgres": self.daemons.postgres is not None,
+            **dict.fromkeys(("leader", "controller", "pause"), self.daemons.kafka_cluster is not None),
             **dict.fromkeys(("s3", "s3-slow", "s3-reset"), self.daemons.s3 is not None),
             "s3-multipart": self.daemons.s3 is not None and self._delta_sink() is not None,
             # A checkpoint rebuilt from the sinks' records starts dedup's and windows' state empty (docs/operations.md):
@@ -222,6 +230,34 @@ class Nemesis:
         assert self.daemons.broker is not None
         self._outage(step, self.daemons.broker.down, self.daemons.broker.up)
 
+    def _leader(self, step: Step) -> None:
+        nodes = self.daemons.kafka_cluster
+        assert nodes is not None
+        self._node_fault(step, lambda: nodes.kill_leader(self._written_topic()), OUTAGE_S)
+
+    def _controller(self, step: Step) -> None:
+        nodes = self.daemons.kafka_cluster
+        assert nodes is not None
+        self._node_fault(step, nodes.kill_controller, OUTAGE_S)
+
+    def _pause(self, step: Step) -> None:
+        nodes = self.daemons.kafka_cluster
+        assert nodes is not None
+        self._node_fault(step, lambda: nodes.pause_leader(self._written_topic(), PAUSE_S), 0.0)
+
+    def _node_fault(self, step: Step, fault: Callable[[], str], down_s: float) -> None:
+        """A Kafka cluster's node faulted while the run's next batch writes, the node back after ``down_s``, the run
+        riding it out."""
+        nodes = self.daemons.kafka_cluster
+        assert nodes is not None
+        back = f"the node back after {down_s:.0f} s, in sync" if down_s else "the node resumed, in sync"
+        self._outage(step, lambda: self._say(step, fault()), nodes.restore, down_s, outage=back)
+
+    def _written_topic(self) -> str:
+        """The topic whose leader a node fault aims at: the Kafka sink's, else the source's."""
+        written = [sink.topic for sink in self.spec.sink_specs if isinstance(sink, KafkaSinkSpec)]
+        return written[0] if written else self.topic
+
     def _postgres(self, step: Step) -> None:
         assert self.daemons.postgres is not None
         self._outage(step, self.daemons.postgres.down, self.daemons.postgres.up)
@@ -248,16 +284,24 @@ class Nemesis:
         assert self.daemons.s3 is not None and table is not None
         self._say(step, self.daemons.s3.abandon_next_commit(table))
 
-    def _outage(self, step: Step, down: Callable[[], object], up: Callable[[], object]) -> None:
+    def _outage(
+        self,
+        step: Step,
+        down: Callable[[], object],
+        up: Callable[[], object],
+        down_s: float = OUTAGE_S,
+        outage: str = "",
+    ) -> None:
         child = self._start()
         reached = self._after_batches(child, step.after)
         if reached:
             try:
                 down()
-                time.sleep(OUTAGE_S)
+                time.sleep(down_s)
             finally:
                 up()  # a server left down would fail every later step, and every shorter sequence tried
-        self._ended(step, child, f"{step.action} stopped {OUTAGE_S:.0f} s" if reached else "no outage: run ended")
+        outage = outage or f"{step.action} stopped {down_s:.0f} s"
+        self._ended(step, child, outage if reached else "no outage: run ended")
 
     def _executor(self, step: Step) -> None:
         self._machine_fault(step)

@@ -7,14 +7,14 @@ each ``up``, ``down`` and
 
 from streamproof.infra.common import default_state_dir, free_port, port_in_use, process_alive
 from streamproof.infra.hdfs import HdfsCluster
-from streamproof.infra.kafka import KafkaBroker
+from streamproof.infra.kafka import KafkaBroker, KafkaCluster
 from streamproof.infra.postgres import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, PostgresServer
 from streamproof.infra.s3 import S3Server
 from streamproof.infra.spark import SparkCluster
 
 __all__ = [
-    "PG_DEFAULT_PASSWORD", "PG_PASSWORD_ENV", "HdfsCluster", "KafkaBroker", "PostgresServer", "S3Server",
-    "SparkCluster",
+    "PG_DEFAULT_PASSWORD", "PG_PASSWORD_ENV", "HdfsCluster", "KafkaBroker", "KafkaCluster", "PostgresServer",
+    "S3Server", "SparkCluster",
     "default_state_dir", "free_port",
     "port_in_use", "process_alive",
 ]  # fmt: skip

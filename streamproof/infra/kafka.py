@@ -1,7 +1,9 @@
-"""A real Apache Kafka broker (KRaft, one node as broker and controller), started from the cached jars.
+"""A real Apache Kafka broker (KRaft, one node as broker and controller), or a cluster of them
+(:class:`KafkaCluster`, ``infra up --kafka-brokers 3``), started from the cached jars.
 
 State lives under a state folder (default ``.streamproof/``): ``kafka/data`` (log dirs, formatted once),
-``kafka/server.log``, ``kafka/broker.pid`` and ``kafka/broker.json`` (ports and cluster id). ``up`` is
+``kafka/server.log``, ``kafka/broker.pid`` and ``kafka/broker.json`` (ports and cluster id); a cluster's other nodes
+in ``kafka-2``, ``kafka-3``, ..., and its shape in ``kafka/cluster.json``. ``up`` is
 idempotent (a running broker is reused), ``down`` stops only the process ``up`` started, identified by
 its pid *and* its command line, so a recycled pid is never killed.
 
@@ -23,7 +25,9 @@ import shutil
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from confluent_kafka.admin import AdminClient
@@ -38,10 +42,10 @@ DEFAULT_CONTROLLER_PORT = 9093
 
 
 SERVER_PROPERTIES = """\
-# Written by streamproof infra up: one KRaft node acting as broker and controller.
+# Written by streamproof infra up: KRaft node {node_id} of {nodes}, acting as broker and controller.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{controller_port}
+node.id={node_id}
+controller.quorum.voters={voters}
 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
 advertised.listeners=PLAINTEXT://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
@@ -49,14 +53,21 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 log.dirs={data_dir}
 num.partitions=1
-# A single node: every internal topic has one replica, so transactions and groups work.
-offsets.topic.replication.factor=1
+# Every topic, internal ones too, has a replica on each node up to 3; a write is acknowledged by {min_isr} of them
+# (production's replication 3, min.insync.replicas 2), and a replica out of sync never becomes leader.
+offsets.topic.replication.factor={replication}
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={replication}
+transaction.state.log.min.isr={min_isr}
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor={replication}
+share.coordinator.state.topic.min.isr={min_isr}
+default.replication.factor={replication}
+min.insync.replicas={min_isr}
+unclean.leader.election.enable=false
+# A node that stops heartbeating (killed, paused) is fenced, and its partitions led elsewhere, after 6 s.
+broker.session.timeout.ms={session_ms}
+broker.heartbeat.interval.ms=1000
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.retention.hours=-1
@@ -78,12 +89,20 @@ logger.kafka_request.level = WARN
 
 @dataclass
 class KafkaBroker(LocalDaemon):
-    """The local broker under ``state_dir/kafka``."""
+    """The local broker under ``state_dir/kafka``; node ``node_id`` of a :class:`KafkaCluster` when ``voters`` names
+    the cluster's controllers (its folder then ``kafka-<node_id>``, node 1's ``kafka``)."""
 
     folder: ClassVar[str] = "kafka"
     log_name: ClassVar[str] = "server.log"
     port: int = DEFAULT_PORT
     controller_port: int = DEFAULT_CONTROLLER_PORT
+    node_id: int = 1
+    voters: str = ""  # controller.quorum.voters of a cluster; empty: this node alone
+    cluster_id: str = ""  # a cluster's, shared by its nodes; empty: drawn when the node is first formatted
+
+    @property
+    def home(self) -> Path:
+        return self.state_dir / (self.folder if self.node_id == 1 else f"{self.folder}-{self.node_id}")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -124,10 +143,28 @@ class KafkaBroker(LocalDaemon):
                 )
         else:
             settings.write_text(
-                json.dumps({"port": self.port, "controller_port": self.controller_port, "cluster_id": _cluster_id()})
+                json.dumps(
+                    {
+                        "port": self.port,
+                        "controller_port": self.controller_port,
+                        "cluster_id": self.cluster_id or _cluster_id(),
+                    }
+                )
             )
+        nodes = self.voters.count("@") or 1
+        replication = min(nodes, 3)
         (self.home / "server.properties").write_text(
-            SERVER_PROPERTIES.format(port=self.port, controller_port=self.controller_port, data_dir=self.home / "data")
+            SERVER_PROPERTIES.format(
+                node_id=self.node_id,
+                nodes=nodes,
+                voters=self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}",
+                port=self.port,
+                controller_port=self.controller_port,
+                data_dir=self.home / "data",
+                replication=replication,
+                min_isr=min(replication, 2),
+                session_ms=9000 if nodes == 1 else 6000,
+            )
         )
         (self.home / "log4j2.properties").write_text(LOG4J2_PROPERTIES.format(log_file=self.log_file))
 
@@ -157,6 +194,13 @@ class KafkaBroker(LocalDaemon):
         """Start the broker if it is not running; wait until it answers. Returns a status line."""
         if self.running() and self._answers():
             return f"Kafka already running at {self.bootstrap_servers} (pid {self.process.pid()})"
+        started = time.monotonic()
+        process = self.start()
+        self.wait_answering(process, started + timeout_s)
+        return f"started Kafka (KRaft) at {self.bootstrap_servers} in {time.monotonic() - started:.1f} s"
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start the broker's process (formatting its storage the first time), without waiting for it."""
         check_java()
         for port in (self.port, self.controller_port):
             if port_in_use(port):
@@ -165,10 +209,12 @@ class KafkaBroker(LocalDaemon):
                 )
         self._write_config()
         self._format_storage_once()
-        started = time.monotonic()
         command = self._java_command("kafka.Kafka", str(self.home / "server.properties"))
-        process = self.process.start(command, output=self.home / "stdout.log")
-        deadline = started + timeout_s
+        return self.process.start(command, output=self.home / "stdout.log")
+
+    def wait_answering(self, process: subprocess.Popen[bytes], deadline: float) -> None:
+        """Wait until the started ``process`` answers clients (stopped, and an :class:`InfraError`, past
+        ``deadline``)."""
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise InfraError(
@@ -176,11 +222,11 @@ class KafkaBroker(LocalDaemon):
                     f"{self.log_file}:\n{log_tail(self.log_file, 20)}"
                 )
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
-                return f"started Kafka (KRaft) at {self.bootstrap_servers} in {time.monotonic() - started:.1f} s"
+                return
             time.sleep(0.3)
         self.process.stop()
         raise InfraError(
-            f"Kafka did not answer at {self.bootstrap_servers} within {timeout_s:.0f} s; last lines of "
+            f"Kafka did not answer at {self.bootstrap_servers} in time; last lines of "
             f"{self.log_file}:\n{log_tail(self.log_file, 20)}"
         )
 
@@ -196,6 +242,180 @@ class KafkaBroker(LocalDaemon):
             return f"Kafka: not running (state {self.home})"
         answers = "answering" if self._answers() else "NOT answering"
         return f"Kafka: running, pid {pid}, {self.bootstrap_servers}, {answers} (state {self.home})"
+
+
+@dataclass
+class KafkaCluster:
+    """``infra up --kafka-brokers N``: ``N`` KRaft nodes, each a broker and a controller (a quorum of ``N`` voters),
+    topics replicated on 3 of them (all when fewer), ``min.insync.replicas = 2``, no unclean leader election. Node
+    ``k`` (from 0) listens on ``port + 2k`` and its controller on ``controller_port + 2k``; ``ports`` sets them
+    instead (tests: free ports).
+
+    >>> cluster = KafkaCluster(Path(".streamproof"), brokers=3)
+    >>> cluster.bootstrap_servers
+    '127.0.0.1:9092,127.0.0.1:9094,127.0.0.1:9096'
+    >>> cluster.members[2].home.name, cluster.members[2].voters
+    ('kafka-3', '1@127.0.0.1:9093,2@127.0.0.1:9095,3@127.0.0.1:9097')
+    """
+
+    state_dir: Path
+    brokers: int = 3
+    port: int = DEFAULT_PORT
+    controller_port: int = DEFAULT_CONTROLLER_PORT
+    ports: list[tuple[int, int]] | None = None  # each node's (client port, controller port)
+    cluster_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ports is None:
+            self.ports = [(self.port + 2 * k, self.controller_port + 2 * k) for k in range(self.brokers)]
+        self.brokers = len(self.ports)
+
+    @property
+    def shape_file(self) -> Path:
+        return self.state_dir / KafkaBroker.folder / "cluster.json"
+
+    @property
+    def members(self) -> list[KafkaBroker]:
+        assert self.ports is not None
+        voters = ",".join(f"{k + 1}@127.0.0.1:{controller}" for k, (_, controller) in enumerate(self.ports))
+        return [
+            KafkaBroker(self.state_dir, port, controller, node_id=k + 1, voters=voters, cluster_id=self.cluster_id)
+            for k, (port, controller) in enumerate(self.ports)
+        ]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(member.bootstrap_servers for member in self.members)
+
+    @classmethod
+    def started_under(cls, state_dir: Path) -> KafkaCluster | None:
+        """The cluster ``infra up --kafka-brokers`` formatted under ``state_dir``, if any."""
+        shape = state_dir / KafkaBroker.folder / "cluster.json"
+        if not shape.exists():
+            return None
+        saved = json.loads(shape.read_text())
+        return cls(
+            state_dir,
+            ports=[(int(port), int(controller)) for port, controller in saved["ports"]],
+            cluster_id=saved["cluster_id"],
+        )
+
+    def running(self) -> bool:
+        return all(member.running() for member in self.members)
+
+    def up(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        """Start the nodes that are not running, and wait until every one is a broker of the cluster."""
+        self._check_shape()
+        started = time.monotonic()
+        deadline = started + timeout_s
+        starting = [(member, member.start()) for member in self.members if not (member.running() and member._answers())]
+        for member, process in starting:  # a node answers once a majority of the controllers has elected a leader
+            member.wait_answering(process, deadline)
+        while len(self.broker_ids()) < self.brokers:
+            if time.monotonic() > deadline:
+                raise InfraError(
+                    f"the Kafka cluster at {self.bootstrap_servers} has brokers {self.broker_ids()} "
+                    f"after {timeout_s:.0f} s, not all {self.brokers}; see {self.state_dir}/kafka*/"
+                    "server.log"
+                )
+            time.sleep(0.3)
+        if not starting:
+            return f"Kafka cluster already running at {self.bootstrap_servers} ({self.brokers} brokers)"
+        took = f"in {time.monotonic() - started:.1f} s"
+        if len(starting) < self.brokers:
+            return f"started node(s) {[member.node_id for member, _ in starting]} of the Kafka cluster {took}"
+        replication = min(self.brokers, 3)
+        return (
+            f"started a Kafka cluster (KRaft, {self.brokers} brokers, replication {replication}, min.insync.replicas "
+            f"{min(replication, 2)}) at {self.bootstrap_servers} {took}"
+        )
+
+    def _check_shape(self) -> None:
+        """Record the cluster's shape once; refuse a state folder formatted for another shape."""
+        single = self.state_dir / KafkaBroker.folder / "broker.json"
+        if self.shape_file.exists():
+            saved = json.loads(self.shape_file.read_text())
+            if [list(pair) for pair in self.ports or []] != saved["ports"]:
+                raise InfraError(
+                    f"{self.shape_file.parent} holds a Kafka cluster on ports {saved['ports']}: run "
+                    "`streamproof infra down --wipe` first, or use --state-dir for another one"
+                )
+            self.cluster_id = saved["cluster_id"]
+        elif single.exists():
+            raise InfraError(
+                f"{single.parent} holds a single Kafka broker: run `streamproof infra down --wipe` "
+                "first, or use --state-dir for the cluster"
+            )
+        else:
+            self.cluster_id = self.cluster_id or _cluster_id()
+            self.shape_file.parent.mkdir(parents=True, exist_ok=True)
+            self.shape_file.write_text(
+                json.dumps({"ports": [list(pair) for pair in self.ports or []], "cluster_id": self.cluster_id})
+            )
+
+    def broker_ids(self) -> list[int]:
+        """The ids of the brokers the cluster's metadata lists as alive (empty when no node answers)."""
+        try:
+            metadata = AdminClient(client_config(self.bootstrap_servers)).list_topics(timeout=5)
+        except Exception:
+            return []
+        return sorted(metadata.brokers)
+
+    def wait_in_sync(self, timeout_s: float = 60.0) -> None:
+        """Wait until every partition of every topic has a leader and all its replicas in sync (a node back from a
+        fault has caught up), or raise an :class:`InfraError` naming those that have not."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            metadata = AdminClient(client_config(self.bootstrap_servers)).list_topics(timeout=30)
+            behind = [
+                f"{topic}[{partition.id}]"
+                for topic, described in metadata.topics.items()
+                for partition in described.partitions.values()
+                if partition.leader < 1 or sorted(partition.isrs) != sorted(partition.replicas)
+            ]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise InfraError(f"Kafka partitions not back in sync after {timeout_s:.0f} s: {', '.join(behind[:10])}")
+            time.sleep(0.5)
+
+    def member(self, node_id: int) -> KafkaBroker:
+        return self.members[node_id - 1]
+
+    def leader_of(self, topic: str, partition: int = 0) -> KafkaBroker:
+        """The node that leads ``topic``'s ``partition`` now."""
+        metadata = AdminClient(client_config(self.bootstrap_servers)).list_topics(topic, timeout=30)
+        leader = metadata.topics[topic].partitions[partition].leader
+        if leader < 1:
+            raise InfraError(f"{topic}[{partition}] has no leader now")
+        return self.member(leader)
+
+    def active_controller(self) -> KafkaBroker | None:
+        """The node that leads the KRaft quorum now, None during an election: the newest epoch in the running nodes'
+        ``quorum-state`` files (the quorum's own record; under KRaft, Kafka's DescribeCluster answers a random broker
+        as 'controller')."""
+        newest = (-1, -1)
+        for member in self.members:
+            state = member.home / "data" / "__cluster_metadata-0" / "quorum-state"
+            try:
+                saved = json.loads(state.read_text()) if member.running() else {}
+            except (OSError, ValueError):
+                continue
+            newest = max(newest, (int(saved.get("leaderEpoch", -1)), int(saved.get("leaderId", -1))))
+        leader = self.member(newest[1]) if newest[1] >= 1 else None
+        return leader if leader is not None and leader.running() else None
+
+    def down(self, wipe: bool = False) -> str:
+        """Stop every node ``up`` started (by pid); ``wipe`` also deletes their data and the cluster's shape."""
+        if wipe:  # their data goes: no shutdown to wait for (a node's waits for a quorum that is leaving too)
+            for member in self.members:
+                member.process.kill()
+        # All at once: stopped one by one, the last node would wait out its shutdown with no quorum left to leave.
+        with ThreadPoolExecutor(self.brokers) as pool:
+            return "; ".join(pool.map(lambda member: member.down(wipe=wipe), self.members))
+
+    def status(self) -> str:
+        return "\n".join(f"node {member.node_id}: {member.status()}" for member in self.members)
 
 
 def _cluster_id() -> str:
