@@ -37,6 +37,32 @@ class SinkReplaced(PipelineError):
     answer of the sink's head, where any other failure to read it means "unknown, look again next batch"."""
 
 
+# Delta's conflicts that its docs say to retry: another transaction committed first what this one read or deleted.
+# Matched by class (a JVM trace) and by error class (PySpark's captured exception says only that).
+DELTA_CONFLICTS = (
+    "ConcurrentAppendException",
+    "ConcurrentDeleteReadException",
+    "ConcurrentDeleteDeleteException",
+    "[DELTA_CONCURRENT_APPEND",
+    "[DELTA_CONCURRENT_DELETE_READ",
+    "[DELTA_CONCURRENT_DELETE_DELETE",
+)
+
+
+def is_delta_conflict(error: BaseException | str) -> bool:
+    """Whether a Delta write failed because another writer committed first what it read (worth retrying at once).
+
+    >>> is_delta_conflict("io.delta.exceptions.ConcurrentAppendException: [DELTA_CONCURRENT_APPEND.WITHOUT_HINT] ...")
+    True
+    >>> is_delta_conflict("[DELTA_CONCURRENT_DELETE_READ] Transaction conflict detected. ...")
+    True
+    >>> is_delta_conflict("io.delta.exceptions.ConcurrentTransactionException: ...")  # a second writer of its appId
+    False
+    """
+    text = f"{type(error).__name__}: {error}"
+    return any(sign in text for sign in DELTA_CONFLICTS)
+
+
 # Failures that go away when a server comes back: connection refused or reset, a broker, database or
 # DataNode restarting. Matched on the error text, since they reach Python as Py4J, psycopg or librdkafka errors.
 TRANSIENT_SIGNS = (
@@ -60,6 +86,12 @@ TRANSIENT_SIGNS = (
     "NOT_COORDINATOR",
     "COORDINATOR_NOT_AVAILABLE",
     "COORDINATOR_LOAD_IN_PROGRESS",
+    # Kafka: a partition's leader moved (a broker of a cluster killed, or paused and fenced).
+    "FENCED_LEADER_EPOCH",
+    "NOT_LEADER_OR_FOLLOWER",
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "UNKNOWN_LEADER_EPOCH",
     # HDFS: no DataNode could take a block (all down or restarting), the NameNode starting up or failing over.
     "minReplication nodes",
     "are bad. Aborting",
@@ -72,6 +104,10 @@ TRANSIENT_SIGNS = (
     "AWSStatus500Exception",
     "AWSServiceThrottledException",
     "Service Unavailable",
+    # Delta: another writer committed first what this commit read (an OPTIMIZE beside a MERGE): nothing was committed,
+    # and the write is retried on the new snapshot. The Delta sink retries it in place (sinks/delta.py); these catch a
+    # conflict of any other Delta write.
+    *DELTA_CONFLICTS,
 )
 
 

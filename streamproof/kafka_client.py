@@ -12,9 +12,10 @@ Example::
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streamproof.config import KafkaSource
@@ -62,8 +63,55 @@ def secured_client_config(bootstrap_servers: str, kafka_options: dict[str, str])
     return config
 
 
+# A partition's leader moved: a broker of a cluster killed or fenced, or leadership handed back to its preferred
+# replica. The client's next request, on fresh metadata, reaches the new leader.
+LEADER_MOVED = (
+    KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+)
+
+
+def leader_moved(error: KafkaException) -> bool:
+    """Whether a failed request is worth asking again: its partition's leader moved, or librdkafka says retriable.
+
+    >>> leader_moved(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)))
+    True
+    """
+    cause = error.args[0]
+    return bool(cause.retriable()) or cause.code() in LEADER_MOVED
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+    """A partition's low and high watermarks, asked again while its leader moves (a run on a 3-broker cluster failed
+    on one NOT_LEADER_FOR_PARTITION), within ``timeout_s``.
+
+    >>> watermarks(consumer, TopicPartition("orders", 0))                               # doctest: +SKIP
+    (0, 12000)
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = consumer.get_watermark_offsets(partition, timeout=min(10.0, max(1.0, deadline - time.monotonic())))
+        except KafkaException as error:
+            if not leader_moved(error) or time.monotonic() > deadline:
+                raise
+            found = None
+        if found is not None:
+            return int(found[0]), int(found[1])
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"Kafka gave no watermarks of {partition.topic}[{partition.partition}] in {timeout_s:.0f} s"
+            )
+        time.sleep(0.3)
+
+
 def _watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout_s: float) -> dict[int, tuple[int, int]]:
-    return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in sorted(partitions)}
+    return {p: watermarks(consumer, TopicPartition(topic, p), timeout_s) for p in sorted(partitions)}
 
 
 def require_topic(source: KafkaSource) -> dict[int, tuple[int, int]]:

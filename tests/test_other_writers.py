@@ -155,3 +155,41 @@ def test_a_replaced_table_stops_the_head_check_and_a_server_away_does_not() -> N
     assert BatchWriter._head(sink(PipelineError("cannot connect to postgresql://...: Connection refused"))) is None
     with pytest.raises(SinkReplaced):
         BatchWriter._head(sink(SinkReplaced("/t was replaced while the pipeline ran: ...")))
+
+
+def test_a_merge_an_optimize_beside_it_beat_to_the_commit_runs_again_and_writes_its_batch_once(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """In process, with the sink's own code, a MERGE sink: batches 0-2 merged (a file each), then batch 3, whose rows,
+    while the MERGE reads them, run an OPTIMIZE of the table with delta-rs (another writer, as a nightly compaction
+    beside the stream), which commits first. Delta fails the MERGE (ConcurrentAppendException: before, the batch and
+    its run ended there). Expected: the MERGE runs again on the compacted table, and each of the batch's 5 keys is
+    held once."""
+    from pyspark.sql import functions as F
+    from test_sink_idempotency import SINKS, _batch, _rows, _spec
+
+    from streamproof.sinks import open_sink
+
+    spec = _spec(SINKS["delta-merge"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    path, flag = str(tmp_path / "merge"), str(tmp_path / "optimized")
+    sink = open_sink(spec, spec.sink_specs[0])
+    for n in range(3):
+        assert sink.write(_rows(spark, range(10 * n, 10 * n + 10), order=f"b{n}-"), _batch(n, 10, 10 * n + 10)).rows_out
+
+    def optimize_once(order_id: str) -> str:  # runs in a Python worker, as the MERGE reads its source
+        import os
+
+        from deltalake import DeltaTable as Table
+
+        if not os.path.exists(flag):
+            open(flag, "w").close()
+            Table(path).optimize.compact()
+        return order_id
+
+    rows = _rows(spark, range(30, 40), order="b3-").withColumn("order_id", F.udf(optimize_once, "string")("order_id"))
+    written = sink.write(rows, _batch(3, 10, 40))
+    assert (written.rows_out, written.replay_skipped) == (10, False)
+    operations = [entry["operation"] for entry in sorted(DeltaTable(path).history(), key=lambda e: e["version"])]
+    assert operations[-2:] == ["OPTIMIZE", "MERGE"], operations  # the compaction landed first
+    table = spark.read.format("delta").load(path)
+    assert table.count() == table.select("order_id").distinct().count() == 20

@@ -19,7 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamproof.config import PipelineSpec, PostgresSinkSpec
+from pyspark.sql import SparkSession
+
+from streamproof.config import DeltaSinkSpec, PipelineSpec, PostgresSinkSpec
+from streamproof.errors import is_delta_conflict
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.infra import KafkaBroker, KafkaCluster, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
@@ -160,3 +163,22 @@ class Daemons:
             return spec
         conf = {**spec.spark.conf, S3_ENDPOINT: self.s3.proxy.endpoint}
         return spec.model_copy(update={"spark": spec.spark.model_copy(update={"conf": conf})})
+
+
+def maintain_delta_tables(spark: SparkSession, spec: PipelineSpec) -> str:
+    """OPTIMIZE, then VACUUM (its default retention), each Delta sink table of ``spec``, as another writer's nightly
+    maintenance beside the stream does; what was done, in words. An OPTIMIZE that a MERGE of the pipeline beat to
+    the commit is retried, as a maintenance job does (Delta's conflict: nothing was committed)."""
+    done = []
+    for sink in spec.sink_specs:
+        if isinstance(sink, DeltaSinkSpec):
+            for attempt in range(1, 6):
+                try:
+                    compacted = spark.sql(f"OPTIMIZE delta.`{sink.path}`").collect()[0]["metrics"]
+                    break
+                except Exception as error:
+                    if attempt == 5 or not is_delta_conflict(error):
+                        raise
+            spark.sql(f"VACUUM delta.`{sink.path}`").collect()
+            done.append(f"{sink.name}: {compacted['numFilesRemoved']} files into {compacted['numFilesAdded']}")
+    return f"OPTIMIZE and VACUUM beside the run ({'; '.join(done)})"

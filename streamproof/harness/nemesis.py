@@ -21,6 +21,9 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
 ``controller@A``  on a Kafka cluster: the active KRaft controller SIGKILLed likewise
 ``pause@A``       on a Kafka cluster: that leader paused (SIGSTOP) 9 s, past the cluster's 6-s session timeout (it is
                    fenced, its partitions led elsewhere), then resumed (SIGCONT): a zombie leader until it learns
+``optimize@A``    another writer's maintenance beside a run, after its ``A``-th batch: OPTIMIZE, then VACUUM (its
+                   default retention), of each Delta sink table, from the nemesis's own Spark session; a MERGE whose
+                   commit the OPTIMIZE beat runs again
 ``s3-multipart``   a multipart upload of the Delta table's next commit begun and abandoned (a writer that died in it)
 ``backup``         ``checkpoint backup`` of the stopped pipeline
 ``restore:I``      ``checkpoint restore`` of backup ``I`` (0: the oldest; taken modulo the backups there are)
@@ -75,7 +78,7 @@ from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import Emit, run_with_crashes
-from streamproof.harness.daemons import Daemons
+from streamproof.harness.daemons import Daemons, maintain_delta_tables
 from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
 from streamproof.harness.sequence import RUNS, Step, state_allows
 from streamproof.pipeline.events import STANDBY
@@ -153,6 +156,7 @@ class Nemesis:
             # resent records seen before the loss pass again. Not a step for a stateful pipeline.
             "lose-checkpoint": self.spec.transform.watermark is None,
             "lose-commits": self._delta_sink() is not None,
+            "optimize": self._delta_sink() is not None,
             "executor": self.daemons.cluster is not None and self.daemons.cluster.spark is not None,
             "datanode": self.daemons.cluster is not None and DATANODE_RESTART in cluster_points(self.spec,
                                                                                                self.daemons.cluster),
@@ -252,6 +256,10 @@ class Nemesis:
         assert nodes is not None
         back = f"the node back after {down_s:.0f} s, in sync" if down_s else "the node resumed, in sync"
         self._outage(step, lambda: self._say(step, fault()), nodes.restore, down_s, outage=back)
+
+    def _optimize(self, step: Step) -> None:
+        maintain = lambda: self._say(step, maintain_delta_tables(self.spark, self.spec))  # noqa: E731
+        self._outage(step, maintain, lambda: None, 0.0, outage="beside the run")
 
     def _written_topic(self) -> str:
         """The topic whose leader a node fault aims at: the Kafka sink's, else the source's."""

@@ -24,15 +24,16 @@ from dataclasses import dataclass
 
 from streamproof.errors import ConfigError
 
-# A server away for a few seconds during a run; on a Kafka cluster, one of its nodes.
-OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "leader", "controller", "pause")
+# Done during a run, after some batches: a server away for a few seconds (on a Kafka cluster, one of its nodes), or
+# another writer's maintenance of the sink tables.
+OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "leader", "controller", "pause", "optimize")
 ACTIONS = ("kill", "term", "drain", "standby", *OUTAGES, "backup", "restore", "lose-checkpoint", "lose-commits",
            "s3-multipart", "executor", "datanode")  # fmt: skip
 RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
 # The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
 ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "s3-slow", "s3-reset", "s3",
          "lose-commits", "lose-checkpoint", "s3-multipart", "standby", "executor", "datanode", "leader", "controller",
-         "pause")  # fmt: skip
+         "pause", "optimize")  # fmt: skip
 _STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,6 +41,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def restartable_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, below the ephemeral range (32768 on): a server SIGKILLed and started
+    again on it (a nemesis) finds it free, where an ephemeral one may meanwhile be any client's local port."""
+    draw = random.Random()
+    for _ in range(200):
+        port = draw.randint(20_000, 32_000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise InfraError("no free TCP port between 20000 and 32000 on 127.0.0.1")
 
 
 def port_in_use(port: int) -> bool:

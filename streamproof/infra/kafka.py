@@ -217,10 +217,10 @@ class KafkaBroker(LocalDaemon):
         ``deadline``)."""
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise InfraError(
-                    f"Kafka exited with code {process.returncode} while starting; last lines of "
-                    f"{self.log_file}:\n{log_tail(self.log_file, 20)}"
-                )
+                said = log_tail(self.log_file, 20)
+                if said.strip() in ("", "(no log)"):  # it ended before its logging started: the JVM's own words
+                    said = log_tail(self.home / "stdout.log", 20)
+                raise InfraError(f"Kafka exited with code {process.returncode} while starting; last lines:\n{said}")
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return
             time.sleep(0.3)

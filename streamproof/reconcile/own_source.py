@@ -27,7 +27,7 @@ from deltalake import DeltaTable
 from streamproof.avro import avro_contract
 from streamproof.config import COORDINATES, DeltaSource, KafkaSource, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.kafka_client import source_client_config
+from streamproof.kafka_client import source_client_config, watermarks
 from streamproof.reconcile.own_schema import AvroReader, RecordSchema
 from streamproof.reconcile.pure import SourceRecord
 from streamproof.reconcile.stored import StoredFolder
@@ -58,7 +58,7 @@ def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         open_partitions = set(partitions)
         for partition in partitions:  # an empty partition sends no end-of-partition event
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+            low, high = watermarks(consumer, TopicPartition(topic, partition))
             if high <= low:
                 open_partitions.discard(partition)
         idle = 0
@@ -94,7 +94,7 @@ def first_offsets_held(spec: PipelineSpec) -> dict[tuple[str, int], int]:
         metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
         if metadata is None or metadata.error is not None:
             return {}
-        lows = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[0] for p in metadata.partitions}
+        lows = {p: watermarks(consumer, TopicPartition(topic, p))[0] for p in metadata.partitions}
     finally:
         consumer.close()
     return {(topic, p): low for p, low in sorted(lows.items()) if low > 0}

@@ -45,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streamproof.config import DeltaSinkSpec
-from streamproof.errors import PipelineError, SinkReplaced, first_line
+from streamproof.errors import PipelineError, SinkReplaced, first_line, is_delta_conflict
 from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
 from streamproof.sinks.delta_log import (
     Restore,
@@ -61,6 +61,7 @@ from streamproof.transform import recency, record_schema, struct_type, with_deri
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
 # whether the pipeline wrote the table at all (:meth:`DeltaSink.last_commit`).
 OTHERS_READ_PAST = 1_000
+CONFLICT_ATTEMPTS = 5  # a MERGE's tries when other writers commit what it read first
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
@@ -248,7 +249,14 @@ class DeltaSink(FolderSink):
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         if self.spec.mode == "merge":
-            return self._merge(rows, batch)
+            # A MERGE reads the table: another writer's commit of files it read (an OPTIMIZE) fails it, and nothing is
+            # committed. It runs again on the new snapshot (the replay rule asked again), as Delta's docs advise.
+            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+                try:
+                    return self._merge(rows, batch)
+                except Exception as error:
+                    if attempt == CONFLICT_ATTEMPTS or not is_delta_conflict(error):
+                        raise
         return self.append(rows, batch, merge_schema=self.pipeline.transform.schema_evolution == "add-columns")
 
     def append(self, rows: DataFrame, batch: Batch, *, merge_schema: bool = False) -> SinkWrite:

@@ -48,7 +48,15 @@ from pyspark.sql import functions as F
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
-from streamproof.kafka_client import client_config, ensure_topic, require_topic, source_client_config, topic_exists
+from streamproof.kafka_client import (
+    client_config,
+    ensure_topic,
+    leader_moved,
+    require_topic,
+    source_client_config,
+    topic_exists,
+    watermarks,
+)
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
 from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
 from streamproof.task_faults import TaskFault, task_fault
@@ -91,15 +99,33 @@ def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S
     """Wait until no transaction that was open on the marker topic when called is still open; return the
     high watermark it waited for (everything below it is committed or aborted)."""
 
-    admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
     partition = TopicPartition(spec.markers, 0)
+    deadline = time.monotonic() + timeout_s
 
     def latest(level: IsolationLevel) -> int:
-        futures = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level, request_timeout=30)
-        return int(futures[partition].result().offset)
+        while True:
+            admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
+            futures = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level, request_timeout=5)
+            try:
+                offset = int(futures[partition].result().offset)
+            except KafkaException as error:
+                # The partition's leader moved (a broker of a cluster killed or fenced): the admin client does not
+                # retry; a new one asks the new leader.
+                if not leader_moved(error):
+                    raise
+                offset = -1
+            # With the leader gone, the answer can also be no error and offset -1001 (measured on a 3-broker
+            # cluster): taken for an end, it made every marker look unwritten, and a held batch was written again.
+            if offset >= 0:
+                return offset
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"marker topic {spec.markers}: no leader gave its end offset within {timeout_s:.0f} s; is the "
+                    "Kafka cluster up?"
+                )
+            time.sleep(0.5)
 
     high_watermark = latest(IsolationLevel.READ_UNCOMMITTED)
-    deadline = time.monotonic() + timeout_s
     while latest(IsolationLevel.READ_COMMITTED) < high_watermark:
         if time.monotonic() > deadline:
             raise PipelineError(
@@ -364,7 +390,7 @@ class KafkaSink(Sink):
             topics = consumer.list_topics(self.spec.markers, timeout=10).topics
             if self.spec.markers not in topics or topics[self.spec.markers].error is not None:
                 return []
-            _, end = consumer.get_watermark_offsets(TopicPartition(self.spec.markers, 0), timeout=10)
+            _, end = watermarks(consumer, TopicPartition(self.spec.markers, 0))
         finally:
             consumer.close()
         batches: dict[int, dict[str, dict[str, int]]] = {}
@@ -389,8 +415,9 @@ class KafkaSink(Sink):
             topic = consumer.list_topics(self.spec.topic, timeout=10).topics.get(self.spec.topic)
             if topic is None or topic.error is not None:
                 return {}
-            return {str(p): consumer.get_watermark_offsets(TopicPartition(self.spec.topic, p), timeout=10)[1]
-                    for p in sorted(topic.partitions)}  # fmt: skip
+            return {
+                str(p): watermarks(consumer, TopicPartition(self.spec.topic, p))[1] for p in sorted(topic.partitions)
+            }
         finally:
             consumer.close()
 
