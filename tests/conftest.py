@@ -26,6 +26,23 @@ CLI_TIMEOUT_S = 600
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
+    "tests/test_other_writers.py::test_rows_another_process_appends_and_deletes_are_counted_named_and_the_pipeline_"
+    "runs_on":
+        "tests/test_pipeline_end_to_end.py::test_negative_control_one_duplicate_and_one_loss_are_reported (a row "
+        "appended and a row deleted by another writer, counted exactly) and streamproof/sinks/delta_log.py's "
+        "other_writers example (the commits named)",
+    "tests/test_proof_matrix.py::test_exactly_once_is_clean[mid-sink-write]":
+        "tests/test_sinks_exactly_once.py::test_every_sink_is_exactly_once_through_every_crash_point (a MERGE, a Kafka "
+        "and a Parquet write SIGKILLed mid-write, each sink 0/0/0)",
+    "tests/test_proof_matrix.py::test_kill_mid_write_leaves_nothing_in_the_sink":
+        "tests/test_sinks_exactly_once.py::test_after_sink_commit_every_sink_held_the_batch_keyed_and_spark_had_not_"
+        "committed (the facts of each mid-write kill: its write begun, the sinks after it not holding the batch)",
+    "tests/test_proof_matrix.py::test_matrix_has_every_cell":
+        "tests/test_proof_matrix.py::test_after_sink_commit_kill_lands_between_sink_and_commit_log (its one crash in "
+        "batch 1) and tests/test_matrix_cells.py::test_a_matrix_whose_every_cell_is_as_expected_passes",
+    "tests/test_proof_matrix.py::test_every_cell_shows_exactly_the_damage_its_guarantee_predicts":
+        "tests/test_proof_matrix.py::test_at_least_once_duplicates_after_sink_commit_and_never_loses and tests/test_"
+        "matrix_cells.py::test_every_cell_not_as_expected_fails_the_matrix_with_which_and_why",
     "tests/test_kafka_cluster.py::test_a_pipeline_on_the_cluster_rides_out_each_node_fault_and_every_sink_reconciles":
         "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
         "nothing (the Kafka sink's own transaction through each node fault, mid-write, and its replay)",

@@ -242,6 +242,30 @@ def test_at_most_once_loses_and_never_duplicates(
         assert report.lost > 0 and (report.duplicated, report.unexpected) == (0, 0), report.to_json()
 
 
+def test_vacuum_removes_the_files_a_killed_merge_left_and_the_table_reads_the_same(
+    exactly_once: tuple[dict[str, Report], Any, Path], spark: Any
+) -> None:
+    """Fault: the SIGKILL in the middle of the Delta MERGE's write. Its data files stay on disk, referenced by no
+    commit; VACUUM with a zero retention deletes exactly those, then OPTIMIZE, and the table's rows are the same before
+    and after (the next test's checkers, both, read the table after it)."""
+    from streamproof.maintenance import optimize, unreferenced_files, vacuum
+
+    _, harness, workdir = exactly_once
+    assert any(crash.point == "mid-sink-write:merge" for crash in harness.crashes)
+    spec = load_pipeline(workdir / "pipeline.toml")
+    table = workdir / "tables" / "orders"
+    rows = sorted(spark.read.format("delta").load(str(table)).collect())
+    orphans = unreferenced_files(spark, table)
+    assert orphans, "the killed MERGE left no data file behind: the crash did not land mid-write"
+
+    result = vacuum(spark, spec, table, retention_hours=0, allow_short_retention=True)
+    assert result.deleted_files == len(orphans)
+    assert unreferenced_files(spark, table) == [] and not any(path.exists() for path in orphans)
+    compacted = optimize(spark, table)  # a MERGE rewrites the files it updates: there may be nothing to compact
+    assert compacted.files_removed >= compacted.files_added
+    assert sorted(spark.read.format("delta").load(str(table)).collect()) == rows
+
+
 def test_both_checkers_agree_after_the_kills_and_both_catch_a_planted_defect_in_every_sink_kind(
     exactly_once: tuple[dict[str, Report], Any, Path], kafka_broker: KafkaBroker, spark: Any
 ) -> None:

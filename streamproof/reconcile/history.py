@@ -267,7 +267,7 @@ def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None
             reports.append(Report(
                 pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
                 quarantine_reasons=reasons, generated=generated, basis=sink_basis, unverifiable=unverifiable,
-                **shown(sink_cut),
+                other_writers=sink.other_writers(), **shown(sink_cut),
             ))  # fmt: skip
     finally:
         source.unpersist()

@@ -55,6 +55,7 @@ class Report(Counts):
     # the source's records past what it and the sink committed are not_yet_read (streamproof.reconcile.read_through).
     read_through: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     no_cut: str = ""  # why no cut was made: every record was checked to the source's end
+    other_writers: list[str] = field(default_factory=list)  # commits of other processes that changed the sink's rows
 
     @property
     def damaged(self) -> bool:
@@ -101,6 +102,9 @@ class Report(Counts):
             )
         if self.no_cut and self.lost and self.no_cut != self.unverifiable:
             reasons.append(f"lost may include records not yet read ({self.no_cut})")
+        if self.other_writers:
+            reasons.append(f"other writers changed this table ({', '.join(self.other_writers)}): the counts include "
+                           "their rows, a row one appended as unexpected, a row one deleted as lost")  # fmt: skip
         reasons += [f"{term} trusted: {what}" for term, what in self.trusted.items()]
         reasons += [f"{term} not checked: {what}" for term, what in self.unchecked.items()]
         return reasons
@@ -153,6 +157,8 @@ class Report(Counts):
             data.pop("generated")
         if not self.no_cut:
             data.pop("no_cut")
+        if not self.other_writers:
+            data.pop("other_writers")
         data["ok"] = self.ok
         data["verdict"] = self.verdict
         data["reasons"] = self.reasons

@@ -193,6 +193,15 @@ class Sink(ABC):
         """
         return None
 
+    def other_writers(self) -> list[str]:
+        """Changes to the sink's rows that other processes committed (a Delta table's other writers), for
+        ``verify`` to name beside its counts; empty where the sink cannot tell.
+
+        >>> sink.other_writers()                                                            # doctest: +SKIP
+        ['version 4 WRITE', 'version 6 DELETE']
+        """
+        return []
+
     def why_behind(self) -> str | None:
         """What made the sink hold fewer batches than the checkpoint committed, when its records tell (read by its
         last :meth:`last_commit`), as the rest of a sentence; None when they do not.

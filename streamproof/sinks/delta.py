@@ -55,6 +55,7 @@ from streamproof.sinks.delta_log import (
     commits_on_disk,
     latest_version,
     newest_commit,
+    other_writers,
 )
 from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
 
@@ -487,6 +488,9 @@ class DeltaSink(FolderSink):
         if not self._restores:
             return None
         return str(self._restores[-1])  # the oldest met: the one that reached back past the pipeline's commits
+
+    def other_writers(self) -> list[str]:
+        return other_writers(self.path, self.pipeline.name) if (self.path / "_delta_log").exists() else []
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):

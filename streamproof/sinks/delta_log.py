@@ -103,6 +103,34 @@ def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
     return commits[::-1]
 
 
+def other_writers(table: Location, pipeline: str) -> list[str]:
+    """The commits in effect that changed the table's rows and are not ``pipeline``'s (another process appended,
+    deleted, updated or merged), oldest first, each as ``version V OPERATION``; maintenance (OPTIMIZE, VACUUM: no
+    data change) is not one. Reads every commit file: for ``verify``, whose counts then include those writers' rows
+    (an appended row is unexpected, a deleted one lost), and says so.
+
+    >>> import tempfile
+    >>> table = Location(tempfile.mkdtemp())
+    >>> commit_file(table, 0).write_text('{"commitInfo": {"operation": "OPTIMIZE"}}\\n{"add": {"dataChange": false}}')
+    >>> commit_file(table, 1).write_text('{"commitInfo": {"operation": "DELETE"}}\\n{"remove": {"dataChange": true}}')
+    >>> other_writers(table, "orders")
+    ['version 1 DELETE']
+    """
+    versions = _commit_versions((table / "_delta_log").names())
+    found = []
+    try:
+        for version, text in in_effect(table, max(versions, default=-1), min(versions, default=0), []):
+            if pipeline_commit(text, pipeline) is not None or '"dataChange":true' not in text.replace(" ", ""):
+                continue
+            info: dict[str, Any] = next(
+                (json.loads(line)["commitInfo"] for line in text.splitlines() if '"commitInfo"' in line), {}
+            )
+            found.append(f"version {version} {info.get('operation', 'a commit')}")
+    except FileNotFoundError:
+        pass  # older commit files cleaned up behind a Delta checkpoint: what they did is no longer told
+    return found[::-1]
+
+
 @dataclass(frozen=True)
 class Restore:
     """A RESTORE commit (Delta's ``RESTORE TABLE``, delta-rs's ``DeltaTable.restore``): committed as ``version``, it
