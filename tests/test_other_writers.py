@@ -238,3 +238,30 @@ def test_rows_another_process_appends_and_deletes_are_counted_named_and_the_pipe
     assert delta.other_writers == ["version 2 WRITE", "version 3 DELETE"]
     assert "other writers changed this table (version 2 WRITE, version 3 DELETE)" in " ".join(delta.reasons)
     assert disagreements(reports, verify_independently(spec)) == []
+
+
+@pytest.mark.crash
+def test_the_nemesis_s_restores_of_the_table_by_another_writer_are_refused_rewound_and_end_clean(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """The nemesis's ``table-restore:N`` on the demo pipeline: Spark's ``RESTORE TABLE`` by another writer undoes the
+    pipeline's newest batches between runs, twice, with a SIGKILL of the pipeline between them. Expected: each next
+    start refuses naming ``checkpoint rewind`` (or replays what was lost), the rewind applied, and the end 0/0/0 by
+    both checkers."""
+    from streamproof.harness.daemons import Daemons
+    from streamproof.harness.search import replay
+    from streamproof.harness.sequence import parse_sequence
+
+    pipeline_file = write_pipeline(
+        tmp_path / "base", name="restored-by-another", topic="restored-by-another",
+        bootstrap=kafka_broker.bootstrap_servers, max_offsets=1_000,
+    )  # fmt: skip
+    lines: list[str] = []
+    sequence = parse_sequence("data=9,drain,table-restore:2,kill@1:0.5,table-restore:1,drain")
+    outcome = replay(pipeline_file, sequence, spark=spark, workdir=tmp_path / "nemesis", daemons=Daemons(kafka_broker),
+                     emit=lines.append)  # fmt: skip
+    said = "\n".join(lines)
+    print(said)
+    assert outcome.failure is None, said
+    assert said.count("RESTOREd to version") == 2 and "checkpoint rewind" in said, said
+    assert "every sink 0/0/0, both checkers agree" in said

@@ -26,7 +26,7 @@ from streamproof.errors import is_delta_conflict
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.infra import KafkaBroker, KafkaCluster, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
-from streamproof.sinks.delta_log import latest_version
+from streamproof.sinks.delta_log import commits_on_disk, latest_version
 from streamproof.storage import Location
 
 S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"
@@ -182,3 +182,20 @@ def maintain_delta_tables(spark: SparkSession, spec: PipelineSpec) -> str:
             spark.sql(f"VACUUM delta.`{sink.path}`").collect()
             done.append(f"{sink.name}: {compacted['numFilesRemoved']} files into {compacted['numFilesAdded']}")
     return f"OPTIMIZE and VACUUM beside the run ({'; '.join(done)})"
+
+
+def restore_behind(spark: SparkSession, table: Location, pipeline: str, batches: int) -> tuple[str, bool]:
+    """Another writer's ``RESTORE TABLE`` of ``table`` to the version before ``pipeline``'s ``batches``-th newest
+    commit in effect (undoing that many of its batches): what was done, in words, and whether it restored.
+
+    >>> restore_behind(spark, Location("/data/orders"), "orders", 2)                   # doctest: +SKIP
+    ('/data/orders: RESTOREd to version 6 by another writer', True)
+    """
+    commits = commits_on_disk(table, pipeline)
+    if len(commits) < batches:
+        return f"{table}: {len(commits)} commit(s) of the pipeline in effect, none restored away", False
+    version = int(commits[-batches]["version"]) - 1
+    if version < 0:
+        return f"{table}: its first commit is the pipeline's: nothing before it to restore to", False
+    spark.sql(f"RESTORE TABLE delta.`{table}` TO VERSION AS OF {version}").collect()
+    return f"{table}: RESTOREd to version {version} by another writer", True

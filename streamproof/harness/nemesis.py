@@ -21,6 +21,9 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
 ``controller@A``  on a Kafka cluster: the active KRaft controller SIGKILLed likewise
 ``pause@A``       on a Kafka cluster: that leader paused (SIGSTOP) 9 s, past the cluster's 6-s session timeout (it is
                    fenced, its partitions led elsewhere), then resumed (SIGCONT): a zombie leader until it learns
+``table-restore:N`` another writer RESTOREs the Delta sink table to the version before its pipeline's ``N``-th newest
+                   commit (undoing ``N`` batches; Spark's ``RESTORE TABLE``); the run refuses naming ``checkpoint
+                   rewind`` (then run), or replays what it lost
 ``optimize@A``    another writer's maintenance beside a run, after its ``A``-th batch: OPTIMIZE, then VACUUM (its
                    default retention), of each Delta sink table, from the nemesis's own Spark session; a MERGE whose
                    commit the OPTIMIZE beat runs again
@@ -78,7 +81,7 @@ from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import Emit, run_with_crashes
-from streamproof.harness.daemons import Daemons, maintain_delta_tables
+from streamproof.harness.daemons import Daemons, KafkaFaults, maintain_delta_tables, restore_behind
 from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
 from streamproof.harness.sequence import RUNS, Step, state_allows
 from streamproof.pipeline.events import STANDBY
@@ -157,6 +160,7 @@ class Nemesis:
             "lose-checkpoint": self.spec.transform.watermark is None,
             "lose-commits": self._delta_sink() is not None,
             "optimize": self._delta_sink() is not None,
+            "table-restore": self._delta_sink() is not None,
             "executor": self.daemons.cluster is not None and self.daemons.cluster.spark is not None,
             "datanode": self.daemons.cluster is not None and DATANODE_RESTART in cluster_points(self.spec,
                                                                                                self.daemons.cluster),
@@ -235,27 +239,21 @@ class Nemesis:
         self._outage(step, self.daemons.broker.down, self.daemons.broker.up)
 
     def _leader(self, step: Step) -> None:
-        nodes = self.daemons.kafka_cluster
-        assert nodes is not None
-        self._node_fault(step, lambda: nodes.kill_leader(self._written_topic()), OUTAGE_S)
+        self._node_fault(step, lambda nodes: nodes.kill_leader(self._written_topic()), OUTAGE_S)
 
     def _controller(self, step: Step) -> None:
-        nodes = self.daemons.kafka_cluster
-        assert nodes is not None
-        self._node_fault(step, nodes.kill_controller, OUTAGE_S)
+        self._node_fault(step, lambda nodes: nodes.kill_controller(), OUTAGE_S)
 
     def _pause(self, step: Step) -> None:
-        nodes = self.daemons.kafka_cluster
-        assert nodes is not None
-        self._node_fault(step, lambda: nodes.pause_leader(self._written_topic(), PAUSE_S), 0.0)
+        self._node_fault(step, lambda nodes: nodes.pause_leader(self._written_topic(), PAUSE_S), 0.0)
 
-    def _node_fault(self, step: Step, fault: Callable[[], str], down_s: float) -> None:
+    def _node_fault(self, step: Step, fault: Callable[[KafkaFaults], str], down_s: float) -> None:
         """A Kafka cluster's node faulted while the run's next batch writes, the node back after ``down_s``, the run
         riding it out."""
         nodes = self.daemons.kafka_cluster
         assert nodes is not None
         back = f"the node back after {down_s:.0f} s, in sync" if down_s else "the node resumed, in sync"
-        self._outage(step, lambda: self._say(step, fault()), nodes.restore, down_s, outage=back)
+        self._outage(step, lambda: self._say(step, fault(nodes)), nodes.restore, down_s, outage=back)
 
     def _optimize(self, step: Step) -> None:
         maintain = lambda: self._say(step, maintain_delta_tables(self.spark, self.spec))  # noqa: E731
@@ -366,6 +364,14 @@ class Nemesis:
             gone.append(version)
         self._say(step, f"{table}: commits {gone} gone")
         if gone:
+            self._expect_refusal(step, "sink-behind", carry_on_allowed=True)
+
+    def _table_restore(self, step: Step) -> None:
+        table = self._delta_sink()
+        assert table is not None
+        said, restored = restore_behind(self.spark, table, self.spec.name, max(1, step.index))
+        self._say(step, said)
+        if restored:
             self._expect_refusal(step, "sink-behind", carry_on_allowed=True)
 
     # ------------------------------------------------------------------------------------------ the runs

@@ -28,12 +28,12 @@ from streamproof.errors import ConfigError
 # another writer's maintenance of the sink tables.
 OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "leader", "controller", "pause", "optimize")
 ACTIONS = ("kill", "term", "drain", "standby", *OUTAGES, "backup", "restore", "lose-checkpoint", "lose-commits",
-           "s3-multipart", "executor", "datanode")  # fmt: skip
+           "s3-multipart", "executor", "datanode", "table-restore")  # fmt: skip
 RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
 # The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
 ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "s3-slow", "s3-reset", "s3",
          "lose-commits", "lose-checkpoint", "s3-multipart", "standby", "executor", "datanode", "leader", "controller",
-         "pause", "optimize")  # fmt: skip
+         "pause", "optimize", "table-restore")  # fmt: skip
 _STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
 
 
@@ -55,7 +55,7 @@ class Step:
             return f"kill@{self.after}:{self.phase:.2f}"
         if self.action in ("term", "standby", *OUTAGES):
             return f"{self.action}@{self.after}"
-        if self.action in ("restore", "lose-commits"):
+        if self.action in ("restore", "lose-commits", "table-restore"):
             return f"{self.action}:{self.index}"
         return self.action
 
@@ -100,7 +100,8 @@ def state_allows(action: str, *, has_batches: bool, backups: int) -> bool:
     >>> state_allows("restore", has_batches=True, backups=0), state_allows("drain", has_batches=False, backups=0)
     (False, True)
     """
-    needs = {"backup": has_batches, "lose-checkpoint": has_batches, "lose-commits": has_batches, "restore": backups > 0}
+    needs = {"backup": has_batches, "lose-checkpoint": has_batches, "lose-commits": has_batches, "restore": backups > 0,
+             "table-restore": has_batches}  # fmt: skip
     return needs.get(action, True)
 
 
@@ -128,8 +129,8 @@ def plan(seed: int, steps: int, supports: Callable[[str], bool]) -> Sequence:
             step = Step(action, draw.randint(1, 2))
         elif action == "restore":
             step = Step("restore", index=draw.randint(0, 7))
-        elif action == "lose-commits":
-            step = Step("lose-commits", index=draw.randint(1, 2))
+        elif action in ("lose-commits", "table-restore"):
+            step = Step(action, index=draw.randint(1, 2))
         else:
             step = Step(action)
         planned.append(step)
