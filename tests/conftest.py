@@ -26,10 +26,16 @@ CLI_TIMEOUT_S = 600
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
+    "tests/test_other_writers.py::test_a_table_restored_by_another_writer_is_refused_at_start_then_rewound_and_"
+    "nothing_is_lost":
+        "tests/test_other_writers.py::test_batches_a_restore_undid_are_merged_again_and_a_restore_under_a_running_sink_"
+        "stops_it (the RESTORE read in effect, its words, the replay under an appId of its own) and tests/test_"
+        "checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks (a Delta "
+        "sink behind the checkpoint refused at start in one line, `checkpoint rewind`, both checkers 0/0)",
     "tests/test_other_writers.py::test_the_nemesis_s_restores_of_the_table_by_another_writer_are_refused_rewound_and_"
     "end_clean":
-        "tests/test_other_writers.py::test_a_table_restored_by_another_writer_is_refused_at_start_then_rewound_and_"
-        "nothing_is_lost (a RESTORE by another writer, refused, rewound, 0/0 by both checkers)",
+        "tests/test_other_writers.py::test_batches_a_restore_undid_are_merged_again_and_a_restore_under_a_running_sink_"
+        "stops_it (a RESTORE by another writer: its batches replayed, a running sink stopped)",
     "tests/test_other_writers.py::test_rows_another_process_appends_and_deletes_are_counted_named_and_the_pipeline_"
     "runs_on":
         "tests/test_pipeline_end_to_end.py::test_negative_control_one_duplicate_and_one_loss_are_reported (a row "

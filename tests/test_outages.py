@@ -61,12 +61,12 @@ def _restart(stop: Any, start: Any) -> Any:
 
 
 def test_kafka_broker_restart_mid_run_is_survived(kafka_broker: KafkaBroker, spark: Any, tmp_path: Path) -> None:
-    generate(kafka_broker.bootstrap_servers, "outage-kafka", 15_000, partitions=4, malformed=0.005, seed=12)
+    generate(kafka_broker.bootstrap_servers, "outage-kafka", 10_000, partitions=4, malformed=0.005, seed=12)
     pipeline_file = write_pipeline(tmp_path, name="outage-kafka", topic="outage-kafka",
                                    bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_500)  # fmt: skip
     code, output = _run_with_fault_after_two_batches(pipeline_file, _restart(kafka_broker.down, kafka_broker.up))
     assert code == 0, output[-3000:]
-    assert_every_sink_clean(spark, pipeline_file, 15_000)
+    assert_every_sink_clean(spark, pipeline_file, 10_000)
 
 
 def _postgres_pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, name: str, outage: str) -> Path:
@@ -115,7 +115,7 @@ def test_postgres_restart_mid_run_is_survived(
 def test_an_outage_longer_than_the_bound_stops_cleanly_and_the_next_run_resumes(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
 ) -> None:
-    generate(kafka_broker.bootstrap_servers, "outage-long", 15_000, partitions=4, malformed=0.0, seed=14)
+    generate(kafka_broker.bootstrap_servers, "outage-long", 10_000, partitions=4, malformed=0.0, seed=14)
     pipeline_file = _postgres_pipeline(tmp_path, kafka_broker, streamproof_postgres, "outage-long", "8 seconds")
     try:
         code, output = _run_with_fault_after_two_batches(pipeline_file, streamproof_postgres.down)
@@ -130,4 +130,4 @@ def test_an_outage_longer_than_the_bound_stops_cleanly_and_the_next_run_resumes(
     assert "unreachable for more than 8 seconds" in message and "start the pipeline again once it is back" in message
     resumed = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert_every_sink_clean(spark, pipeline_file, 15_000)
+    assert_every_sink_clean(spark, pipeline_file, 10_000)
