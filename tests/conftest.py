@@ -26,6 +26,10 @@ CLI_TIMEOUT_S = 600
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
+    "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
+    "nothing[pause]":
+        "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
+        "nothing[leader] (the partition's leader gone mid-transaction, led elsewhere; the replay's check as it goes)",
     "tests/test_other_writers.py::test_a_table_restored_by_another_writer_is_refused_at_start_then_rewound_and_"
     "nothing_is_lost":
         "tests/test_other_writers.py::test_batches_a_restore_undid_are_merged_again_and_a_restore_under_a_running_sink_"

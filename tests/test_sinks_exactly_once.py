@@ -157,7 +157,7 @@ def exactly_once(
     # and the slow tier's examples kill each mode.
     points = [*(f"mid-sink-write:{label}" for label in ("merge", "kafka", "files")), "after-sink-commit"]
     reports, harness = _prove(workdir, kafka_broker, streamproof_postgres, spark, guarantee="exactly-once",
-                              points=points, events=16_000, malformed=0.01)  # fmt: skip
+                              points=points, events=8_000, malformed=0.01)  # fmt: skip
     return reports, harness, workdir
 
 
@@ -169,12 +169,12 @@ def test_every_sink_is_exactly_once_through_every_crash_point(
     assert len(harness.crashes) == 4
     report = reports[label]
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
-    assert report.identity_holds and report.source_records == 16_000
+    assert report.identity_holds and report.source_records == 8_000
     assert report.quarantined > 0
     expected_unit = {"merge": "keys", "pg-upsert": "keys", "pg-totals": "groups"}.get(label, "records")
     assert report.unit == expected_unit
     if expected_unit == "records":
-        assert report.sink_records == report.expected == 16_000 - report.quarantined
+        assert report.sink_records == report.expected == 8_000 - report.quarantined
 
 
 def test_after_sink_commit_every_sink_held_the_batch_keyed_and_spark_had_not_committed(

@@ -101,10 +101,11 @@ def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S
 
     partition = TopicPartition(spec.markers, 0)
     deadline = time.monotonic() + timeout_s
+    admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
 
     def latest(level: IsolationLevel) -> int:
+        nonlocal admin
         while True:
-            admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
             futures = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level, request_timeout=5)
             try:
                 offset = int(futures[partition].result().offset)
@@ -124,6 +125,7 @@ def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S
                     "Kafka cluster up?"
                 )
             time.sleep(0.5)
+            admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
 
     high_watermark = latest(IsolationLevel.READ_UNCOMMITTED)
     while latest(IsolationLevel.READ_COMMITTED) < high_watermark:
