@@ -27,6 +27,10 @@ CLI_TIMEOUT_S = 600
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
     "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
+    "nothing[controller]":
+        "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
+        "nothing[leader] (a node of the quorum SIGKILLed mid-transaction, its partitions led elsewhere)",
+    "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
     "nothing[pause]":
         "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
         "nothing[leader] (the partition's leader gone mid-transaction, led elsewhere; the replay's check as it goes)",

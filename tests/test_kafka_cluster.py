@@ -7,7 +7,8 @@ Each fault lands in the middle of a transaction of the sink's own writer (:class
 task runs it): its records are on the brokers, its marker and its commit not yet. Expected: the transaction commits
 once, a read_committed reader counts each record once, the marker says the batch is written, and the same share run
 again (a replay) writes nothing. A pipeline through the same faults, Spark and both checkers included, is the
-nemesis's (``leader@``, ``controller@``, ``pause@``: docs/guarantees.md); its short run is in the slow tier.
+nemesis's (``leader@``, ``controller@``, ``pause@``: docs/guarantees.md); its short run is in the slow tier. CI runs
+the leader case (the 25-minute budget); ``make test-all`` runs all three.
 """
 
 from __future__ import annotations
