@@ -7,7 +7,11 @@ is shown for any of these (DESIGN: exit 2 = bad input, 1 = loss or duplicates fo
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class StreamproofError(Exception):
@@ -61,6 +65,28 @@ def is_delta_conflict(error: BaseException | str) -> bool:
     """
     text = f"{type(error).__name__}: {error}"
     return any(sign in text for sign in DELTA_CONFLICTS)
+
+
+def retrying_delta_conflicts(write: Callable[[], T], attempts: int = 5) -> T:
+    """``write()``, run again (up to ``attempts`` in all) while Delta fails it on another writer's commit of what it
+    read: nothing of it was committed, and the next try reads the new snapshot, as Delta's docs advise.
+
+    >>> tries = iter([RuntimeError("[DELTA_CONCURRENT_APPEND.WITHOUT_HINT] ..."), "committed"])
+    >>> def write():
+    ...     outcome = next(tries)
+    ...     if isinstance(outcome, Exception):
+    ...         raise outcome
+    ...     return outcome
+    >>> retrying_delta_conflicts(write)
+    'committed'
+    """
+    for _ in range(1, attempts):
+        try:
+            return write()
+        except Exception as error:
+            if not is_delta_conflict(error):
+                raise
+    return write()
 
 
 # Failures that go away when a server comes back: connection refused or reset, a broker, database or

@@ -17,12 +17,14 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
 from streamproof.config import DeltaSinkSpec, PipelineSpec, PostgresSinkSpec
-from streamproof.errors import is_delta_conflict
+from streamproof.errors import retrying_delta_conflicts
 from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.infra import KafkaBroker, KafkaCluster, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
@@ -172,16 +174,15 @@ def maintain_delta_tables(spark: SparkSession, spec: PipelineSpec) -> str:
     done = []
     for sink in spec.sink_specs:
         if isinstance(sink, DeltaSinkSpec):
-            for attempt in range(1, 6):
-                try:
-                    compacted = spark.sql(f"OPTIMIZE delta.`{sink.path}`").collect()[0]["metrics"]
-                    break
-                except Exception as error:
-                    if attempt == 5 or not is_delta_conflict(error):
-                        raise
+            compacted = retrying_delta_conflicts(partial(_optimized, spark, str(sink.path)))
             spark.sql(f"VACUUM delta.`{sink.path}`").collect()
             done.append(f"{sink.name}: {compacted['numFilesRemoved']} files into {compacted['numFilesAdded']}")
     return f"OPTIMIZE and VACUUM beside the run ({'; '.join(done)})"
+
+
+def _optimized(spark: SparkSession, path: str) -> Any:
+    """OPTIMIZE's metrics row of the table at ``path``."""
+    return spark.sql(f"OPTIMIZE delta.`{path}`").collect()[0]["metrics"]
 
 
 def restore_behind(spark: SparkSession, table: Location, pipeline: str, batches: int) -> tuple[str, bool]:

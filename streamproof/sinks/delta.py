@@ -45,7 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from streamproof.config import DeltaSinkSpec
-from streamproof.errors import PipelineError, SinkReplaced, first_line, is_delta_conflict
+from streamproof.errors import PipelineError, SinkReplaced, first_line, retrying_delta_conflicts
 from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
 from streamproof.sinks.delta_log import (
     Restore,
@@ -252,12 +252,7 @@ class DeltaSink(FolderSink):
         if self.spec.mode == "merge":
             # A MERGE reads the table: another writer's commit of files it read (an OPTIMIZE) fails it, and nothing is
             # committed. It runs again on the new snapshot (the replay rule asked again), as Delta's docs advise.
-            for attempt in range(1, CONFLICT_ATTEMPTS + 1):
-                try:
-                    return self._merge(rows, batch)
-                except Exception as error:
-                    if attempt == CONFLICT_ATTEMPTS or not is_delta_conflict(error):
-                        raise
+            return retrying_delta_conflicts(lambda: self._merge(rows, batch), CONFLICT_ATTEMPTS)
         return self.append(rows, batch, merge_schema=self.pipeline.transform.schema_evolution == "add-columns")
 
     def append(self, rows: DataFrame, batch: Batch, *, merge_schema: bool = False) -> SinkWrite:
