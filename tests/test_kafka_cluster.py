@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from conftest import REPO
 from streamproof.config import parse_pipeline
-from streamproof.harness.daemons import Daemons
+from streamproof.harness.daemons import Daemons, KafkaFaults
 from streamproof.harness.search import replay
 from streamproof.harness.sequence import parse_sequence
 from streamproof.infra import KafkaCluster
@@ -102,16 +102,11 @@ def _pause(cluster: KafkaCluster, topic: str) -> str:
 
 
 def _kill_leader(cluster: KafkaCluster, topic: str) -> str:
-    leader = cluster.leader_of(topic)
-    leader.process.kill()
-    return f"node {leader.node_id} (leader of {topic}[0]) SIGKILLed"
+    return KafkaFaults(cluster).kill_leader(topic)  # the nemesis's own leader@ fault
 
 
 def _kill_controller(cluster: KafkaCluster, topic: str) -> str:
-    controller = cluster.active_controller()
-    assert controller is not None
-    controller.process.kill()
-    return f"node {controller.node_id} (the active controller) SIGKILLed"
+    return KafkaFaults(cluster).kill_controller()  # the nemesis's own controller@ fault
 
 
 @pytest.mark.parametrize("fault", [_kill_leader, _kill_controller, _pause], ids=["leader", "controller", "pause"])

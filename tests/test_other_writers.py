@@ -24,18 +24,27 @@ from streamproof.reconcile.independent import disagreements, verify_independentl
 pytestmark = [pytest.mark.integration]
 
 
-def test_a_table_restored_by_another_writer_is_refused_at_start_then_rewound_and_nothing_is_lost(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
-) -> None:
-    topic = "restored-orders"
-    generate(kafka_broker.bootstrap_servers, topic, 12_000, partitions=2, malformed=0.005, seed=21)
-    # 3,100 a batch: four batches of the 12,000 records and the producer's transaction markers, versions 0-3.
+def _drained(broker: KafkaBroker, workdir: Path, name: str, events: int, malformed: float, seed: int,
+             last_batch: int) -> Path:  # fmt: skip
+    """The demo pipeline (3,100 offsets a batch) on ``events`` new records of its own topic, drained through the CLI
+    to ``last_batch``: its pipeline file."""
+    topic = f"{name}-orders"
+    generate(broker.bootstrap_servers, topic, events, partitions=2, malformed=malformed, seed=seed)
     pipeline_file = write_pipeline(
-        tmp_path, name="restored", topic=topic, bootstrap=kafka_broker.bootstrap_servers, max_offsets=3_100
+        workdir, name=name, topic=topic, bootstrap=broker.bootstrap_servers, max_offsets=3_100
     )
     drained = run_cli("run", str(pipeline_file), "--available-now")
     assert drained.returncode == 0, drained.stderr[-2000:]
-    assert "batch 3 committed" in drained.stdout and "batch 4 committed" not in drained.stdout, drained.stdout
+    assert f"batch {last_batch} committed" in drained.stdout, drained.stdout
+    assert f"batch {last_batch + 1} committed" not in drained.stdout, drained.stdout
+    return pipeline_file
+
+
+def test_a_table_restored_by_another_writer_is_refused_at_start_then_rewound_and_nothing_is_lost(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    # 3,100 a batch: four batches of the 12,000 records and the producer's transaction markers, versions 0-3.
+    pipeline_file = _drained(kafka_broker, tmp_path, "restored", 12_000, malformed=0.005, seed=21, last_batch=3)
 
     table = tmp_path / "tables" / "orders"
     DeltaTable(str(table)).restore(1)  # back to batch 1: batches 2 and 3 undone, their commit files still in the log
@@ -208,14 +217,7 @@ def test_rows_another_process_appends_and_deletes_are_counted_named_and_the_pipe
 
     from streamproof.reconcile import verify_pipeline
 
-    topic = "others-orders"
-    generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.0, seed=41)
-    pipeline_file = write_pipeline(
-        tmp_path, name="others", topic=topic, bootstrap=kafka_broker.bootstrap_servers, max_offsets=3_100
-    )
-    drained = run_cli("run", str(pipeline_file), "--available-now")
-    assert drained.returncode == 0, drained.stderr[-2000:]
-    assert "batch 1 committed" in drained.stdout and "batch 2 committed" not in drained.stdout, drained.stdout
+    pipeline_file = _drained(kafka_broker, tmp_path, "others", 6_000, malformed=0.0, seed=41, last_batch=1)
 
     table = str(tmp_path / "tables" / "orders")
     backfill = DeltaTable(table).to_pyarrow_table().slice(0, 3)
@@ -226,7 +228,7 @@ def test_rows_another_process_appends_and_deletes_are_counted_named_and_the_pipe
     deleted = DeltaTable(table).delete("_src_partition = 0 AND _src_offset < 10")["num_deleted_rows"]  # version 3
     assert deleted > 0
 
-    generate(kafka_broker.bootstrap_servers, topic, 3_000, partitions=2, malformed=0.0, seed=42)
+    generate(kafka_broker.bootstrap_servers, "others-orders", 3_000, partitions=2, malformed=0.0, seed=42)
     carried_on = run_cli("run", str(pipeline_file), "--available-now")
     assert carried_on.returncode == 0, carried_on.stderr[-2000:]
     assert "batch 2 committed" in carried_on.stdout, carried_on.stdout
