@@ -3,7 +3,7 @@
 Fault 1: the broker is stopped after the second committed batch and started again 5 s later.
 Fault 2: PostgreSQL is stopped (fast shutdown: connections terminated) after the second committed batch and
 started again 5 s later. Expected for both: the run ends by itself with exit 0, and reconciles 0 lost /
-0 duplicated.
+0 duplicated. Faults 1 and 2 are in the slow tier (`make test-all`; tests/conftest.py names their twins in CI).
 Fault 3: PostgreSQL is down for longer than ``[retry] max_outage`` (8 s). Expected: the run stops with one
 line naming the unreachable sink (exit 2, no stack trace); once the server is back, the next run drains and
 reconciles 0/0.
