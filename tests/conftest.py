@@ -78,7 +78,7 @@ SLOW_TIER = {
         "and_a_final_newline_is_not",
     "tests/test_crash_recovery.py::test_two_random_sigkills_lose_nothing_and_duplicate_nothing":
         "tests/test_testing_plugin.py::test_user_records_go_through_a_random_kill_as_given",
-    "tests/test_nemesis.py::test_a_small_nemesis_drawn_from_a_seed_ends_clean":
+    "tests/test_nemesis.py::test_a_small_nemesis_drawn_from_a_seed_pauses_resumes_and_ends_clean":
         "tests/test_nemesis.py::test_a_replay_bug_planted_in_the_pipeline_is_found_by_replaying_its_sequence",
     "tests/test_bench.py::test_throughput_benchmark_writes_its_results_with_same_run_ratios":
         "tests/test_bench.py's units of ratios and phases (`streamproof bench` is the benchmark)",

@@ -1,11 +1,11 @@
 """The nemesis: composed faults and operator actions on a live stream, then both checkers on every sink.
 
 Without a JVM: a sequence is written and read back exactly (what a failing run prints to replay it), and a step it
-cannot read is one line naming it.
+cannot read is one line naming it; a paused nemesis's state gives back the same nemesis, once.
 
 Integration (real Kafka, Spark, Delta, PostgreSQL; every kill a SIGKILL of the run's process tree): a small nemesis
 of three steps drawn from a seed on a pipeline with a Delta table and a PostgreSQL table, the broker and PostgreSQL
-restartable.
+restartable, paused after its first step, the servers restarted, then resumed.
 Expected: every step carries on or refuses with the line the docs list for it (and is repaired), and at the end
 every sink is 0 lost / 0 duplicated / 0 unexpected by both checkers. Then the old "first batch of a run only" replay
 rule planted into the pipeline's processes (a ``sitecustomize`` on their path), on the same pipeline deduplicating
@@ -23,9 +23,12 @@ import pytest
 
 from streamproof.errors import ConfigError
 from streamproof.harness.daemons import Daemons
+from streamproof.harness.nemesis import Nemesis
+from streamproof.harness.resume import resumed, save_paused
 from streamproof.harness.search import replay, search, shorten
 from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.storage import Location
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
 FIRST_BATCH_ONLY = '''
@@ -96,6 +99,52 @@ def test_a_failing_sequence_is_shortened_by_removing_steps_within_its_bound() ->
     assert shorten(failing, still_fails, lambda: len(tried) >= 1) == failing and len(tried) == 1
 
 
+def test_a_paused_nemesis_is_resumed_as_it_was_and_only_once(tmp_path: Path) -> None:
+    """Without a JVM: the state a pause writes gives back the same nemesis (its topic, backups, counts, history) at
+    the step it paused before; the resume takes the state, so a second resume is refused; so are a folder with no
+    paused nemesis, another pipeline and other servers up than the nemesis ran with, each in one line."""
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(f"""
+name = "paused"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topic = "paused"
+[transform]
+schema = "event_id STRING, order_id STRING, amount DOUBLE, event_time TIMESTAMP"
+required = ["event_id"]
+[[sinks]]
+label = "delta"
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    folder = tmp_path / "nemesis" / "sequence-1"
+    lines: list[str] = []
+    before = Nemesis(pipeline_file, folder, None, Daemons(), 41, lines.append, label="s1")  # type: ignore[arg-type]
+    before.backups, before.replaced = [Location(folder / "backups" / "backup-0")], Location(folder / "aside")
+    before.runs, before.produced, before.steps_applied, before.history = 3, 2, 2, ["step 1 drain: ...", "step 2 ..."]
+    sequence = parse_sequence("data=41,drain,backup,kill@1:0.5,restore:0")
+    saved = save_paused(before, sequence, 2, ["Kafka"])
+
+    with pytest.raises(ConfigError, match=r"ran with these servers up: Kafka; up now: none: start the same ones"):
+        resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+    other = tmp_path / "other.toml"
+    other.write_text(pipeline_file.read_text())
+    with pytest.raises(ConfigError, match=r"is a nemesis of .*pipeline.toml, not of .*other.toml"):
+        resumed(other, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+    saved.write_text(saved.read_text().replace('"servers": [\n  "Kafka"\n ]', '"servers": []'))
+    after, again, start = resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+    assert (again, start) == (sequence, 2)
+    assert (after.topic, after.stamp, after.data_seed, after.label) == (before.topic, before.stamp, 41, "s1")
+    assert [location.text for location in after.backups] == [location.text for location in before.backups]
+    assert after.replaced is not None and after.replaced.text == str(folder / "aside")
+    assert (after.runs, after.produced, after.steps_applied, after.history) == (3, 2, 2, before.history)
+    assert not saved.exists() and len(list(folder.glob("nemesis.json.resumed-*"))) == 1
+    with pytest.raises(ConfigError, match=r"--nemesis-resume: .*sequence-1 holds no paused nemesis"):
+        resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+
+
 def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, dedup: bool = False) -> Path:
     """Delta and PostgreSQL sinks; or, deduplicating, the Delta sink alone (a per-partition sink such as PostgreSQL
     takes one Kafka split per task, which dedup's shuffle does not keep)."""
@@ -135,19 +184,35 @@ backoff = "1 second"
 
 @pytest.mark.integration
 @pytest.mark.crash
-def test_a_small_nemesis_drawn_from_a_seed_ends_clean(
+def test_a_small_nemesis_drawn_from_a_seed_pauses_resumes_and_ends_clean(
     kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
 ) -> None:
+    """Three steps from seed 11, paused after the first (as a SIGTERM asks), every server stopped and started again
+    (as between two sessions), then resumed by a new nemesis from the state the pause wrote: it carries on from step
+    2, and the end is clean by both checkers."""
     pipeline_file = _pipeline(tmp_path, kafka_broker, streamproof_postgres)
     daemons = Daemons(kafka_broker, streamproof_postgres)
     lines: list[str] = []
-    outcome = search(pipeline_file, steps=3, seed=11, spark=spark, workdir=tmp_path / "search", daemons=daemons,
-                     emit=lines.append, shrink_minutes=0)  # fmt: skip
+    first_part = search(pipeline_file, steps=3, seed=11, spark=spark, workdir=tmp_path / "search", daemons=daemons,
+                        emit=lines.append, shrink_minutes=0,
+                        pause_requested=lambda: any(line.startswith("step 1 ") for line in lines))  # fmt: skip
+    assert first_part.ok and first_part.paused is not None, (first_part.failure, lines)
+    sequence = parse_sequence(first_part.sequence)
+    assert f"the sequence of seed 11: {first_part.sequence}" in lines  # printed before its first step, as run
+    assert lines[-1] == f"nemesis: paused before step 2 of 3; its state is in {first_part.paused}"
+    for server in (kafka_broker, streamproof_postgres):
+        server.down()
+        server.up()
+
+    nemesis, resumed_sequence, start = resumed(pipeline_file, first_part.paused.parent, spark, daemons, lines.append)
+    assert (resumed_sequence, start, nemesis.steps_applied) == (sequence, 1, 1)
+    outcome = replay(pipeline_file, resumed_sequence, spark=spark, workdir=first_part.paused.parent, daemons=daemons,
+                     emit=lines.append, nemesis=nemesis, start=start)  # fmt: skip
     print("\n".join(lines))
     assert outcome.ok, (outcome.failure, outcome.sequence)
-    assert len(outcome.history) >= 4 and outcome.sequence.count(",") == 3  # three steps, then the drain
-    assert f"the sequence of seed 11: {outcome.sequence}" in lines  # printed before its first step, as run
-    assert lines[-1].startswith("nemesis: 1 sequence(s) in ")
+    steps_run = [line.split(" ")[1] for line in outcome.history if line.startswith("step ")]
+    assert sorted(set(steps_run), key=int) == ["1", "2", "3", "4"]  # three steps, then the drain, each once
+    assert lines[-1].startswith("end: ") and "every sink 0/0/0, both checkers agree" in lines[-1]
 
 
 @pytest.mark.integration

@@ -38,6 +38,7 @@ from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.matrix import run_matrix, upstream_shares
 from streamproof.harness.proof import prove_pipeline
+from streamproof.harness.resume import PauseOnSignal, resumed
 from streamproof.harness.search import replay, search
 from streamproof.harness.sequence import parse_sequence
 from streamproof.pipeline.events import Event, RunSummary
@@ -266,6 +267,10 @@ def prove(
     nemesis_replay: Annotated[
         str | None, typer.Option("--nemesis-replay", help="Replay one nemesis sequence as printed by a failed run.")
     ] = None,
+    nemesis_resume: Annotated[
+        Path | None,
+        typer.Option("--nemesis-resume", help="Carry on a nemesis paused by SIGINT or SIGTERM (the folder it printed)"),
+    ] = None,
     shrink_minutes: Annotated[
         float, typer.Option(min=0, help="How long a failing nemesis sequence may be shortened (minutes).")
     ] = 60.0,
@@ -293,12 +298,13 @@ def prove(
     Exit 1 when an exactly-once run loses or duplicates anything, or a fault left no evidence; with --matrix, when
     any cell is not as expected (a weaker guarantee's cell that shows none of its damage is a blind harness); with
     --nemesis, when a sequence ends in damage or in a refusal the docs do not list (its shortest form is printed to
-    replay).
+    replay). A nemesis paused by SIGINT or SIGTERM (after the step in progress) exits 3 and prints how to carry on.
     """
     chosen = [bool(matrix), crash_at is not None, random_kills is not None, nemesis is not None,
-              nemesis_replay is not None]  # fmt: skip
+              nemesis_replay is not None, nemesis_resume is not None]  # fmt: skip
     if sum(chosen) > 1:
-        raise ConfigError("choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay")
+        raise ConfigError("choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay, "
+                          "--nemesis-resume")  # fmt: skip
     spec = load_pipeline(pipeline)
     state = state_path(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -308,8 +314,10 @@ def prove(
         pipeline.parent.mkdir(parents=True, exist_ok=True)
         pipeline.write_text(dump_pipeline(spec))
     command = "streamproof prove " + " ".join(sys.argv[2:])
-    if nemesis is not None or nemesis_replay is not None:
-        _prove_nemesis(pipeline, spec, state, state / "nemesis" / stamp, nemesis, nemesis_replay, seed, shrink_minutes)
+    if nemesis is not None or nemesis_replay is not None or nemesis_resume is not None:
+        workdir = nemesis_resume or state / "nemesis" / stamp
+        _prove_nemesis(pipeline, spec, state, workdir, nemesis, nemesis_replay, seed, shrink_minutes,
+                       resume=nemesis_resume is not None)  # fmt: skip
         return
     if matrix:
         _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
@@ -354,19 +362,54 @@ def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int,
 
 
 def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Path, steps: int | None,
-                   sequence: str | None, seed: int, shrink_minutes: float) -> None:  # fmt: skip
+                   sequence: str | None, seed: int, shrink_minutes: float, resume: bool) -> None:  # fmt: skip
     spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
     daemons = Daemons.started_under(state, spec)
     restartable = daemons.restartable()
     console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
                   f"its pipelines under {workdir}", markup=False)  # fmt: skip
-    if sequence is not None:
-        outcome = replay(pipeline, parse_sequence(sequence), spark=spark, workdir=workdir, daemons=daemons,
-                         emit=emit_plain)  # fmt: skip
-    else:
-        assert steps is not None
-        outcome = search(pipeline, steps=steps, seed=seed, spark=spark, workdir=workdir, daemons=daemons,
-                         emit=emit_plain, shrink_minutes=shrink_minutes)  # fmt: skip
+    with PauseOnSignal(emit_plain) as pause:
+        if resume:
+            nemesis, resumed_sequence, start = resumed(pipeline, workdir, spark, daemons, emit_plain)
+            emit_plain(f"resumed before step {start + 1} of {len(resumed_sequence.steps)}")
+            outcome = replay(
+                pipeline,
+                resumed_sequence,
+                spark=spark,
+                workdir=workdir,
+                daemons=daemons,
+                emit=emit_plain,
+                nemesis=nemesis,
+                start=start,
+                pause_requested=pause.requested,
+            )
+        elif sequence is not None:
+            outcome = replay(
+                pipeline,
+                parse_sequence(sequence),
+                spark=spark,
+                workdir=workdir,
+                daemons=daemons,
+                emit=emit_plain,
+                pause_requested=pause.requested,
+            )
+        else:
+            assert steps is not None
+            outcome = search(
+                pipeline,
+                steps=steps,
+                seed=seed,
+                spark=spark,
+                workdir=workdir,
+                daemons=daemons,
+                emit=emit_plain,
+                shrink_minutes=shrink_minutes,
+                pause_requested=pause.requested,
+            )
+    if outcome.paused is not None:
+        console.print(f"nemesis: PAUSED, nothing judged yet; carry on with: streamproof prove {pipeline} "
+                      f"--nemesis-resume {outcome.paused.parent} --state-dir {state}", markup=False)  # fmt: skip
+        raise typer.Exit(3)
     if outcome.ok and not outcome.sequence:
         console.print("nemesis: UNKNOWN: no sequence ran (nothing was checked)", markup=False)
         raise typer.Exit(3)

@@ -168,6 +168,14 @@ class PipelineChild:
                 raise PipelineError(f"no {what} within {timeout_s:.0f} s (pipeline killed); log: {self.log_path}")
             time.sleep(0.02)
 
+    def error_line(self) -> str | None:
+        """The CLI's one-line error of this run (``error: ...`` in its log), if it printed one."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        return next((line for line in reversed(lines) if line.startswith("error: ")), None)
+
     def wait(self, timeout_s: float = RUN_TIMEOUT_S) -> int:
         """Wait for the child to exit and its events to be read; its exit code. Past ``timeout_s`` it is killed and
         that is an error."""

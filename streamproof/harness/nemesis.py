@@ -123,6 +123,7 @@ class Nemesis:
     runs: int = 0
     produced: int = 0
     steps_applied: int = 0
+    stamp: str = ""  # names its topic (and its folder on distributed storage); a resumed nemesis keeps its own
     _children: list[PipelineChild] = field(default_factory=list)  # the runs of the step in progress
 
     def __post_init__(self) -> None:
@@ -132,7 +133,7 @@ class Nemesis:
             raise ConfigError(f"--nemesis produces its records into Kafka and needs a kafka source, not "
                               f"{spec.source.kind}")  # fmt: skip
         self.workdir.mkdir(parents=True, exist_ok=True)
-        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
+        self.stamp = stamp = self.stamp or f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
         self.topic = f"{spec.source.topic}-nemesis-{stamp}"
         # On distributed storage the sequence's files live there, as the pipeline's do (its faults are that store's).
         parent = spec.checkpoint_dir.parent
@@ -409,7 +410,7 @@ class Nemesis:
     def _judge_exit(self, step: Step, child: PipelineChild, code: int) -> None:
         if code == 0:
             return
-        line = _error_line(child.log_path)
+        line = child.error_line()
         if self._put_back_if_too_old(step, code, line):
             self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
             return
@@ -432,7 +433,7 @@ class Nemesis:
         child = self._start()
         code = child.wait(900)
         child.close()
-        return child, code, _error_line(child.log_path) or ""
+        return child, code, child.error_line() or ""
 
     def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
         """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
@@ -489,12 +490,3 @@ class Nemesis:
             + ("every sink 0/0/0, both checkers agree" if not problems else "; ".join(problems))
         )
         return problems
-
-
-def _error_line(log: Path) -> str | None:
-    """The CLI's one-line error of a run (``error: ...``), if it printed one."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    return next((line for line in reversed(lines) if line.startswith("error: ")), None)

@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 from streamproof.harness.crashes import Emit
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.nemesis import Nemesis, NemesisFailure
+from streamproof.harness.resume import save_paused
 from streamproof.harness.sequence import Sequence, parse_sequence, plan
 
 
@@ -43,6 +44,7 @@ class NemesisOutcome:
     failure: str | None = None
     examples: int = 0
     history: list[str] = field(default_factory=list)
+    paused: Path | None = None  # paused between two steps (:mod:`streamproof.harness.resume`): its state file
 
     @property
     def ok(self) -> bool:
@@ -50,13 +52,19 @@ class NemesisOutcome:
 
 
 def replay(pipeline_file: Path, sequence: Sequence, *, spark: SparkSession, workdir: Path, daemons: Daemons,
-           emit: Emit = print, nemesis: Nemesis | None = None) -> NemesisOutcome:  # fmt: skip
+           emit: Emit = print, nemesis: Nemesis | None = None, start: int = 0,
+           pause_requested: Callable[[], bool] = lambda: False) -> NemesisOutcome:  # fmt: skip
     """Run one sequence exactly (``--nemesis-replay``), then drain and check; the outcome says what failed.
-    ``nemesis``: one already opened for this sequence (its data seed)."""
+    ``nemesis``: one already opened for this sequence (its data seed), or resumed at step ``start``. Once
+    ``pause_requested()``, the sequence pauses before its next step (the outcome names the state it saved)."""
     nemesis = nemesis or Nemesis(pipeline_file, workdir, spark, daemons, sequence.data_seed, emit)
     try:
-        for step in sequence.steps:
-            nemesis.apply(step)
+        for index in range(start, len(sequence.steps)):
+            if pause_requested():
+                saved = save_paused(nemesis, sequence, index, daemons.restartable())
+                emit(f"nemesis: paused before step {index + 1} of {len(sequence.steps)}; its state is in {saved}")
+                return NemesisOutcome(sequence.encode(), None, 1, nemesis.history, paused=saved)
+            nemesis.apply(sequence.steps[index])
         problems = nemesis.finish()
     except NemesisFailure as failure:
         return NemesisOutcome(sequence.encode(), str(failure), 1, nemesis.history)
@@ -64,9 +72,11 @@ def replay(pipeline_file: Path, sequence: Sequence, *, spark: SparkSession, work
 
 
 def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, workdir: Path, daemons: Daemons,
-           emit: Emit = print, shrink_minutes: float = 60.0) -> NemesisOutcome:  # fmt: skip
+           emit: Emit = print, shrink_minutes: float = 60.0,
+           pause_requested: Callable[[], bool] = lambda: False) -> NemesisOutcome:  # fmt: skip
     """Run the sequence of ``steps`` steps that ``seed`` gives (:func:`streamproof.harness.sequence.plan`), once; while
-    it fails, shorter ones (:func:`shorten`, within ``shrink_minutes``)."""
+    it fails, shorter ones (:func:`shorten`, within ``shrink_minutes``). It may pause between two steps, as
+    :func:`replay`."""
     started = time.monotonic()
     examples = [1]
     data_seed = plan(seed, 0, lambda action: True).data_seed  # the plan's first draw, whatever its steps
@@ -75,7 +85,9 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
     sequence = plan(seed, steps, nemesis.supports)
     emit(f"the sequence of seed {seed}: {sequence.encode()}")
     outcome = replay(pipeline_file, sequence, spark=spark, workdir=workdir, daemons=daemons, emit=emit,
-                     nemesis=nemesis)  # fmt: skip
+                     nemesis=nemesis, pause_requested=pause_requested)  # fmt: skip
+    if outcome.paused is not None:
+        return outcome
     if outcome.failure is not None and shrink_minutes > 0:
         deadline = time.monotonic() + shrink_minutes * 60
 
