@@ -5,6 +5,10 @@ MERGE, Spark's file sink, the Kafka connector's classes, a streaming query with 
 writes the classes it loaded to :func:`streamproof.session.startup_archive` when it exits: every later JVM start
 is ~4 s faster. Idempotent: an existing archive is kept.
 
+An archive holds for one pyspark install (its key holds the install's path), so each clone makes its own, 200 MB
+each. Beside each archive a ``.pyspark`` file names the install it was made for, and every call removes the archives
+whose install is gone (:func:`prune_archives`), and those made before that file existed, except this install's.
+
 Example::
 
     $ python -m streamproof.jvm_archive
@@ -17,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyspark
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import Transform, parse_pipeline
@@ -32,7 +37,10 @@ def prepare_startup_archive() -> Path:
     classes it loaded to :func:`startup_archive` when it exits. Idempotent: an existing archive is kept.
     """
     archive = startup_archive()
+    prune_archives(archive)
     if archive.exists():
+        if not _owner(archive).exists():  # made before owners were named: named now, so that it is kept
+            _owner(archive).write_text(pyspark.__file__)
         return archive
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_suffix(".partial")
@@ -49,8 +57,39 @@ def prepare_startup_archive() -> Path:
     gateway_process.wait(timeout=600)
     if not partial.exists():
         raise SetupError(f"the JVM did not write its class-data archive to {partial}")
+    _owner(archive).write_text(pyspark.__file__)
     partial.rename(archive)
     return archive
+
+
+def prune_archives(keep: Path) -> list[Path]:
+    """Remove the archives beside ``keep`` whose pyspark install is gone, or that name none; return them.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> for name, owner in (("spark-a.jsa", pyspark.__file__), ("spark-b.jsa", "/gone/pyspark/__init__.py"),
+    ...                     ("spark-c.jsa", None), ("spark-d.jsa", None)):
+    ...     _ = (folder / name).write_bytes(b"archive")
+    ...     _ = owner and _owner(folder / name).write_text(owner)
+    >>> sorted(path.name for path in prune_archives(keep=folder / "spark-d.jsa"))
+    ['spark-b.jsa', 'spark-c.jsa']
+    >>> sorted(path.name for path in folder.iterdir())
+    ['spark-a.jsa', 'spark-a.pyspark', 'spark-d.jsa']
+    """
+    removed = []
+    for archive in sorted(keep.parent.glob("spark-*.jsa")):
+        owner = _owner(archive)
+        install = Path(owner.read_text().strip()) if owner.exists() else None
+        if archive == keep or (install is not None and install.exists()):
+            continue
+        archive.unlink(missing_ok=True)  # a JVM that has it mapped keeps reading it: Linux frees it after
+        owner.unlink(missing_ok=True)
+        removed.append(archive)
+    return removed
+
+
+def _owner(archive: Path) -> Path:
+    return archive.with_suffix(".pyspark")
 
 
 def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
