@@ -16,6 +16,7 @@ test-all`: tests/conftest.py SLOW_TIER names the CI tests that prove the same.)
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,11 @@ import pytest
 from streamproof.errors import ConfigError
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.nemesis import Nemesis
-from streamproof.harness.resume import resumed, save_paused
+from streamproof.harness.resume import PauseOnSignal, resumed, save_paused
 from streamproof.harness.search import replay, search, shorten
 from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
+from streamproof.kafka_client import ensure_topic
 from streamproof.storage import Location
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
@@ -99,17 +101,18 @@ def test_a_failing_sequence_is_shortened_by_removing_steps_within_its_bound() ->
     assert shorten(failing, still_fails, lambda: len(tried) >= 1) == failing and len(tried) == 1
 
 
-def test_a_paused_nemesis_is_resumed_as_it_was_and_only_once(tmp_path: Path) -> None:
-    """Without a JVM: the state a pause writes gives back the same nemesis (its topic, backups, counts, history) at
-    the step it paused before; the resume takes the state, so a second resume is refused; so are a folder with no
-    paused nemesis, another pipeline and other servers up than the nemesis ran with, each in one line."""
+def test_a_paused_nemesis_is_resumed_as_it_was_and_only_once(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    """Without a JVM, on the test broker: the state a pause writes gives back the same nemesis (its topic, backups,
+    counts, history) at the step it paused before; the resume takes the state, so a second resume is refused; so are
+    a folder with no paused nemesis, another pipeline or the same one edited, other servers up than the nemesis ran
+    with, and a broker that lost the nemesis's topic (servers on a fresh folder), each in one line."""
     pipeline_file = tmp_path / "pipeline.toml"
     pipeline_file.write_text(f"""
 name = "paused"
 checkpoint = "{tmp_path}/checkpoint"
 [source]
 kind = "kafka"
-bootstrap_servers = "127.0.0.1:9"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
 topic = "paused"
 [transform]
 schema = "event_id STRING, order_id STRING, amount DOUBLE, event_time TIMESTAMP"
@@ -125,16 +128,27 @@ path = "{tmp_path}/orders"
     before.backups, before.replaced = [Location(folder / "backups" / "backup-0")], Location(folder / "aside")
     before.runs, before.produced, before.steps_applied, before.history = 3, 2, 2, ["step 1 drain: ...", "step 2 ..."]
     sequence = parse_sequence("data=41,drain,backup,kill@1:0.5,restore:0")
-    saved = save_paused(before, sequence, 2, ["Kafka"])
+    saved = save_paused(before, sequence, 2, [])
 
-    with pytest.raises(ConfigError, match=r"ran with these servers up: Kafka; up now: none: start the same ones"):
-        resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+    def resume(pipeline: Path = pipeline_file, daemons: Daemons | None = None) -> tuple[Nemesis, Sequence, int]:
+        return resumed(pipeline, folder, None, daemons or Daemons(), lines.append)  # type: ignore[arg-type]
+
+    with pytest.raises(ConfigError, match=r"ran with these servers up: none; up now: Kafka: start the same ones"):
+        resume(daemons=Daemons(kafka_broker))
     other = tmp_path / "other.toml"
     other.write_text(pipeline_file.read_text())
     with pytest.raises(ConfigError, match=r"is a nemesis of .*pipeline.toml, not of .*other.toml"):
-        resumed(other, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
-    saved.write_text(saved.read_text().replace('"servers": [\n  "Kafka"\n ]', '"servers": []'))
-    after, again, start = resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+        resume(other)
+    text = pipeline_file.read_text()
+    pipeline_file.write_text(text.replace('"paused"', '"edited"', 1))
+    with pytest.raises(ConfigError, match=r"pipeline.toml changed since the nemesis in .* paused; put it back"):
+        resume()
+    pipeline_file.write_text(text)
+    with pytest.raises(ConfigError, match=rf"topic {before.topic} is not on .*: its records are gone"):
+        resume()
+    assert saved.exists()  # a refused resume takes nothing
+    ensure_topic(kafka_broker.bootstrap_servers, before.topic, partitions=4)
+    after, again, start = resume()
     assert (again, start) == (sequence, 2)
     assert (after.topic, after.stamp, after.data_seed, after.label) == (before.topic, before.stamp, 41, "s1")
     assert [location.text for location in after.backups] == [location.text for location in before.backups]
@@ -142,7 +156,17 @@ path = "{tmp_path}/orders"
     assert (after.runs, after.produced, after.steps_applied, after.history) == (3, 2, 2, before.history)
     assert not saved.exists() and len(list(folder.glob("nemesis.json.resumed-*"))) == 1
     with pytest.raises(ConfigError, match=r"--nemesis-resume: .*sequence-1 holds no paused nemesis"):
-        resumed(pipeline_file, folder, None, Daemons(), lines.append)  # type: ignore[arg-type]
+        resume()
+
+
+def test_the_first_signal_asks_for_a_pause_the_second_aborts_and_the_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGINT again: the nemesis aborted"), PauseOnSignal() as pause:
+        assert not pause.requested()
+        signal.raise_signal(signal.SIGTERM)
+        assert pause.requested()
+        signal.raise_signal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 def _pipeline(workdir: Path, broker: KafkaBroker, postgres: PostgresServer, dedup: bool = False) -> Path:

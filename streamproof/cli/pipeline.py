@@ -368,7 +368,7 @@ def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Pat
     restartable = daemons.restartable()
     console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
                   f"its pipelines under {workdir}", markup=False)  # fmt: skip
-    with PauseOnSignal(emit_plain) as pause:
+    with PauseOnSignal() as pause:
         if resume:
             nemesis, resumed_sequence, start = resumed(pipeline, workdir, spark, daemons, emit_plain)
             emit_plain(f"resumed before step {start + 1} of {len(resumed_sequence.steps)}")

@@ -454,8 +454,9 @@ class Nemesis:
         self._cli(step, *repair.split(), str(self.cell_file))
 
     def _cli(self, step: Step, *args: str) -> None:
+        # A session of its own, as the runs have: a Ctrl-C meant to pause the nemesis must not cut a repair short.
         done = subprocess.run([sys.executable, "-m", "streamproof", *args], capture_output=True, text=True,
-                              timeout=1800)  # fmt: skip
+                              timeout=1800, start_new_session=True)  # fmt: skip
         if done.returncode != 0:
             raise NemesisFailure(f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
                                  f"{(done.stderr or done.stdout).strip()[-600:]}")  # fmt: skip

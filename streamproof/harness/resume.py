@@ -14,16 +14,17 @@ nemesis that dies uncleanly cannot be resumed a second time from a state it has 
 Example::
 
     >>> import signal
-    >>> with PauseOnSignal(print) as pause:
+    >>> with PauseOnSignal() as pause:
     ...     signal.raise_signal(signal.SIGTERM)
     ...     pause.requested()
-    pausing after the step in progress (SIGTERM); a second signal aborts at once
     True
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ from streamproof.harness.crashes import Emit
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.nemesis import Nemesis
 from streamproof.harness.sequence import Sequence, parse_sequence
+from streamproof.kafka_client import topic_exists
 from streamproof.storage import Location
 
 STATE_FILE = "nemesis.json"
@@ -44,11 +46,11 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class PauseOnSignal:
-    """While open, the first SIGINT or SIGTERM asks for a pause (:meth:`requested`); the second raises
-    ``KeyboardInterrupt``. The handlers before it are put back when it closes."""
+    """While open, the first SIGINT or SIGTERM asks for a pause (:meth:`requested`, said on stderr); the second
+    raises ``KeyboardInterrupt``. The handlers before it are put back when it closes. Only this process's: the
+    nemesis's own JVM ignores SIGINT, but a SIGTERM sent to its whole process group would stop it too."""
 
-    def __init__(self, emit: Emit) -> None:
-        self.emit = emit
+    def __init__(self) -> None:
         self._signal: str | None = None
         self._before: dict[int, Any] = {}
 
@@ -67,13 +69,15 @@ class PauseOnSignal:
         if self._signal is not None:
             raise KeyboardInterrupt(f"{signal.Signals(number).name} again: the nemesis aborted")
         self._signal = signal.Signals(number).name
-        self.emit(f"pausing after the step in progress ({self._signal}); a second signal aborts at once")
+        # A raw write: the main thread may be inside a print, and Python's buffered streams are not reentrant.
+        os.write(2, f"pausing after the step in progress ({self._signal}); a second signal aborts at once\n".encode())
 
 
 def save_paused(nemesis: Nemesis, sequence: Sequence, next_step: int, servers: list[str]) -> Path:
     """Write what ``nemesis`` knows, paused before ``sequence``'s step ``next_step`` (0-based); return the file."""
     state = {
-        "pipeline": str(nemesis.pipeline_file.resolve()), "sequence": sequence.encode(), "next_step": next_step,
+        "pipeline": str(nemesis.pipeline_file.resolve()), "pipeline_sha256": _digest(nemesis.pipeline_file),
+        "sequence": sequence.encode(), "next_step": next_step,
         "servers": servers, "data_seed": nemesis.data_seed, "label": nemesis.label, "stamp": nemesis.stamp,
         "backups": [location.text for location in nemesis.backups],
         "replaced": nemesis.replaced.text if nemesis.replaced is not None else None,
@@ -98,6 +102,9 @@ def resumed(pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Dae
     state = json.loads(path.read_text())
     if Path(state["pipeline"]) != pipeline_file.resolve():
         raise ConfigError(f"--nemesis-resume: {folder} is a nemesis of {state['pipeline']}, not of {pipeline_file}")
+    if state["pipeline_sha256"] != _digest(pipeline_file):
+        raise ConfigError(f"--nemesis-resume: {pipeline_file} changed since the nemesis in {folder} paused; put it "
+                          "back as it was, or start a new nemesis")  # fmt: skip
     if state["servers"] != daemons.restartable():
         up = ", ".join(daemons.restartable()) or "none"
         raise ConfigError(f"--nemesis-resume: the nemesis in {folder} ran with these servers up: "
@@ -105,9 +112,18 @@ def resumed(pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Dae
                           "(streamproof infra up, with the same state folder) and resume again")  # fmt: skip
     nemesis = Nemesis(pipeline_file, folder, spark, daemons, int(state["data_seed"]), emit, label=state["label"],
                       stamp=state["stamp"])  # fmt: skip
+    bootstrap = getattr(nemesis.spec.source, "bootstrap_servers", "")
+    if not topic_exists(bootstrap, nemesis.topic):
+        raise ConfigError(f"--nemesis-resume: the nemesis's topic {nemesis.topic} is not on {bootstrap} (were the "
+                          "servers started on a fresh state folder, or wiped?): its records are gone, start a new "
+                          "nemesis")  # fmt: skip
     nemesis.backups = [Location(text) for text in state["backups"]]
     nemesis.replaced = Location(state["replaced"]) if state["replaced"] is not None else None
     nemesis.runs, nemesis.produced = int(state["runs"]), int(state["produced"])
     nemesis.steps_applied, nemesis.history = int(state["steps_applied"]), list(state["history"])
     path.replace(path.with_name(f"{STATE_FILE}.resumed-{time.strftime('%Y%m%dT%H%M%S')}"))
     return nemesis, parse_sequence(state["sequence"]), int(state["next_step"])
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

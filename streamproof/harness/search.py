@@ -100,7 +100,9 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
                 outcome.sequence, outcome.failure, outcome.history = tried.sequence, tried.failure, tried.history
             return not tried.ok
 
-        shorten(parse_sequence(outcome.sequence), still_fails, lambda: time.monotonic() > deadline)
+        # A pause asked for meanwhile ends the shortening: the shortest failing sequence found so far is printed.
+        shorten(parse_sequence(outcome.sequence), still_fails,
+                lambda: time.monotonic() > deadline or pause_requested())  # fmt: skip
     outcome.examples = examples[0]
     emit(f"nemesis: {examples[0]} sequence(s) in {time.monotonic() - started:.0f} s")
     return outcome
