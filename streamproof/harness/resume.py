@@ -102,7 +102,7 @@ def resumed(pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Dae
     state = json.loads(path.read_text())
     if Path(state["pipeline"]) != pipeline_file.resolve():
         raise ConfigError(f"--nemesis-resume: {folder} is a nemesis of {state['pipeline']}, not of {pipeline_file}")
-    if state["pipeline_sha256"] != _digest(pipeline_file):
+    if state.get("pipeline_sha256", _digest(pipeline_file)) != _digest(pipeline_file):  # kept since 43966d8
         raise ConfigError(f"--nemesis-resume: {pipeline_file} changed since the nemesis in {folder} paused; put it "
                           "back as it was, or start a new nemesis")  # fmt: skip
     if state["servers"] != daemons.restartable():
