@@ -41,7 +41,7 @@ import pytest
 from confluent_kafka import Producer
 
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
-from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer, free_port
+from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer, restartable_port
 from streamproof.kafka_client import client_config, ensure_topic
 
 # pytest loads this plugin at the start of every run of a suite that has streamproof installed, whether it uses
@@ -149,8 +149,12 @@ class Prover:
 
 @pytest.fixture(scope="session")
 def streamproof_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A real Apache Kafka (KRaft) broker on free ports, stopped and wiped at the end of the session."""
-    broker = KafkaBroker(tmp_path_factory.mktemp("streamproof-kafka"), port=free_port(), controller_port=free_port())
+    """A real Apache Kafka (KRaft) broker on free ports, stopped and wiped at the end of the session.
+
+    Its ports are below the ephemeral range: a test that stops the broker and starts it again finds them free, where
+    an ephemeral port may meanwhile be any client's local port."""
+    state = tmp_path_factory.mktemp("streamproof-kafka")
+    broker = KafkaBroker(state, port=restartable_port(), controller_port=restartable_port())
     broker.up()
     try:
         yield broker
@@ -169,7 +173,7 @@ def streamproof_postgres() -> Iterator[PostgresServer]:
     os.environ.setdefault(PG_PASSWORD_ENV, f"sp-{secrets.token_hex(12)}")
     state = Path(tempfile.mkdtemp(prefix="streamproof-pg-"))
     state.chmod(0o711)
-    server = PostgresServer(state, port=free_port())
+    server = PostgresServer(state, port=restartable_port())  # restarted by tests, as the broker is
     server.up()
     try:
         yield server

@@ -5,7 +5,7 @@ each ``up``, ``down`` and
 ``status``, with what they share in :mod:`~streamproof.infra.common`.
 """
 
-from streamproof.infra.common import default_state_dir, free_port, port_in_use, process_alive
+from streamproof.infra.common import default_state_dir, free_port, port_in_use, process_alive, restartable_port
 from streamproof.infra.hdfs import HdfsCluster
 from streamproof.infra.kafka import KafkaBroker, KafkaCluster
 from streamproof.infra.postgres import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, PostgresServer
@@ -15,6 +15,6 @@ from streamproof.infra.spark import SparkCluster
 __all__ = [
     "PG_DEFAULT_PASSWORD", "PG_PASSWORD_ENV", "HdfsCluster", "KafkaBroker", "KafkaCluster", "PostgresServer",
     "S3Server", "SparkCluster",
-    "default_state_dir", "free_port",
+    "default_state_dir", "free_port", "restartable_port",
     "port_in_use", "process_alive",
 ]  # fmt: skip

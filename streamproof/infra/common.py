@@ -43,17 +43,24 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+_HANDED_OUT: set[int] = set()  # two servers asking before either binds its port get two ports
+
+
 def restartable_port() -> int:
-    """A TCP port free on 127.0.0.1 right now, below the ephemeral range (32768 on): a server SIGKILLed and started
-    again on it (a nemesis) finds it free, where an ephemeral one may meanwhile be any client's local port."""
+    """A TCP port free on 127.0.0.1 right now, below the ephemeral range (32768 on), not handed out before by this
+    process: a server SIGKILLed and started again on it (a nemesis) finds it free, where an ephemeral one may
+    meanwhile be any client's local port."""
     draw = random.Random()
     for _ in range(200):
         port = draw.randint(20_000, 32_000)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     raise InfraError("no free TCP port between 20000 and 32000 on 127.0.0.1")
 
