@@ -58,7 +58,7 @@ from streamproof.kafka_client import (
     watermarks,
 )
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, overlap_refusal, peek_source_key
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
 
@@ -170,7 +170,15 @@ def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[in
 
 
 def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: str) -> dict[str, Any] | None:
-    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written.
+    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written
+    (:func:`share_markers`, without the batch's other shares)."""
+    return share_markers(spec, pipeline, batch_id, source_key)[0]
+
+
+def share_markers(spec: KafkaSinkSpec, pipeline: str, batch_id: int,
+                  source_key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:  # fmt: skip
+    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written; and the
+    markers of the batch's other shares of the same source partition met on the way (a batch split otherwise).
 
     Reads backwards from the end in windows: the markers of one source partition come in batch order, so
     the search stops at that partition's first marker of an earlier batch. The marker topic is compacted (the newest
@@ -183,6 +191,7 @@ def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: s
     end = wait_until_decided(spec)
     start = max(0, end - MARKER_WINDOW)
     later: dict[str, Any] | None = None  # the oldest marker of this source partition's later batches met so far
+    siblings: list[dict[str, Any]] = []
     while True:
         window = [
             marker for _, marker in read_markers(spec, start, end)
@@ -191,13 +200,15 @@ def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: s
         ]  # fmt: skip
         for marker in reversed(window):
             if int(marker["batch_id"]) < batch_id:
-                return None
+                return None, siblings
             if int(marker["batch_id"]) == batch_id and marker.get("source_key") == source_key:
-                return marker
+                return marker, siblings
+            if int(marker["batch_id"]) == batch_id:
+                siblings.append(marker)
             if int(marker["batch_id"]) > batch_id:
                 later = marker
         if start == 0:
-            return later
+            return later, siblings
         end, start = start, max(0, start - 2 * (end - start))
 
 
@@ -221,7 +232,7 @@ class TransactionalWriter:
             return
         producer = _producer(self.spec, self.pipeline, index)
         producer.init_transactions(60)  # fences a zombie with this id and aborts its open transaction
-        committed = find_marker(self.spec, self.pipeline, self.batch_id, source_key)
+        committed, siblings = share_markers(self.spec, self.pipeline, self.batch_id, source_key)
         ranges = SourceRanges(self.columns)
         if committed is not None:
             for row in rows:
@@ -238,6 +249,10 @@ class TransactionalWriter:
                 producer.flush(60)  # the records are on the broker, in a transaction that will never commit
                 self.crash.reached(index)
             source = ranges.single_source()
+            written = [(sibling.get("source_key", ""), sibling.get("source_ranges")) for sibling in siblings]
+            refusal = overlap_refusal(f"kafka topic {self.spec.topic}", self.batch_id, source_key, ranges, written)
+            if refusal is not None:
+                raise PipelineError(refusal)  # before the commit: the transaction is aborted below
             marker = {
                 "pipeline": self.pipeline, "topic": self.spec.topic, "batch_id": self.batch_id, "source": source,
                 "source_key": source_key, "end_offsets": self.end_offsets, "source_ranges": ranges.as_json(),
@@ -247,7 +262,7 @@ class TransactionalWriter:
             key = marker_key(self.pipeline, self.spec.topic, source)
             self._produce(producer, self.spec.markers, key, json.dumps(marker))
             producer.commit_transaction(60)
-        except KafkaException:
+        except (KafkaException, PipelineError):
             producer.abort_transaction(60)
             raise
         yield index, ranges.count, False
@@ -279,7 +294,8 @@ class TransactionalWriter:
         raise PipelineError(
             f"marker topic {self.spec.markers}: batch {self.batch_id} {source_key} was committed with source ranges "
             f"{json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this topic, or the transform changed since the batch was written"
+            "checkpoint does not belong to this topic, the transform changed since the batch was written, or the batch "
+            "is split otherwise (`min_partitions` changed since)"
         )
 
 
@@ -322,9 +338,12 @@ class KafkaSink(Sink):
                 spark_writer = spark_writer.option(name, value)
             spark_writer.save()
             return SinkWrite(batch.rows)
-        # The replay rule on the marker topic's batches (a foreign checkpoint is refused before any share is
-        # written); a replay still runs its tasks: each finds its share's marker and checks its rows against it.
-        self.replay_check(batch)
+        # The replay rule on the marker topic's batches: a foreign checkpoint is refused before any share is written,
+        # and a batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new,
+        # and a compacted marker topic keeps one marker of a source partition's splits). One held in part runs its
+        # tasks: each finds its share's marker and checks its rows against it.
+        if self.replay_check(batch):
+            return SinkWrite(0, replay_skipped=True)
         partitions = records.rdd.map(tuple)
         count = partitions.getNumPartitions()
         if not self._fenced:

@@ -45,7 +45,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, peek_source_key
+from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, overlap_refusal, peek_source_key
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
 
@@ -119,6 +119,8 @@ class PartitionWriter:
                 return
             ranges = self._stage(cursor, rows)
             ranges.single_source()
+            if self.keyed:
+                self._refuse_overlap(cursor, source_key, ranges)
             if self.crash is not None:
                 self.crash.reached(index)  # rows staged, nothing committed: the mid-sink-write point
             cursor.execute(self._move_statement())
@@ -140,13 +142,27 @@ class PartitionWriter:
         )
         return bool(cursor.rowcount == 1)
 
+    def _refuse_overlap(self, cursor: Any, source_key: str, ranges: SourceRanges) -> None:
+        """Refuse the share when another share of the batch, written before under another key, holds some of its rows
+        (:func:`~streamproof.sinks.shares.overlap_refusal`); the transaction, its claim included, rolls back."""
+        siblings = cursor.execute(
+            f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+            "AND batch_id = %s AND starts_with(source_key, %s)",
+            (self.pipeline, self.spec.table, self.batch_id, ranges.single_source() + "@"),
+        ).fetchall()
+        refusal = overlap_refusal(f"{self.spec.redacted()}/{self.spec.table}", self.batch_id, source_key, ranges,
+                                  siblings)  # fmt: skip
+        if refusal is not None:
+            raise PipelineError(refusal)
+
     def _check_replay(self, source_key: str, recorded: Any, ranges: SourceRanges) -> None:
         if recorded is None or recorded == ranges.as_json():
             return
         raise PipelineError(
             f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} {source_key} records "
             f"source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this table, or the transform changed since the batch was written"
+            "checkpoint does not belong to this table, the transform changed since the batch was written, or the batch "
+            "is split otherwise (`min_partitions` changed since)"
         )
 
     def _stage(self, cursor: Any, rows: Iterable[tuple[Any, ...]]) -> SourceRanges:
@@ -283,9 +299,11 @@ class PostgresSink(Sink):
         return {**schema_types, **coordinates}
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        # The replay rule on the ledger's batches (a foreign checkpoint is refused before any share is written); a
-        # replay still runs its tasks: each finds its share's ledger row and checks the rows it holds against it.
-        self.replay_check(batch)
+        # The replay rule on the ledger's batches: a foreign checkpoint is refused before any share is written, and a
+        # batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new). One
+        # held in part runs its tasks: each finds its share's ledger row and checks its rows against it.
+        if self.replay_check(batch):
+            return SinkWrite(0, replay_skipped=True)
         text_rows = _as_copy_text(self._rows_for_mode(rows))
         columns = tuple(text_rows.columns)
         partitions = text_rows.rdd.map(tuple)

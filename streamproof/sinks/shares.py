@@ -73,3 +73,33 @@ class SourceRanges:
                 "streamproof expects one per task (no repartitioning before a per-partition sink)"
             )
         return next(iter(self.ranges))
+
+
+def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRanges,
+                    siblings: Iterable[tuple[str, dict[str, list[int]] | None]]) -> str | None:  # fmt: skip
+    """Why this share may not be written (None: it may): a share of the same batch and source partition under
+    another key, written before, holds some of its offsets. The batch is split otherwise than when it was written
+    (``min_partitions`` changed since): the new split's key is new, and writing it would write those records twice.
+
+    >>> ranges = SourceRanges(("_src_topic", "_src_partition", "_src_offset"))
+    >>> for offset in (20, 38):
+    ...     ranges.add(("t", 0, offset))
+    >>> refusal = overlap_refusal("pg", 4, "t/0@20", ranges, [("t/0@0", {"t/0": [0, 38, 20]}), ("t/1@1", None)])
+    >>> refusal[:98]
+    "pg: batch 4's share t/0@20 (offsets 20-38 of t/0) overlaps its share t/0@0 written before (offsets"
+    >>> overlap_refusal("pg", 4, "t/0@20", ranges, [("t/0@40", {"t/0": [40, 60, 21]})]) is None
+    True
+    """
+    source = ranges.single_source()
+    low, high = ranges.ranges[source][0], ranges.ranges[source][1]
+    for key, recorded in siblings:
+        if key == source_key or not recorded or source not in recorded:
+            continue
+        their_low, their_high = recorded[source][0], recorded[source][1]
+        if their_low <= high and low <= their_high:
+            return (f"{where}: batch {batch_id}'s share {source_key} (offsets {low}-{high} of {source}) overlaps its "
+                    f"share {key} written before (offsets {their_low}-{their_high}): the batch is split otherwise than "
+                    "when it was written (`min_partitions` changed since?), and this share would write those records "
+                    "a second time; nothing of it was written: run the pipeline with the setting it had until this "
+                    "batch is committed")  # fmt: skip
+    return None
