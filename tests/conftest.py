@@ -156,6 +156,10 @@ SLOW_TIER = {
         "tests/test_replay_through.py::test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes_"
         "nothing_twice (`run --max-batches 2` as a user types it, then reconciled) and tests/test_identity.py::test_"
         "records_not_yet_read_are_a_term_of_their_own_and_never_change_the_verdict (the term, without a JVM)",
+    "tests/test_sink_idempotency.py::test_min_partitions_raised_after_a_kill_writes_nothing_twice":
+        "tests/test_sink_idempotency.py::test_a_batch_replayed_split_otherwise_is_never_written_twice (each per-task "
+        "sink's own write: a batch held whole and split otherwise skipped, one held in part refused, then completed, "
+        "every record once)",
     "tests/test_cluster.py::test_checkpoint_commands_work_on_hdfs":
         "tests/test_checkpoint_recovery.py::test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks "
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
