@@ -424,8 +424,8 @@ def test_a_batch_replayed_split_otherwise_is_never_written_twice(
     (``min_partitions`` raised after a crash) brings shares under keys never seen. Before, for both sinks, the replay
     of a batch held whole failed on its first share, and the share under a new key was written again meanwhile (10 of
     40 records twice, checked with the fix stashed). Held whole, the batch is now skipped; held in part (a kill between
-    its shares), a share that overlaps one written before is refused; with the setting put back the batch completes:
-    every record once."""
+    its shares), a replay whose splits overlap a share written before without being it is refused on the driver,
+    before any task writes; with the setting put back the batch completes: every record once."""
     import psycopg
 
     from streamproof.kafka_client import ensure_topic
@@ -459,11 +459,13 @@ def test_a_batch_replayed_split_otherwise_is_never_written_twice(
             connection.execute("DELETE FROM idem_split WHERE _src_partition = 1 AND _src_offset >= 40")
             connection.execute("DELETE FROM streamproof_ledger WHERE sink_table = 'idem_split' AND batch_id = 1 "
                                "AND source_key IN ('*', 'idem-in/1@41')")  # fmt: skip
-    # Raised min_partitions: the split that starts at 40 no longer holds what its share holds, and the one that
-    # starts in the sixties overlaps it (which task ends the job first is Spark's choice; neither writes twice).
-    with pytest.raises(Exception, match=r"overlaps its share idem-in/0@40 written before|is split otherwise"):
+    # Raised min_partitions: refused on the driver before any task writes (partition 1's new splits too, so that
+    # the batch can complete once the setting is put back).
+    with pytest.raises(PipelineError, match=r"batch 1 is held in part, and its replay is split otherwise than when it "
+                                            r"was written: idem-in/0@40 \(offsets 40-58\) against the share "
+                                            r"idem-in/0@40 written before \(offsets 40-78\)"):  # fmt: skip
         open_sink(spec, spec.sink_specs[0]).write(_split(spark, range(40, 80), 4), _batch(1, 40, 80))
-    if kind == "kafka":  # the overlapping share alone, as its task runs it
+    if kind == "kafka":  # the task's own guard, should a split pass the driver: the overlapping share alone
         (share_60,) = [rows for rows in _as_records(_split(spark, range(40, 80), 4), None).rdd.map(tuple).glom()
                        .collect() if rows and rows[0][3] == 0 and rows[0][4] > 40]  # fmt: skip
         with pytest.raises(PipelineError, match=r"overlaps its share idem-in/0@40 written before \(offsets 40-78\)"):
@@ -485,8 +487,8 @@ def test_min_partitions_raised_after_a_kill_writes_nothing_twice(
     splits per partition); the next run finds batch 1 held by every sink, marks it done without running it (the
     start's own rule), and drains. 3,000 events more; a kill in the Kafka sink's write of their first batch (its
     last task, after others committed), the setting raised to 16: PostgreSQL holds the batch whole and skips it, and
-    Kafka's tasks are refused in one line, nothing written twice; the setting put back, the run drains. Both
-    checkers: 0/0/0."""
+    Kafka, holding it in part, refuses the new splits in one line before any task writes; the setting put back, the
+    run drains. Both checkers: 0/0/0."""
     from conftest import assert_every_sink_clean, run_cli
     from streamproof import faults
     from streamproof.checkpoint.log import committed_batches
@@ -544,10 +546,9 @@ topic = "splits-out"
     refused = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert refused.returncode != 0, refused.stdout[-3000:]
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
-    # Which task ends the job first is Spark's choice: one whose split overlaps a share written before, or the one
-    # whose split starts where a share did but holds fewer rows.
-    assert len(errors) == 1 and ("overlaps its share splits/" in errors[0] or "is split otherwise" in errors[0]), (
+    assert len(errors) == 1 and "is held in part, and its replay is split otherwise" in errors[0], (
         refused.stderr[-3000:])  # fmt: skip
+    assert "kafka topic splits-out: batch" in errors[0] and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     write("")
     drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert drained.returncode == 0, drained.stderr[-3000:]

@@ -147,6 +147,12 @@ class Sink(ABC):
             self._held = HeldBatches(held, known_from=self.known_from(held))
         return replay_decision(self._held, batch, self.location)
 
+    def held_in_part(self, batch: Batch) -> bool:
+        """After :meth:`replay_check`: whether the sink holds some shares of ``batch`` but not all (a sink committing
+        per task, killed in its write)."""
+        commit = self._held.commits.get(batch.batch_id) if self._held is not None else None
+        return commit is not None and not commit.complete
+
     def known_from(self, held: dict[int, SinkCommit]) -> int | None:
         """The oldest batch the sink can vouch for among ``held`` (None: every batch it ever held is in its records).
         A sink whose records of old batches go away says where they still start.

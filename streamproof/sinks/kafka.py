@@ -33,15 +33,12 @@ Example::
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -51,19 +48,31 @@ from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import (
     client_config,
     ensure_topic,
-    leader_moved,
     require_topic,
     source_client_config,
     topic_exists,
     watermarks,
 )
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, overlap_refusal, peek_source_key
+from streamproof.sinks.markers import (  # noqa: F401 - find_marker, wait_until_decided: the sink's, its tests use
+    batch_shares,
+    find_marker,
+    marker_key,
+    read_markers,
+    share_markers,
+    wait_until_decided,
+)
+from streamproof.sinks.shares import (
+    BATCH_COMPLETE,
+    SourceRanges,
+    overlap_refusal,
+    peek_source_key,
+    split_ranges,
+    split_refusal,
+)
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
 
-DECIDED_TIMEOUT_S = 120.0
-MARKER_WINDOW = 2000
 TRANSACTION_TIMEOUT_MS = "60000"
 
 
@@ -77,11 +86,6 @@ def transactional_id(pipeline: str, topic: str, partition_id: int) -> str:
     return f"streamproof.{pipeline}.{topic}.{partition_id}"
 
 
-def marker_key(pipeline: str, topic: str, source: str) -> str:
-    """Marker key of one source partition's shares (compaction keeps the newest per source partition)."""
-    return f"{pipeline}/{topic}/{source}"
-
-
 def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
 
     settings = {
@@ -93,123 +97,6 @@ def _producer(spec: KafkaSinkSpec, pipeline: str, partition_id: int) -> Any:
         **spec.producer_options(),
     }
     return Producer(client_config(spec.bootstrap_servers, **settings))
-
-
-def wait_until_decided(spec: KafkaSinkSpec, timeout_s: float = DECIDED_TIMEOUT_S) -> int:
-    """Wait until no transaction that was open on the marker topic when called is still open; return the
-    high watermark it waited for (everything below it is committed or aborted)."""
-
-    partition = TopicPartition(spec.markers, 0)
-    deadline = time.monotonic() + timeout_s
-    admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
-
-    def latest(level: IsolationLevel) -> int:
-        nonlocal admin
-        while True:
-            futures = admin.list_offsets({partition: OffsetSpec.latest()}, isolation_level=level, request_timeout=5)
-            try:
-                offset = int(futures[partition].result().offset)
-            except KafkaException as error:
-                # The partition's leader moved (a broker of a cluster killed or fenced): the admin client does not
-                # retry; a new one asks the new leader.
-                if not leader_moved(error):
-                    raise
-                offset = -1
-            # With the leader gone, the answer can also be no error and offset -1001 (measured on a 3-broker
-            # cluster): taken for an end, it made every marker look unwritten, and a held batch was written again.
-            if offset >= 0:
-                return offset
-            if time.monotonic() > deadline:
-                raise PipelineError(
-                    f"marker topic {spec.markers}: no leader gave its end offset within {timeout_s:.0f} s; is the "
-                    "Kafka cluster up?"
-                )
-            time.sleep(0.5)
-            admin = AdminClient(client_config(spec.bootstrap_servers, **spec.producer_options()))
-
-    high_watermark = latest(IsolationLevel.READ_UNCOMMITTED)
-    while latest(IsolationLevel.READ_COMMITTED) < high_watermark:
-        if time.monotonic() > deadline:
-            raise PipelineError(
-                f"marker topic {spec.markers}: a transaction stayed open for {timeout_s:.0f} s; a producer of "
-                "another application may use it, or the broker's transaction timeout is too long"
-            )
-        time.sleep(0.1)
-    return high_watermark
-
-
-def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Committed markers at offsets ``[start, end)`` of the marker topic (read_committed)."""
-
-    if end <= start:
-        return
-    consumer = Consumer(client_config(spec.bootstrap_servers, **{
-        **spec.producer_options(), "group.id": f"streamproof-markers-{uuid.uuid4()}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True,
-        "fetch.wait.max.ms": 10,  # the markers are few and small: do not let the broker hold the fetch 500 ms
-    }))  # fmt: skip
-    try:
-        consumer.assign([TopicPartition(spec.markers, 0, start)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None:
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:  # the last stable offset is reached
-                    return
-                raise PipelineError(f"reading marker topic {spec.markers}: {error}")
-            offset = int(message.offset() or 0)
-            if offset >= end:
-                return
-            yield offset, json.loads(message.value() or b"{}")
-        raise PipelineError(f"reading marker topic {spec.markers} took more than 60 s")
-    finally:
-        consumer.close()
-
-
-def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: str) -> dict[str, Any] | None:
-    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written
-    (:func:`share_markers`, without the batch's other shares)."""
-    return share_markers(spec, pipeline, batch_id, source_key)[0]
-
-
-def share_markers(spec: KafkaSinkSpec, pipeline: str, batch_id: int,
-                  source_key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:  # fmt: skip
-    """The committed marker of this share of the batch (its ``source_key``), or None if it was not written; and the
-    markers of the batch's other shares of the same source partition met on the way (a batch split otherwise).
-
-    Reads backwards from the end in windows: the markers of one source partition come in batch order, so
-    the search stops at that partition's first marker of an earlier batch. The marker topic is compacted (the newest
-    marker per source partition kept): when this share's marker is gone and a later batch's marker of the same source
-    partition is there, that one is returned. A later batch of a source partition is written only once every earlier
-    batch was, so it proves this share written (or that it had no rows); :meth:`TransactionalWriter._check_replay`
-    checks that the share's rows lie below the later batch's.
-    """
-    source = source_key.rsplit("@", 1)[0]
-    end = wait_until_decided(spec)
-    start = max(0, end - MARKER_WINDOW)
-    later: dict[str, Any] | None = None  # the oldest marker of this source partition's later batches met so far
-    siblings: list[dict[str, Any]] = []
-    while True:
-        window = [
-            marker for _, marker in read_markers(spec, start, end)
-            if marker.get("pipeline") == pipeline and marker.get("topic") == spec.topic
-            and marker.get("source") == source
-        ]  # fmt: skip
-        for marker in reversed(window):
-            if int(marker["batch_id"]) < batch_id:
-                return None, siblings
-            if int(marker["batch_id"]) == batch_id and marker.get("source_key") == source_key:
-                return marker, siblings
-            if int(marker["batch_id"]) == batch_id:
-                siblings.append(marker)
-            if int(marker["batch_id"]) > batch_id:
-                later = marker
-        if start == 0:
-            return later, siblings
-        end, start = start, max(0, start - 2 * (end - start))
 
 
 @dataclass(frozen=True)
@@ -345,6 +232,12 @@ class KafkaSink(Sink):
         if self.replay_check(batch):
             return SinkWrite(0, replay_skipped=True)
         partitions = records.rdd.map(tuple)
+        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
+            splits = partitions.mapPartitions(split_ranges(tuple(records.columns))).collect()
+            shares = batch_shares(self.spec, batch.pipeline, batch.batch_id)
+            refusal = split_refusal(f"kafka topic {self.spec.topic}", batch.batch_id, shares, splits)
+            if refusal is not None:
+                raise PipelineError(refusal)
         count = partitions.getNumPartitions()
         if not self._fenced:
             self._fence_zombies(count)

@@ -45,7 +45,14 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
-from streamproof.sinks.shares import BATCH_COMPLETE, SourceRanges, overlap_refusal, peek_source_key
+from streamproof.sinks.shares import (
+    BATCH_COMPLETE,
+    SourceRanges,
+    overlap_refusal,
+    peek_source_key,
+    split_ranges,
+    split_refusal,
+)
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
 
@@ -307,6 +314,17 @@ class PostgresSink(Sink):
         text_rows = _as_copy_text(self._rows_for_mode(rows))
         columns = tuple(text_rows.columns)
         partitions = text_rows.rdd.map(tuple)
+        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
+            with self._connect() as connection:
+                recorded = connection.execute(
+                    f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+                    "AND batch_id = %s",
+                    (batch.pipeline, self.spec.table, batch.batch_id),
+                ).fetchall()
+            splits = partitions.mapPartitions(split_ranges(columns)).collect()
+            refusal = split_refusal(f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, splits)
+            if refusal is not None:
+                raise PipelineError(refusal)
         writer = PartitionWriter(
             self.spec, batch.pipeline, columns,
             tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,

@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from streamproof.errors import PipelineError
@@ -103,3 +103,53 @@ def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRa
                     "a second time; nothing of it was written: run the pipeline with the setting it had until this "
                     "batch is committed")  # fmt: skip
     return None
+
+
+def split_refusal(where: str, batch_id: int, recorded: Iterable[tuple[str, dict[str, list[int]] | None]],
+                  splits: Iterable[tuple[str, dict[str, list[int]]]]) -> str | None:  # fmt: skip
+    """Why a batch held in part may not be replayed with these splits (None: it may), decided on the driver before
+    any task writes: a split must be a share written before (the same key and rows: held) or overlap none (new). A
+    split that overlaps a share without being it means the batch is split otherwise than when it was written
+    (``min_partitions`` changed since): its rows would be written a second time, or left unwritten.
+
+    >>> held = [("t/0@0", {"t/0": [0, 38, 20]}), ("t/1@1", {"t/1": [1, 39, 20]})]
+    >>> split_refusal("pg", 4, held, [("t/0@0", {"t/0": [0, 38, 20]}), ("t/1@1", {"t/1": [1, 39, 20]})]) is None
+    True
+    >>> split_refusal("pg", 4, held[:1], [("t/0@0", {"t/0": [0, 38, 20]}), ("t/1@1", {"t/1": [1, 39, 20]})]) is None
+    True
+    >>> refusal = split_refusal("pg", 4, held, [("t/0@0", {"t/0": [0, 18, 10]}), ("t/0@20", {"t/0": [20, 38, 10]})])
+    >>> refusal.split(": ", 2)[2][:76]
+    't/0@0 (offsets 0-18) against the share t/0@0 written before (offsets 0-38) ('
+    >>> split_refusal("pg", 4, held[:1], [("t/1@1", {"t/1": [1, 19, 10]}), ("t/1@21", {"t/1": [21, 39, 10]})]) is None
+    True
+    """
+    shares = [(key, ranges) for key, ranges in recorded if ranges]
+    for key, ranges in splits:
+        ((source, (low, high, _)),) = ranges.items()
+        for held_key, held_ranges in shares:
+            if source not in held_ranges or (held_key, held_ranges) == (key, ranges):
+                continue
+            held_low, held_high = held_ranges[source][0], held_ranges[source][1]
+            if held_low <= high and low <= held_high:
+                return (f"{where}: batch {batch_id} is held in part, and its replay is split otherwise than when it "
+                        f"was written: {key} (offsets {low}-{high}) against the share {held_key} written before "
+                        f"(offsets {held_low}-{held_high}) (`min_partitions` changed since?); nothing was written: run "
+                        "the pipeline with the setting it had until this batch is committed")  # fmt: skip
+    return None
+
+
+def split_ranges(
+    columns: tuple[str, ...],
+) -> Callable[[Iterable[tuple[Any, ...]]], Iterator[tuple[str, dict[str, list[int]]]]]:
+    """A function for ``rdd.mapPartitions``: each split's key and source ranges (none for a split without rows)."""
+
+    def ranges_of(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[str, dict[str, list[int]]]]:
+        key, rows = peek_source_key(rows, columns)
+        if key is None:
+            return
+        ranges = SourceRanges(columns)
+        for row in rows:
+            ranges.add(row)
+        yield key, ranges.as_json()
+
+    return ranges_of
