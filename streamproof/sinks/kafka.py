@@ -10,9 +10,11 @@ one transaction it writes its share of the batch to the output topic and a commi
 Before writing, the task looks for the committed marker of its share with ``read_committed``:
 
 * first write: no marker: the records and the marker commit together;
-* replay: the marker is there: the share writes nothing;
+* replay: a batch held whole (its batch-complete record) is skipped on the driver; in one held in part, a share
+  whose marker is there writes nothing;
 * inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise
-  error.
+  error; so is a replay of a batch held in part whose splits are not the shares written (``min_partitions``
+  changed: :func:`~streamproof.sinks.shares.split_refusal`, on the driver before any task writes).
 
 Once every task succeeded, a batch-complete record follows in the marker topic. Markers are trusted only
 once every transaction open on the marker topic when the task started has been decided (its last stable

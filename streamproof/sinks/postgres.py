@@ -8,10 +8,13 @@ offsets and the source ranges it wrote; the transaction commits all of it or not
 succeeded, a ``*`` ledger row marks the batch complete (a batch without it is partial: some shares are in).
 
 * first write: the ledger insert succeeds and the rows follow it;
-* replay (Spark re-runs a batch after a crash): the ledger insert finds the row (a concurrent zombie
-  attempt waits on it, then finds it) and that share writes nothing; the others write;
+* replay (Spark re-runs a batch after a crash): a batch held whole (its ``*`` row) is skipped on the driver;
+  in one held in part, the ledger insert finds the row (a concurrent zombie attempt waits on it, then finds
+  it) and that share writes nothing; the others write;
 * inconsistency: a ledger row whose recorded source ranges differ from the replayed share's is a precise
-  error (the checkpoint is not this table's, or the transform changed), never a silent skip.
+  error (the checkpoint is not this table's, or the transform changed), never a silent skip; so is a replay
+  of a batch held in part whose splits are not the shares written (``min_partitions`` changed:
+  :func:`~streamproof.sinks.shares.split_refusal`, on the driver before any task writes).
 
 Modes: ``append`` (``INSERT``), ``upsert`` (``INSERT .. ON CONFLICT (key) DO UPDATE`` only by a newer
 record of the key: by ``order_by``, then topic, partition, offset), ``accumulate`` (per-``by`` running
