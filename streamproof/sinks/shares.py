@@ -75,11 +75,13 @@ class SourceRanges:
         return next(iter(self.ranges))
 
 
-def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRanges,
-                    siblings: Iterable[tuple[str, dict[str, list[int]] | None]]) -> str | None:  # fmt: skip
+Shares = Iterable[tuple[str, dict[str, list[int]] | None]]  # (source key, source ranges) of shares, as recorded
+
+
+def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRanges, siblings: Shares) -> str | None:
     """Why this share may not be written (None: it may): a share of the same batch and source partition under
-    another key, written before, holds some of its offsets. The batch is split otherwise than when it was written
-    (``min_partitions`` changed since): the new split's key is new, and writing it would write those records twice.
+    another key, written before, holds some of its offsets (the batch is split otherwise than when it was written,
+    and the share's key is new). A task's own guard, behind :func:`split_refusal`.
 
     >>> ranges = SourceRanges(("_src_topic", "_src_partition", "_src_offset"))
     >>> for offset in (20, 38):
@@ -90,22 +92,19 @@ def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRa
     >>> overlap_refusal("pg", 4, "t/0@20", ranges, [("t/0@40", {"t/0": [40, 60, 21]})]) is None
     True
     """
-    source = ranges.single_source()
-    low, high = ranges.ranges[source][0], ranges.ranges[source][1]
-    for key, recorded in siblings:
-        if key == source_key or not recorded or source not in recorded:
-            continue
-        their_low, their_high = recorded[source][0], recorded[source][1]
-        if their_low <= high and low <= their_high:
-            return (f"{where}: batch {batch_id}'s share {source_key} (offsets {low}-{high} of {source}) overlaps its "
-                    f"share {key} written before (offsets {their_low}-{their_high}): the batch is split otherwise than "
-                    "when it was written (`min_partitions` changed since?), and this share would write those records "
-                    "a second time; nothing of it was written: run the pipeline with the setting it had until this "
-                    "batch is committed")  # fmt: skip
-    return None
+    others = [(key, recorded) for key, recorded in siblings if key != source_key]
+    found = _first_overlap(others, [(source_key, ranges.as_json())])
+    if found is None:
+        return None
+    _, (low, high), key, (their_low, their_high) = found
+    return (f"{where}: batch {batch_id}'s share {source_key} (offsets {low}-{high} of {ranges.single_source()}) "
+            f"overlaps its share {key} written before (offsets {their_low}-{their_high}): the batch is split otherwise "
+            "than when it was written (`min_partitions` changed since?), and this share would write those records a "
+            "second time; nothing of it was written: run the pipeline with the setting it had until this batch is "
+            "committed")  # fmt: skip
 
 
-def split_refusal(where: str, batch_id: int, recorded: Iterable[tuple[str, dict[str, list[int]] | None]],
+def split_refusal(where: str, batch_id: int, recorded: Shares,
                   splits: Iterable[tuple[str, dict[str, list[int]]]]) -> str | None:  # fmt: skip
     """Why a batch held in part may not be replayed with these splits (None: it may), decided on the driver before
     any task writes: a split must be a share written before (the same key and rows: held) or overlap none (new). A
@@ -123,6 +122,20 @@ def split_refusal(where: str, batch_id: int, recorded: Iterable[tuple[str, dict[
     >>> split_refusal("pg", 4, held[:1], [("t/1@1", {"t/1": [1, 19, 10]}), ("t/1@21", {"t/1": [21, 39, 10]})]) is None
     True
     """
+    found = _first_overlap(recorded, splits)
+    if found is None:
+        return None
+    key, (low, high), held_key, (held_low, held_high) = found
+    return (f"{where}: batch {batch_id} is held in part, and its replay is split otherwise than when it was written: "
+            f"{key} (offsets {low}-{high}) against the share {held_key} written before (offsets {held_low}-"
+            f"{held_high}) (`min_partitions` changed since?); nothing was written: run the pipeline with the setting "
+            "it had until this batch is committed")  # fmt: skip
+
+
+def _first_overlap(recorded: Shares, splits: Iterable[tuple[str, dict[str, list[int]]]]
+                   ) -> tuple[str, tuple[int, int], str, tuple[int, int]] | None:  # fmt: skip
+    """The first split that overlaps a recorded share of its source partition without being that share: the
+    split's key and offsets, the share's key and offsets."""
     shares = [(key, ranges) for key, ranges in recorded if ranges]
     for key, ranges in splits:
         ((source, (low, high, _)),) = ranges.items()
@@ -131,10 +144,7 @@ def split_refusal(where: str, batch_id: int, recorded: Iterable[tuple[str, dict[
                 continue
             held_low, held_high = held_ranges[source][0], held_ranges[source][1]
             if held_low <= high and low <= held_high:
-                return (f"{where}: batch {batch_id} is held in part, and its replay is split otherwise than when it "
-                        f"was written: {key} (offsets {low}-{high}) against the share {held_key} written before "
-                        f"(offsets {held_low}-{held_high}) (`min_partitions` changed since?); nothing was written: run "
-                        "the pipeline with the setting it had until this batch is committed")  # fmt: skip
+                return key, (low, high), held_key, (held_low, held_high)
     return None
 
 
