@@ -369,43 +369,18 @@ def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Pat
     console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
                   f"its pipelines under {workdir}", markup=False)  # fmt: skip
     with PauseOnSignal() as pause:
+        nemesis, to_replay, start = None, parse_sequence(sequence) if sequence is not None else None, 0
         if resume:
-            nemesis, resumed_sequence, start = resumed(pipeline, workdir, spark, daemons, emit_plain)
-            emit_plain(f"resumed before step {start + 1} of {len(resumed_sequence.steps)}")
-            outcome = replay(
-                pipeline,
-                resumed_sequence,
-                spark=spark,
-                workdir=workdir,
-                daemons=daemons,
-                emit=emit_plain,
-                nemesis=nemesis,
-                start=start,
-                pause_requested=pause.requested,
-            )
-        elif sequence is not None:
-            outcome = replay(
-                pipeline,
-                parse_sequence(sequence),
-                spark=spark,
-                workdir=workdir,
-                daemons=daemons,
-                emit=emit_plain,
-                pause_requested=pause.requested,
-            )
+            nemesis, to_replay, start = resumed(pipeline, workdir, spark, daemons, emit_plain)
+            emit_plain(f"resumed before step {start + 1} of {len(to_replay.steps)}")
+        if to_replay is not None:
+            outcome = replay(pipeline, to_replay, spark=spark, workdir=workdir, daemons=daemons, emit=emit_plain,
+                             nemesis=nemesis, start=start, pause_requested=pause.requested)  # fmt: skip
         else:
             assert steps is not None
-            outcome = search(
-                pipeline,
-                steps=steps,
-                seed=seed,
-                spark=spark,
-                workdir=workdir,
-                daemons=daemons,
-                emit=emit_plain,
-                shrink_minutes=shrink_minutes,
-                pause_requested=pause.requested,
-            )
+            outcome = search(pipeline, steps=steps, seed=seed, spark=spark, workdir=workdir, daemons=daemons,
+                             emit=emit_plain, shrink_minutes=shrink_minutes,
+                             pause_requested=pause.requested)  # fmt: skip
     if outcome.paused is not None:
         console.print(f"nemesis: PAUSED, nothing judged yet; carry on with: streamproof prove {pipeline} "
                       f"--nemesis-resume {outcome.paused.parent} --state-dir {state}", markup=False)  # fmt: skip
