@@ -69,8 +69,7 @@ from streamproof.sinks.shares import (
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    split_ranges,
-    split_refusal,
+    refuse_other_splits,
 )
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
@@ -235,11 +234,9 @@ class KafkaSink(Sink):
             return SinkWrite(0, replay_skipped=True)
         partitions = records.rdd.map(tuple)
         if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
-            splits = partitions.mapPartitions(split_ranges(tuple(records.columns))).collect()
             shares = batch_shares(self.spec, batch.pipeline, batch.batch_id)
-            refusal = split_refusal(f"kafka topic {self.spec.topic}", batch.batch_id, shares, splits)
-            if refusal is not None:
-                raise PipelineError(refusal)
+            refuse_other_splits(f"kafka topic {self.spec.topic}", batch.batch_id, shares, partitions,
+                                tuple(records.columns))  # fmt: skip
         count = partitions.getNumPartitions()
         if not self._fenced:
             self._fence_zombies(count)

@@ -53,8 +53,7 @@ from streamproof.sinks.shares import (
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    split_ranges,
-    split_refusal,
+    refuse_other_splits,
 )
 from streamproof.task_faults import TaskFault, task_fault
 from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
@@ -324,10 +323,8 @@ class PostgresSink(Sink):
                     "AND batch_id = %s",
                     (batch.pipeline, self.spec.table, batch.batch_id),
                 ).fetchall()
-            splits = partitions.mapPartitions(split_ranges(columns)).collect()
-            refusal = split_refusal(f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, splits)
-            if refusal is not None:
-                raise PipelineError(refusal)
+            refuse_other_splits(f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, partitions,
+                                columns)  # fmt: skip
         writer = PartitionWriter(
             self.spec, batch.pipeline, columns,
             tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,

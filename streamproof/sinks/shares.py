@@ -132,6 +132,14 @@ def split_refusal(where: str, batch_id: int, recorded: Shares,
             "it had until this batch is committed")  # fmt: skip
 
 
+def refuse_other_splits(where: str, batch_id: int, recorded: Shares, partitions: Any, columns: tuple[str, ...]) -> None:
+    """:func:`split_refusal` of a batch held in part, raised on the driver: the splits of ``partitions`` (the RDD
+    of row tuples the sink's tasks will write, with ``columns``), read by one small job, against its shares."""
+    refusal = split_refusal(where, batch_id, recorded, partitions.mapPartitions(split_ranges(columns)).collect())
+    if refusal is not None:
+        raise PipelineError(refusal)
+
+
 def _first_overlap(recorded: Shares, splits: Iterable[tuple[str, dict[str, list[int]]]]
                    ) -> tuple[str, tuple[int, int], str, tuple[int, int]] | None:  # fmt: skip
     """The first split that overlaps a recorded share of its source partition without being that share: the
