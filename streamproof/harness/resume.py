@@ -85,9 +85,7 @@ def save_paused(nemesis: Nemesis, sequence: Sequence, next_step: int, servers: l
         "history": nemesis.history, "paused_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }  # fmt: skip
     path = nemesis.workdir / STATE_FILE
-    staged = path.with_name(path.name + ".tmp")
-    staged.write_text(json.dumps(state, indent=1))
-    staged.replace(path)  # whole or not at all: a pause is what a reboot may interrupt
+    Location(path).replace_with_text(json.dumps(state, indent=1))  # whole or not at all: a reboot may interrupt it
     return path
 
 
@@ -102,7 +100,8 @@ def resumed(pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Dae
     state = json.loads(path.read_text())
     if Path(state["pipeline"]) != pipeline_file.resolve():
         raise ConfigError(f"--nemesis-resume: {folder} is a nemesis of {state['pipeline']}, not of {pipeline_file}")
-    if state.get("pipeline_sha256", _digest(pipeline_file)) != _digest(pipeline_file):  # kept since 43966d8
+    digest = _digest(pipeline_file)
+    if state.get("pipeline_sha256", digest) != digest:  # kept since 43966d8
         raise ConfigError(f"--nemesis-resume: {pipeline_file} changed since the nemesis in {folder} paused; put it "
                           "back as it was, or start a new nemesis")  # fmt: skip
     if state["servers"] != daemons.restartable():
