@@ -54,10 +54,15 @@ __all__ = ["Pipeline", "Proof", "Report", "RunSummary", "prove", "run", "this_ba
 # `python -c "import streamproof.errors"` against 0.02-0.08 s without (measured; docs/architecture.md). So the face's
 # names are resolved on first use, from this table (PEP 562).
 _FACE = {
-    "Pipeline": "streamproof.api", "prove": "streamproof.api", "run": "streamproof.api", "verify": "streamproof.api",
-    "Proof": "streamproof.harness.proof", "Report": "streamproof.reconcile",
-    "RunSummary": "streamproof.pipeline.events", "this_batch": "streamproof.your_steps",
-}  # fmt: skip
+    "Pipeline": "streamproof.api",
+    "prove": "streamproof.api",
+    "run": "streamproof.api",
+    "verify": "streamproof.api",
+    "Proof": "streamproof.harness.proof",
+    "Report": "streamproof.reconcile",
+    "RunSummary": "streamproof.pipeline.events",
+    "this_batch": "streamproof.your_steps",
+}
 
 
 def __getattr__(name: str) -> Any:

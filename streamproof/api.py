@@ -56,12 +56,21 @@ class Pipeline:
         lookups: Sequence[Section] = (),
     ) -> None:
         if "function" in transform:  # your own transform, given in Python: the processes streamproof runs import it
-            transform = {**{k: v for k, v in transform.items() if k != "function"},
-                         "python": function_name(transform["function"])}  # fmt: skip
+            transform = {
+                **{k: v for k, v in transform.items() if k != "function"},
+                "python": function_name(transform["function"]),
+            }
         tables: dict[str, Any] = {"name": name, "guarantee": guarantee, "source": source, "transform": transform}
-        optional = {"sink": sink, "sinks": list(sinks) or None, "checkpoint": checkpoint, "trigger": trigger,
-                    "spark": spark, "metrics": metrics, "retry": retry,
-                    "lookups": list(lookups) or None}  # fmt: skip
+        optional = {
+            "sink": sink,
+            "sinks": list(sinks) or None,
+            "checkpoint": checkpoint,
+            "trigger": trigger,
+            "spark": spark,
+            "metrics": metrics,
+            "retry": retry,
+            "lookups": list(lookups) or None,
+        }
         tables.update({key: value for key, value in optional.items() if value is not None})
         self.spec: PipelineSpec = pipeline_from_tables(tables, source_name=f"Pipeline(name={name!r})")
         self.file: Path | None = None
@@ -155,5 +164,6 @@ def prove(
         pipeline_file = pipeline.save(logs / "pipeline.toml")
     else:
         pipeline_file = Path(pipeline)
-    return prove_pipeline(pipeline_file, crash_at=crash_at, random_kills=random_kills, seed=seed, log_dir=logs,
-                          emit=emit, spark=spark)  # fmt: skip
+    return prove_pipeline(
+        pipeline_file, crash_at=crash_at, random_kills=random_kills, seed=seed, log_dir=logs, emit=emit, spark=spark
+    )

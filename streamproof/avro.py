@@ -85,8 +85,7 @@ def with_subject_pinned(spec: PipelineSpec) -> PipelineSpec:
     """
     if spec.transform.schema_registry is None or spec.transform.schema_subject:
         return spec
-    return spec.model_copy(update={"transform": spec.transform.model_copy(
-        update={"schema_subject": subject_of(spec)})})  # fmt: skip
+    return spec.model_copy(update={"transform": spec.transform.model_copy(update={"schema_subject": subject_of(spec)})})
 
 
 def subject_of(spec: PipelineSpec) -> str:
@@ -132,8 +131,9 @@ def register_schema(registry: str, subject: str, schema_json: str) -> AvroContra
     """
     url = f"{registry.rstrip('/')}/subjects/{urllib.parse.quote(subject, safe='')}/versions"
     payload = json.dumps({"schema": checked_schema(schema_json, "--avro-schema")}).encode()
-    request = urllib.request.Request(url, data=payload, method="POST",
-                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})  # fmt: skip
+    request = urllib.request.Request(
+        url, data=payload, method="POST", headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=REGISTRY_TIMEOUT_S) as answer:
             body: dict[str, Any] = json.loads(answer.read())

@@ -144,8 +144,10 @@ def run_demo(
         (independent,) = verify_independently(spec)
         seconds["independent"] = time.monotonic() - checking
         console.print(checkers_table(report, independent))
-        console.print(f"Spark checker: {report.verdict} in {seconds['spark']:.1f} s (with its session's start); "
-                      f"independent checker: {independent.verdict} in {seconds['independent']:.1f} s")  # fmt: skip
+        console.print(
+            f"Spark checker: {report.verdict} in {seconds['spark']:.1f} s (with its session's start); "
+            f"independent checker: {independent.verdict} in {seconds['independent']:.1f} s"
+        )
         differ = disagreements([report], [independent])
         for line in differ:
             console.print(f"[bold red]the checkers disagree:[/] {line}")

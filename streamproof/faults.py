@@ -96,8 +96,10 @@ def split_moment(text: str) -> tuple[str, int | None]:
     if not mark:
         return text, None
     if where.partition(":")[0] != MID_SINK_WRITE or not moment.isdigit() or int(moment) < 1:
-        raise ConfigError(f"crash point {text!r}: only {MID_SINK_WRITE} has moments (#k, k >= 1: after the k-th "
-                          "durable step of your write)")  # fmt: skip
+        raise ConfigError(
+            f"crash point {text!r}: only {MID_SINK_WRITE} has moments (#k, k >= 1: after the k-th "
+            "durable step of your write)"
+        )
     return where, int(moment)
 
 

@@ -188,17 +188,27 @@ def order_events(
 
 
 # The Avro writer schema of the generated events (examples/schemas/order.avsc holds the same; a test keeps them equal).
-ORDER_AVRO_SCHEMA = json.dumps({
-    "type": "record", "name": "OrderEvent", "namespace": "streamproof.examples",
-    "doc": "One event of an order, as `streamproof generate --format avro` writes it.",
-    "fields": [
-        *({"name": name, "type": ["null", "string"], "default": None}
-          for name in ("event_id", "order_id", "customer_id")),
-        {"name": "amount", "type": ["null", "double"], "default": None},
-        {"name": "status", "type": ["null", "string"], "default": None},
-        {"name": "event_time", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None},
-    ],
-})  # fmt: skip
+ORDER_AVRO_SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "OrderEvent",
+        "namespace": "streamproof.examples",
+        "doc": "One event of an order, as `streamproof generate --format avro` writes it.",
+        "fields": [
+            *(
+                {"name": name, "type": ["null", "string"], "default": None}
+                for name in ("event_id", "order_id", "customer_id")
+            ),
+            {"name": "amount", "type": ["null", "double"], "default": None},
+            {"name": "status", "type": ["null", "string"], "default": None},
+            {
+                "name": "event_time",
+                "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}],
+                "default": None,
+            },
+        ],
+    }
+)
 
 
 class AvroEncoder:

@@ -89,13 +89,16 @@ class Wiring:
 
 
 _WIRINGS = {
-    "exactly-once": Wiring("exactly-once", idempotent_sink=True, progress_before_write=False, may_lose=False,
-                           may_duplicate=False),
-    "at-least-once": Wiring("at-least-once", idempotent_sink=False, progress_before_write=False, may_lose=False,
-                            may_duplicate=True),
-    "at-most-once": Wiring("at-most-once", idempotent_sink=False, progress_before_write=True, may_lose=True,
-                           may_duplicate=False),
-}  # fmt: skip
+    "exactly-once": Wiring(
+        "exactly-once", idempotent_sink=True, progress_before_write=False, may_lose=False, may_duplicate=False
+    ),
+    "at-least-once": Wiring(
+        "at-least-once", idempotent_sink=False, progress_before_write=False, may_lose=False, may_duplicate=True
+    ),
+    "at-most-once": Wiring(
+        "at-most-once", idempotent_sink=False, progress_before_write=True, may_lose=True, may_duplicate=False
+    ),
+}
 GUARANTEES: tuple[str, ...] = tuple(_WIRINGS)
 
 
@@ -174,17 +177,23 @@ def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str
         return None
     what = "a checkpoint" if role == "checkpoint" else "a Delta table"
     if scheme in NO_CONDITIONAL_SCHEMES:
-        return (f"{what} on {scheme}:// cannot guarantee exactly-once: only Hadoop's S3A (s3a://) creates a file "
-                "only if absent on S3 (conditional writes); write the path as s3a://")  # fmt: skip
+        return (
+            f"{what} on {scheme}:// cannot guarantee exactly-once: only Hadoop's S3A (s3a://) creates a file "
+            "only if absent on S3 (conditional writes); write the path as s3a://"
+        )
     if scheme != "s3a":
         return None
     if spark_conf.get(CONDITIONAL_WRITES, "true").lower() == "false":
-        return (f'{what} on s3a:// cannot guarantee exactly-once with {CONDITIONAL_WRITES} = "false": a second writer '
-                "by mistake (a run, a commit of one Delta version) would replace the first's file; remove the setting "
-                "(S3 and the stores streamproof proves on create only-if-absent: docs/storage.md)")  # fmt: skip
+        return (
+            f'{what} on s3a:// cannot guarantee exactly-once with {CONDITIONAL_WRITES} = "false": a second writer '
+            "by mistake (a run, a commit of one Delta version) would replace the first's file; remove the setting "
+            "(S3 and the stores streamproof proves on create only-if-absent: docs/storage.md)"
+        )
     store = spark_conf.get("spark.delta.logStore.s3a.impl")
     if role == "delta" and store not in S3_LOGSTORES:
-        return (f"a Delta table on s3a:// cannot guarantee exactly-once with the LogStore {store} (one writer only); "
-                f'leave [spark.conf] "spark.delta.logStore.s3a.impl" unset (streamproof\'s conditional-write LogStore) '
-                f'or set it to "{S3_LOGSTORES[1]}" with its DynamoDB table (docs/storage.md)')  # fmt: skip
+        return (
+            f"a Delta table on s3a:// cannot guarantee exactly-once with the LogStore {store} (one writer only); "
+            f'leave [spark.conf] "spark.delta.logStore.s3a.impl" unset (streamproof\'s conditional-write LogStore) '
+            f'or set it to "{S3_LOGSTORES[1]}" with its DynamoDB table (docs/storage.md)'
+        )
     return None

@@ -93,8 +93,9 @@ def _owner(archive: Path) -> Path:
 
 
 def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
-    transform = Transform.model_validate({"schema": "event_id STRING, amount DOUBLE, event_time TIMESTAMP",
-                                          "required": ["event_id"]})  # fmt: skip
+    transform = Transform.model_validate(
+        {"schema": "event_id STRING, amount DOUBLE, event_time TIMESTAMP", "required": ["event_id"]}
+    )
     records = [
         (b'{"event_id":"e1","amount":1.5,"event_time":"2026-01-01T00:00:00Z"}', "t", 0, 0),
         (b'{"event_id":"e2","amount":"x"}', "t", 0, 1),
@@ -106,8 +107,14 @@ def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
     parsed = parse_records(raw, transform).cache()
     for batch_id, table in enumerate(("sink", "quarantine")):
         frame = valid_records(parsed) if table == "sink" else quarantined_records(parsed)
-        (frame.write.format("delta").mode("append").option("txnAppId", "streamproof/setup")
-         .option("txnVersion", batch_id).option("userMetadata", "{}").save(str(scratch / table)))  # fmt: skip
+        (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", "streamproof/setup")
+            .option("txnVersion", batch_id)
+            .option("userMetadata", "{}")
+            .save(str(scratch / table))
+        )
     spark.read.format("delta").load(str(scratch / "sink")).count()
     _exercise_sinks(spark, valid_records(parsed), scratch)
     # The Kafka connector's classes, without a broker: resolving the relation's schema connects to nothing.
@@ -116,17 +123,33 @@ def _exercise_pipeline_code_paths(spark: SparkSession, scratch: Path) -> None:
     # A streaming query with foreachBatch, as a pipeline runs one.
     (scratch / "in").mkdir()
     (scratch / "in" / "1.txt").write_text('{"event_id":"e3","amount":2.0}\n')
-    stream = spark.readStream.format("text").load(str(scratch / "in")).selectExpr(
-        "CAST(value AS BINARY) AS value", "'t' AS topic", "0 AS partition", "0L AS offset",
-        "current_timestamp() AS timestamp",
-    )  # fmt: skip
+    stream = (
+        spark.readStream.format("text")
+        .load(str(scratch / "in"))
+        .selectExpr(
+            "CAST(value AS BINARY) AS value",
+            "'t' AS topic",
+            "0 AS partition",
+            "0L AS offset",
+            "current_timestamp() AS timestamp",
+        )
+    )
     query = (
-        parse_records(stream, transform).writeStream.option("checkpointLocation", str(scratch / "checkpoint"))
-        .foreachBatch(lambda batch, batch_id: valid_records(batch).write.format("delta").mode("append")
-                      .option("txnAppId", "streamproof/setup-stream").option("txnVersion", batch_id)
-                      .save(str(scratch / "stream-sink")))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        parse_records(stream, transform)
+        .writeStream.option("checkpointLocation", str(scratch / "checkpoint"))
+        .foreachBatch(
+            lambda batch, batch_id: (
+                valid_records(batch)
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", "streamproof/setup-stream")
+                .option("txnVersion", batch_id)
+                .save(str(scratch / "stream-sink"))
+            )
+        )
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(300)
 
 

@@ -60,13 +60,19 @@ class OptimizeResult:
         return f"{self.path}: OPTIMIZE{zorder} removed {self.files_removed} files, added {self.files_added}{within}"
 
 
-def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_hours: float | None,
-             allow_short_retention: bool = False, where: str | None = None) -> Iterator[str]:  # fmt: skip
+def maintain(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    *,
+    compact: bool,
+    vacuum_hours: float | None,
+    allow_short_retention: bool = False,
+    where: str | None = None,
+) -> Iterator[str]:
     """OPTIMIZE (``compact``; only the partitions ``where`` selects, Z-ordered by the sink's ``zorder_by``) and/or
     VACUUM each Delta table of the pipeline; one line per table and step done (``streamproof maintain``). A table
     not written yet is skipped, and said so."""
-    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention,
-                  where=where)  # fmt: skip
+    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where)
     refusals: list[str] = []  # --where: the tables whose partition columns it does not name
     tables = delta_tables_laid_out(spec)
     for table, layout in tables:
@@ -84,16 +90,18 @@ def maintain(spark: SparkSession, spec: PipelineSpec, *, compact: bool, vacuum_h
             else:
                 yield (done if layout.partition_by else replace(done, partitions=0)).line()
         if vacuum_hours is not None:
-            result = vacuum(spark, spec, table, retention_hours=vacuum_hours,
-                            allow_short_retention=allow_short_retention)  # fmt: skip
+            result = vacuum(
+                spark, spec, table, retention_hours=vacuum_hours, allow_short_retention=allow_short_retention
+            )
             yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
     partitioned = [table for table, layout in tables if layout.partition_by]
     if where is not None and len(refusals) == len(partitioned):  # no table took it: a mistake, not a choice
         raise ConfigError(refusals[0] if refusals else "--where: the pipeline has no partitioned Delta table")
 
 
-def check_request(*, compact: bool, vacuum_hours: float | None, allow_short_retention: bool,
-                  where: str | None = None) -> None:  # fmt: skip
+def check_request(
+    *, compact: bool, vacuum_hours: float | None, allow_short_retention: bool, where: str | None = None
+) -> None:
     """Refuse a maintenance request that does nothing, or a retention too short, before Spark starts.
 
     >>> check_request(compact=False, vacuum_hours=None, allow_short_retention=False)
@@ -130,8 +138,11 @@ def delta_tables(spec: PipelineSpec) -> list[Location]:
 
 def delta_tables_laid_out(spec: PipelineSpec) -> list[tuple[Location, Layout]]:
     """:func:`delta_tables`, each with its :class:`Layout` (the quarantine table is not partitioned)."""
-    tables = [(spec.resolve_path(sink.path), Layout(tuple(sink.partition_by), tuple(sink.zorder_by)))
-              for sink in spec.sink_specs if isinstance(sink, DeltaSinkSpec)]  # fmt: skip
+    tables = [
+        (spec.resolve_path(sink.path), Layout(tuple(sink.partition_by), tuple(sink.zorder_by)))
+        for sink in spec.sink_specs
+        if isinstance(sink, DeltaSinkSpec)
+    ]
     return [*tables, (spec.quarantine_path, Layout())]
 
 
@@ -168,8 +179,9 @@ def vacuum(
     return VacuumResult(str(table), deleted, retention_hours)
 
 
-def optimize(spark: SparkSession, table: Location, *, where: str | None = None,
-             zorder_by: Sequence[str] = ()) -> OptimizeResult:  # fmt: skip
+def optimize(
+    spark: SparkSession, table: Location, *, where: str | None = None, zorder_by: Sequence[str] = ()
+) -> OptimizeResult:
     """OPTIMIZE one table: files are compacted within each partition (Delta never mixes partitions in a file), only
     in the partitions ``where`` selects (a predicate on partition columns), Z-ordered by ``zorder_by`` if given.
 
@@ -191,8 +203,13 @@ def optimize(spark: SparkSession, table: Location, *, where: str | None = None,
     row = result.first()
     assert row is not None, "OPTIMIZE returns one row of metrics"
     metrics = row["metrics"]
-    return OptimizeResult(str(table), int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"]),
-                          int(metrics["partitionsOptimized"] or 0), tuple(zorder_by))  # fmt: skip
+    return OptimizeResult(
+        str(table),
+        int(metrics["numFilesRemoved"]),
+        int(metrics["numFilesAdded"]),
+        int(metrics["partitionsOptimized"] or 0),
+        tuple(zorder_by),
+    )
 
 
 def unreferenced_files(spark: SparkSession, table: Path) -> list[Path]:

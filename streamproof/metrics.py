@@ -53,14 +53,17 @@ class PipelineMetrics:
         self.processed_rate = gauge("streamproof_processed_rows_per_second", "Processing rate of the last batch")
         self.batch_seconds = gauge("streamproof_batch_duration_seconds", "Duration of the last batch")
         self.last_batch = gauge("streamproof_last_committed_batch", "Id of the last committed batch")
-        self.phase_seconds = gauge("streamproof_batch_phase_seconds", "Seconds of each phase of the last batch",
-                                   ["pipeline", "phase"])  # fmt: skip
+        self.phase_seconds = gauge(
+            "streamproof_batch_phase_seconds", "Seconds of each phase of the last batch", ["pipeline", "phase"]
+        )
         lag_labels = ["pipeline", "topic", "partition"]
         self.lag = gauge("streamproof_kafka_lag_records", "Records behind the latest offset", lag_labels)
         self.state_rows = gauge("streamproof_state_rows", "Rows held by stateful operators (dedup, windows)")
         self.runs = gauge("streamproof_runs_total", "Starts of this pipeline on its checkpoint (restarts + 1)")
-        self.alive_at = gauge("streamproof_last_progress_timestamp_seconds",
-                              "Unix time of the query's last committed batch, idle trigger or start")  # fmt: skip
+        self.alive_at = gauge(
+            "streamproof_last_progress_timestamp_seconds",
+            "Unix time of the query's last committed batch, idle trigger or start",
+        )
         self.batch_at = gauge("streamproof_last_batch_timestamp_seconds", "Unix time of the last committed batch")
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
@@ -76,8 +79,13 @@ class PipelineMetrics:
         """The query showed a sign of life (an idle trigger: it polled its source and found nothing new)."""
         self.alive_at.labels(self.pipeline).set(time.time())
 
-    def observe_batch(self, progress: dict[str, Any], rows_out: dict[str, int], quarantined: int,
-                      phases: dict[str, float] | None = None) -> None:  # fmt: skip
+    def observe_batch(
+        self,
+        progress: dict[str, Any],
+        rows_out: dict[str, int],
+        quarantined: int,
+        phases: dict[str, float] | None = None,
+    ) -> None:
         """Update from one committed batch: Spark's progress JSON, what the sinks wrote, where its time went."""
         labels = self.rows_in.labels(self.pipeline)
         labels.inc(int(progress.get("numInputRows") or 0))

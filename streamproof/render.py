@@ -151,15 +151,29 @@ def print_reports(console: Console, reports: Sequence[Report]) -> None:
         console.print(report_table(report))
 
 
-_OUTCOME_STYLE = {"clean": "green", "lost": "red", "duplicated": "dark_orange", "lost+duplicated": "magenta",
-                  "missed": "bold red"}  # fmt: skip
+_OUTCOME_STYLE = {
+    "clean": "green",
+    "lost": "red",
+    "duplicated": "dark_orange",
+    "lost+duplicated": "magenta",
+    "missed": "bold red",
+}
 
 
 def matrix_table(cells: Sequence[MatrixCell]) -> Table:
     """One row per cell: guarantee, point, counts, outcome against what the guarantee allows."""
     table = Table(title="streamproof matrix: guarantee x crash point")
-    columns = ("guarantee", "sink", "crash point", "lost", "duplicated", "unexpected", "restart s", "outcome",
-               "evidence of the fault")  # fmt: skip
+    columns = (
+        "guarantee",
+        "sink",
+        "crash point",
+        "lost",
+        "duplicated",
+        "unexpected",
+        "restart s",
+        "outcome",
+        "evidence of the fault",
+    )
     for column in columns:
         table.add_column(
             column, justify="right" if column in ("lost", "duplicated", "unexpected", "restart s") else "left"
@@ -168,8 +182,17 @@ def matrix_table(cells: Sequence[MatrixCell]) -> Table:
         style = _OUTCOME_STYLE.get(cell.outcome, "red")
         verdict = f"[{style}]{cell.outcome}[/]{_cell_note(cell)}"
         restart = f"{cell.restart_s:.1f}" if cell.restart_s is not None else "-"
-        table.add_row(cell.guarantee, cell.sink, cell.point, f"{cell.lost:,}", f"{cell.duplicated:,}",
-                      f"{cell.unexpected:,}", restart, verdict, cell.evidence)  # fmt: skip
+        table.add_row(
+            cell.guarantee,
+            cell.sink,
+            cell.point,
+            f"{cell.lost:,}",
+            f"{cell.duplicated:,}",
+            f"{cell.unexpected:,}",
+            restart,
+            verdict,
+            cell.evidence,
+        )
     return table
 
 
@@ -221,16 +244,20 @@ def timeline_svg(events: Sequence[TimelineEvent], width: int = 860) -> str:
         start = min(event.t for event in mine)
         stop = max(event.t for event in mine)
         parts.append(f'<text x="0" y="{y + 13}">run {run}</text>')
-        parts.append(f'<rect x="{60 + start * scale:.1f}" y="{y + 4}" width="{max(1.0, (stop - start) * scale):.1f}" '
-                     f'height="12" fill="#dde6f0" stroke="#8aa"/>')  # fmt: skip
+        parts.append(
+            f'<rect x="{60 + start * scale:.1f}" y="{y + 4}" width="{max(1.0, (stop - start) * scale):.1f}" '
+            f'height="12" fill="#dde6f0" stroke="#8aa"/>'
+        )
         for event in mine:
             x = 60 + event.t * scale
             title = html.escape(f"{event.kind} {event.batch if event.batch is not None else ''} {event.label}".strip())
             if event.kind == "batch":
-                parts.append(f'<line x1="{x:.1f}" y1="{y + 2}" x2="{x:.1f}" y2="{y + 18}" stroke="#2a7" '
-                             f'stroke-width="2"><title>{title} at {event.t:.1f} s</title></line>'
-                             f'<text x="{x + 2:.1f}" y="{y + 2}" font-size="9" fill="#2a7">'
-                             f'{event.batch}</text>')  # fmt: skip
+                parts.append(
+                    f'<line x1="{x:.1f}" y1="{y + 2}" x2="{x:.1f}" y2="{y + 18}" stroke="#2a7" '
+                    f'stroke-width="2"><title>{title} at {event.t:.1f} s</title></line>'
+                    f'<text x="{x + 2:.1f}" y="{y + 2}" font-size="9" fill="#2a7">'
+                    f"{event.batch}</text>"
+                )
             elif event.kind == "kill":
                 parts.append(
                     f'<text x="{x - 4:.1f}" y="{y + 15}" fill="#c00" font-weight="bold">✕'
@@ -249,8 +276,11 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
     lines = list(dict.fromkeys((cell.guarantee, cell.sink) for cell in cells))
     points = list(dict.fromkeys(cell.point for cell in cells))
     by_key = {(cell.guarantee, cell.sink, cell.point): cell for cell in cells}
-    rows = ["<table class='grid'><tr><th>guarantee \\ crash point</th>"
-            + "".join(f"<th>{html.escape(p)}</th>" for p in points) + "</tr>"]  # fmt: skip
+    rows = [
+        "<table class='grid'><tr><th>guarantee \\ crash point</th>"
+        + "".join(f"<th>{html.escape(p)}</th>" for p in points)
+        + "</tr>"
+    ]
     one_sink = len({sink for _, sink in lines}) == 1
     for guarantee, sink in lines:
         label = guarantee if one_sink else f"{guarantee} · {sink}"
@@ -285,9 +315,8 @@ def matrix_html(cells: Sequence[MatrixCell], command: str) -> str:
         f"<p class='small'>Produced by <code>{html.escape(command)}</code>. Each cell: fresh topic, table and "
         "checkpoint, the same generated data, one SIGKILL of the pipeline's process group at the named point (on a "
         "cluster: a fault of the machines in each sink's write, which the run survives), restart until drained, "
-        "record-by-record reconciliation.</p>" + "".join(rows) + "<h2>Timelines</h2>"
-        + "".join(details)
-    )  # fmt: skip
+        "record-by-record reconciliation.</p>" + "".join(rows) + "<h2>Timelines</h2>" + "".join(details)
+    )
     return _PAGE.format(title="streamproof matrix", body=body)
 
 
@@ -297,15 +326,17 @@ def report_html(reports: Sequence[Report], events: Sequence[TimelineEvent] = (),
     for report in reports:
         rows = "".join(
             f"<tr><th>{html.escape(key)}</th><td>{html.escape(_shown(value))}</td></tr>"
-            for key, value in report.to_dict().items() if key not in ("crashes", "quarantine_reasons", "samples")
-        )  # fmt: skip
+            for key, value in report.to_dict().items()
+            if key not in ("crashes", "quarantine_reasons", "samples")
+        )
         verdict = _verdict(report).split("]", 1)[1].rsplit("[", 1)[0]
         heading = f"<h2>{html.escape(report.sink)}: {html.escape(verdict)}</h2>"
         sections.append(f"{heading}<table class='grid'>{rows}</table>" + _samples_html(report))
     body = (
-        f"<p class='small'>{html.escape(command)}</p>" + "".join(sections)
+        f"<p class='small'>{html.escape(command)}</p>"
+        + "".join(sections)
         + (f"<h2>Timeline</h2>{timeline_svg(events)}" if events else "")
-    )  # fmt: skip
+    )
     return _PAGE.format(title=f"streamproof report: {html.escape(reports[0].pipeline)}", body=body)
 
 
@@ -332,7 +363,9 @@ def _samples_html(report: Report) -> str:
             "<tr>" + "".join(f"<td>{html.escape(str(sample.get(name, '')))}</td>" for name in columns) + "</tr>"
             for sample in samples
         )
-        title = (f"{kind.replace('_', ' ')}: {getattr(report, kind):,} counted, these {len(samples)} named "
-                 f"(at most {SAMPLES})")  # fmt: skip
+        title = (
+            f"{kind.replace('_', ' ')}: {getattr(report, kind):,} counted, these {len(samples)} named "
+            f"(at most {SAMPLES})"
+        )
         tables.append(f"<h3>{html.escape(title)}</h3><table class='grid'><tr>{head}</tr>{body}</table>")
     return "".join(tables)

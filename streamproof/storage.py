@@ -35,10 +35,13 @@ from streamproof.errors import PipelineError
 _URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # Hadoop's exceptions (by class, or a superclass) for a path that is not there, and for one that may not be read.
 NOT_FOUND = frozenset({"java.io.FileNotFoundException", "org.apache.hadoop.fs.PathNotFoundException"})
-DENIED = frozenset({
-    "org.apache.hadoop.security.AccessControlException", "org.apache.hadoop.fs.PathAccessDeniedException",
-    "java.nio.file.AccessDeniedException",
-})  # fmt: skip
+DENIED = frozenset(
+    {
+        "org.apache.hadoop.security.AccessControlException",
+        "org.apache.hadoop.fs.PathAccessDeniedException",
+        "java.nio.file.AccessDeniedException",
+    }
+)
 
 
 # Object stores whose files are created only-if-absent by the store itself (S3's conditional PUT, If-None-Match: *,
@@ -65,8 +68,9 @@ def refused_as_existing(error: Any) -> bool:
     True
     """
     text = str(error)
-    return any(sign in text for sign in ("RemoteFileChangedException", "412", "PreconditionFailed",
-                                          "Precondition Failed"))  # fmt: skip
+    return any(
+        sign in text for sign in ("RemoteFileChangedException", "412", "PreconditionFailed", "Precondition Failed")
+    )
 
 
 class Location:
@@ -393,8 +397,9 @@ class Location:
         own copy (``FileUtil.copy``: the bytes stream from one FileSystem to the other inside the JVM)."""
         if target.exists():  # FileUtil would copy a folder into it rather than to it
             raise PipelineError(f"cannot copy {self} to {target}: it exists already")
-        copied = self._jvm.org.apache.hadoop.fs.FileUtil.copy(self._fs, self._jpath, target._fs, target._jpath, False,
-                                                              self._conf)  # fmt: skip
+        copied = self._jvm.org.apache.hadoop.fs.FileUtil.copy(
+            self._fs, self._jpath, target._fs, target._jpath, False, self._conf
+        )
         if not copied:
             raise PipelineError(f"{self._fs.getScheme()}: could not copy {self} to {target}")
 

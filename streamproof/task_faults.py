@@ -106,8 +106,11 @@ class SlowFirstAttempt:
 
     def reached(self, partition_id: int) -> None:
         if partition_id == self.partition_id and _first_attempt():
-            print(f"[streamproof] first attempt of write task {partition_id} held for {self.seconds:.0f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[streamproof] first attempt of write task {partition_id} held for {self.seconds:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(self.seconds)
 
 
@@ -128,8 +131,11 @@ class MachineLoss:
         victim = ancestor_running(main)
         if victim is None:
             return  # not on a standalone cluster's executor (local mode): nothing of the kind to lose
-        print(f"[streamproof] {self.point}: SIGKILL {main.rsplit('.', 1)[1]} {victim} from write task "
-              f"{partition_id}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[streamproof] {self.point}: SIGKILL {main.rsplit('.', 1)[1]} {victim} from write task {partition_id}",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.point == EXECUTOR_MID_WRITE:
             os.kill(victim, signal.SIGKILL)  # the JVM alone: its Worker (same process group) lives on
             with contextlib.suppress(ProcessLookupError):

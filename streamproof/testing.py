@@ -110,8 +110,15 @@ class Prover:
         run_dir = self.workdir / f"proof-{len(self.proofs) + 1}"
         topic = f"streamproof-test-{time.strftime('%H%M%S')}-{len(self.proofs) + 1}-{spec.name}"
         if records is None:
-            generate(self.broker.bootstrap_servers, topic, events, partitions=4, malformed=malformed, seed=seed,
-                     avro=avro_contract(with_subject_pinned(spec)))  # fmt: skip
+            generate(
+                self.broker.bootstrap_servers,
+                topic,
+                events,
+                partitions=4,
+                malformed=malformed,
+                seed=seed,
+                avro=avro_contract(with_subject_pinned(spec)),
+            )
             total = events
         else:
             total = self._produce(topic, records)

@@ -104,8 +104,9 @@ def recency(order_by: str, table: str | None = None) -> Column:
     return F.struct(value.isNotNull(), value, *(F.col(f"{prefix}{column}") for column in COORDINATES))
 
 
-def parse_records(kafka_records: DataFrame, transform: Transform, *, avro_schema: str | None = None,
-                  avro_header: bytes = b"") -> DataFrame:  # fmt: skip
+def parse_records(
+    kafka_records: DataFrame, transform: Transform, *, avro_schema: str | None = None, avro_header: bytes = b""
+) -> DataFrame:
     """Kafka rows -> one row per record: schema fields, coordinates, raw value and reject reason.
 
     Works on streaming and batch DataFrames alike. Avro records (``format = "avro"``) need their writer schema,
@@ -133,8 +134,10 @@ def parse_records(kafka_records: DataFrame, transform: Transform, *, avro_schema
     if transform.schema_evolution == "add-columns":
         declared = F.array(*(F.lit(name.lower()) for name in fields))
         every_field = F.from_json(F.col(_TEXT), "MAP<STRING, STRING>")
-        parsed_value = F.struct(parsed_value.alias("p"), F.map_filter(
-            every_field, lambda key, _: ~F.array_contains(declared, F.lower(key))).alias("x"))  # fmt: skip
+        parsed_value = F.struct(
+            parsed_value.alias("p"),
+            F.map_filter(every_field, lambda key, _: ~F.array_contains(declared, F.lower(key))).alias("x"),
+        )
     # A filter on the reject reason (valid_records, quarantined_records) is pushed below a projection with
     # the alias replaced by its expression, so from_json would run once per reference (7 times a record:
     # measured 3.6x slower). A generator output cannot be inlined: explode of a one-element array
@@ -180,13 +183,15 @@ def _parse_avro(kafka_records: DataFrame, transform: Transform, schema_json: str
     # PERMISSIVE gives a record that does not decode as a datum whose fields are all null: a real all-null datum
     # encodes back to the same bytes, a failed one does not (checked for all-null rows only: cheap).
     all_null = functools.reduce(lambda a, b: a & b, (parsed.getField(name).isNull() for name in held), F.lit(True))
-    undecoded = parsed.isNull() | (all_null & (to_avro(parsed, schema_json) != F.col(RAW_VALUE).substr(
-        len(header) + 1, 2**31 - 1)))  # fmt: skip
+    undecoded = parsed.isNull() | (
+        all_null & (to_avro(parsed, schema_json) != F.col(RAW_VALUE).substr(len(header) + 1, 2**31 - 1))
+    )
     typed = [
-        (parsed.getField(name) if name in held else F.lit(None)).cast(schema_field_type(transform.schema_, name) or
-                                                                      "string").alias(name)
+        (parsed.getField(name) if name in held else F.lit(None))
+        .cast(schema_field_type(transform.schema_, name) or "string")
+        .alias(name)
         for name in fields
-    ]  # fmt: skip
+    ]
     first = F.when(F.col(SOURCE_REASON).isNotNull(), F.col(SOURCE_REASON)) if from_source else F
     reason = first.when(F.col(RAW_VALUE).isNull() | (F.length(F.col(RAW_VALUE)) == 0), F.lit("empty")).when(
         undecoded, F.lit(AVRO)
@@ -197,8 +202,9 @@ def _parse_avro(kafka_records: DataFrame, transform: Transform, schema_json: str
     for name in transform.required:
         field = record.getField(name)
         reason = reason.when(field.isNull() | (F.trim(field.cast("string")) == ""), F.lit(f"missing_required:{name}"))
-    return decoded.select(*SOURCE_COLUMNS, *typed, RAW_VALUE, reason.otherwise(F.lit(None).cast("string"))
-                          .alias(REJECT_REASON))  # fmt: skip
+    return decoded.select(
+        *SOURCE_COLUMNS, *typed, RAW_VALUE, reason.otherwise(F.lit(None).cast("string")).alias(REJECT_REASON)
+    )
 
 
 def avro_field_types(schema_json: str) -> dict[str, str]:
@@ -212,10 +218,23 @@ def avro_field_types(schema_json: str) -> dict[str, str]:
     return {field["name"]: _avro_type(field["type"]) for field in schema.get("fields", [])}
 
 
-_AVRO_PRIMITIVES = {"string": "STRING", "boolean": "BOOLEAN", "int": "INT", "long": "BIGINT", "float": "FLOAT",
-                    "double": "DOUBLE", "bytes": "BINARY", "enum": "STRING"}  # fmt: skip
-_AVRO_LOGICAL = {"timestamp-millis": "TIMESTAMP", "timestamp-micros": "TIMESTAMP", "date": "DATE",
-                 "local-timestamp-millis": "TIMESTAMP_NTZ", "local-timestamp-micros": "TIMESTAMP_NTZ"}  # fmt: skip
+_AVRO_PRIMITIVES = {
+    "string": "STRING",
+    "boolean": "BOOLEAN",
+    "int": "INT",
+    "long": "BIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "bytes": "BINARY",
+    "enum": "STRING",
+}
+_AVRO_LOGICAL = {
+    "timestamp-millis": "TIMESTAMP",
+    "timestamp-micros": "TIMESTAMP",
+    "date": "DATE",
+    "local-timestamp-millis": "TIMESTAMP_NTZ",
+    "local-timestamp-micros": "TIMESTAMP_NTZ",
+}
 
 
 def _avro_type(kind: object) -> str:
@@ -253,8 +272,10 @@ def check_avro_fields(transform: Transform, schema_json: str) -> None:
     for name in schema_field_names(transform.schema_):
         declared = re.sub(r"\s+", "", (schema_field_type(transform.schema_, name) or "").upper())
         if name in held and declared != held[name] and {declared, held[name]} != {"TIMESTAMP", "TIMESTAMP_LTZ"}:
-            raise ConfigError(f"transform.schema: {name} is {declared} but the Avro schema's {name} is {held[name]}: "
-                              f"declare {held[name]}")  # fmt: skip
+            raise ConfigError(
+                f"transform.schema: {name} is {declared} but the Avro schema's {name} is {held[name]}: "
+                f"declare {held[name]}"
+            )
 
 
 def _reject_reason(transform: Transform, *, from_source: bool = False) -> Column:
@@ -422,9 +443,11 @@ def window_rows(records: DataFrame, aggregate: Aggregate, event_time: str) -> Da
         measures.append(F.count(F.lit(1)).alias("events"))
     grouped = records.groupBy(F.window(F.col(event_time), aggregate.window).alias("window"), *aggregate.by)
     return grouped.agg(*measures).select(
-        F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-        *aggregate.by, *(c for c in aggregate.output_columns[2 + len(aggregate.by):]),
-    )  # fmt: skip
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        *aggregate.by,
+        *(c for c in aggregate.output_columns[2 + len(aggregate.by) :]),
+    )
 
 
 def window_end(event_time: str, size: str) -> Column:

@@ -122,13 +122,27 @@ def _counted(name: str, describe: Describe | None = None) -> Callable[[Callable[
     return wrap
 
 
-def _what(name: str, describe: Describe | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-          result: Any) -> str | None:  # fmt: skip
+def _what(
+    name: str, describe: Describe | None, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+) -> str | None:
     return describe(args, kwargs, result) if describe is not None else _described(name, args, kwargs)
 
 
-WRITING_STATEMENTS = {"INSERT", "MERGE", "UPDATE", "DELETE", "CREATE", "REPLACE", "TRUNCATE", "DROP", "ALTER", "COPY",
-                      "RESTORE", "OPTIMIZE", "VACUUM"}  # fmt: skip
+WRITING_STATEMENTS = {
+    "INSERT",
+    "MERGE",
+    "UPDATE",
+    "DELETE",
+    "CREATE",
+    "REPLACE",
+    "TRUNCATE",
+    "DROP",
+    "ALTER",
+    "COPY",
+    "RESTORE",
+    "OPTIMIZE",
+    "VACUUM",
+}
 _COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.DOTALL)
 _TEMPORARY = re.compile(r"^(CREATE|REPLACE)\s+(OR\s+REPLACE\s+)?(GLOBAL\s+)?TEMP(ORARY)?\s", re.IGNORECASE)
 
@@ -255,9 +269,11 @@ def _patch_psycopg(psycopg: Any) -> None:
 
 
 # Commits of clients written in C, whose methods cannot be replaced: seen through the profile hook as they return.
-C_COMMITS = {("cimpl", "Producer", "commit_transaction"): "Kafka commit_transaction",
-             ("psycopg2.extensions", "connection", "commit"): "psycopg2 commit",
-             ("sqlite3", "Connection", "commit"): "sqlite3 commit"}  # fmt: skip
+C_COMMITS = {
+    ("cimpl", "Producer", "commit_transaction"): "Kafka commit_transaction",
+    ("psycopg2.extensions", "connection", "commit"): "psycopg2 commit",
+    ("sqlite3", "Connection", "commit"): "sqlite3 commit",
+}
 
 
 def c_commit(function: Any) -> str | None:

@@ -128,13 +128,19 @@ class YourCode:
 
     def latest_versions(self, spark: SparkSession) -> dict[str, int]:
         """The newest version of each lookup table."""
-        return {lookup.name: latest_version(spark, self.spec.resolve_path(lookup.path), lookup.name)
-                for lookup in self.spec.lookups}  # fmt: skip
+        return {
+            lookup.name: latest_version(spark, self.spec.resolve_path(lookup.path), lookup.name)
+            for lookup in self.spec.lookups
+        }
 
     def lookups(self, spark: SparkSession, versions: dict[str, int]) -> dict[str, DataFrame]:
         """Each lookup table as a DataFrame at its version in ``versions``."""
-        return {lookup.name: spark.read.format("delta").option("versionAsOf", versions[lookup.name])
-                .load(str(self.spec.resolve_path(lookup.path))) for lookup in self.spec.lookups}  # fmt: skip
+        return {
+            lookup.name: spark.read.format("delta")
+            .option("versionAsOf", versions[lookup.name])
+            .load(str(self.spec.resolve_path(lookup.path)))
+            for lookup in self.spec.lookups
+        }
 
     def apply(self, records: DataFrame, versions: dict[str, int] | None = None) -> DataFrame:
         """Your function (or query) on ``records`` (valid records, with lineage), lookups at ``versions``."""
@@ -166,8 +172,10 @@ class YourCode:
         for sink in self.spec.sink_specs:
             for key, column in sink.schema_columns():
                 if column not in output.columns:
-                    raise ConfigError(f"sink {sink.name}: {key} = {column!r} is not a column of the rows "
-                                      f"{self.what} returns ({', '.join(output.columns)})")  # fmt: skip
+                    raise ConfigError(
+                        f"sink {sink.name}: {key} = {column!r} is not a column of the rows "
+                        f"{self.what} returns ({', '.join(output.columns)})"
+                    )
         if exactly_once:
             plan = output._jdf.queryExecution().analyzed()
             unsafe = replay_unsafe(plan.toString())
@@ -242,11 +250,18 @@ def _hashable(row: Any) -> tuple[Any, ...]:
     >>> _hashable([1.0, float("nan"), bytearray(b"x"), {"k": [1]}])
     (1.0, 'NaN', b'x', '{"k": [1]}')
     """
-    return tuple(_hashable(value) if isinstance(value, list | tuple) else
-                 json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict) else
-                 bytes(value) if isinstance(value, bytearray | memoryview) else
-                 "NaN" if isinstance(value, float) and value != value else value
-                 for value in row)  # fmt: skip
+    return tuple(
+        _hashable(value)
+        if isinstance(value, list | tuple)
+        else json.dumps(value, sort_keys=True, default=str)
+        if isinstance(value, dict)
+        else bytes(value)
+        if isinstance(value, bytearray | memoryview)
+        else "NaN"
+        if isinstance(value, float) and value != value
+        else value
+        for value in row
+    )
 
 
 def _short(row: dict[str, Any]) -> str:
@@ -308,8 +323,10 @@ class LookupVersions:
             assert isinstance(data, dict) and isinstance(data.get("segments"), list)
             return data
         except (ValueError, AssertionError):
-            raise PipelineError(f"{self.path} is damaged: it records which lookup versions each batch read; restore it "
-                                "from a checkpoint backup") from None  # fmt: skip
+            raise PipelineError(
+                f"{self.path} is damaged: it records which lookup versions each batch read; restore it "
+                "from a checkpoint backup"
+            ) from None
 
     def recorded(self, batch_id: int) -> dict[str, int] | None:
         """The versions recorded for a batch, None when it was never recorded."""
@@ -322,22 +339,28 @@ class LookupVersions:
     def remember(self, batch_id: int, start_offsets: Offsets | None, versions: dict[str, int]) -> None:
         """Record that ``batch_id`` (starting at ``start_offsets``) read ``versions``."""
         data = self.read()
-        segments = [s for s in data["segments"] if s["from_batch"] < batch_id or
-                    (s["from_batch"] == batch_id and batch_id > data["through"])]  # fmt: skip
+        segments = [
+            s
+            for s in data["segments"]
+            if s["from_batch"] < batch_id or (s["from_batch"] == batch_id and batch_id > data["through"])
+        ]
         if not segments or segments[-1]["versions"] != versions:
             segments.append({"from_batch": batch_id, "from_offsets": start_offsets or {}, "versions": versions})
         self.path.parent.mkdir()
         self.path.replace_with_text(json.dumps({"through": batch_id, "segments": segments}))
 
-    def versions_for(self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
-                     ) -> dict[str, int]:  # fmt: skip
+    def versions_for(
+        self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
+    ) -> dict[str, int]:
         """The versions ``batch_id`` reads (recorded ones for pinned lookups of a replay), recorded before use."""
         recorded = self.recorded(batch_id) or {}
         kept = {lookup.name for lookup in code.spec.lookups if lookup.pin and lookup.name in recorded}
         # The newest versions cost a read of each table's history: only for the lookups the record does not settle.
         latest = code.latest_versions(spark) if len(kept) < len(code.spec.lookups) else {}
-        versions = {lookup.name: recorded[lookup.name] if lookup.name in kept else latest[lookup.name]
-                    for lookup in code.spec.lookups}  # fmt: skip
+        versions = {
+            lookup.name: recorded[lookup.name] if lookup.name in kept else latest[lookup.name]
+            for lookup in code.spec.lookups
+        }
         if recorded != versions:
             self.remember(batch_id, start_offsets, versions)
         return versions
@@ -378,6 +401,9 @@ def _at_or_after(starts: Offsets) -> Any:
     before = F.lit(False)
     for topic, partitions in starts.items():
         for partition, offset in partitions.items():
-            before = before | ((F.col("_src_topic") == topic) & (F.col("_src_partition") == int(partition))
-                               & (F.col("_src_offset") < int(offset)))  # fmt: skip
+            before = before | (
+                (F.col("_src_topic") == topic)
+                & (F.col("_src_partition") == int(partition))
+                & (F.col("_src_offset") < int(offset))
+            )
     return ~before

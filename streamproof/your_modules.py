@@ -38,8 +38,10 @@ def load_attribute(name: str, key: str = "transform.python") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"{key}: cannot import module {module_name!r} ({error}): put its folder on PYTHONPATH (or "
-                          "install it) where streamproof runs") from None  # fmt: skip
+        raise ConfigError(
+            f"{key}: cannot import module {module_name!r} ({error}): put its folder on PYTHONPATH (or "
+            "install it) where streamproof runs"
+        ) from None
     except Exception as error:  # noqa: BLE001 - the user's module failed while importing: say where, in one line
         raise ConfigError(f"{key}: importing {module_name!r} failed: {type(error).__name__}: {error}") from None
     if not hasattr(module, attribute):
@@ -84,8 +86,9 @@ def ship_module(spark: SparkSession, name: str) -> None:
     """
     top = importlib.import_module(name.split(":")[0].split(".")[0])
     where = Path(getattr(top, "__file__", None) or "")
-    if not where.is_file() or any(where.resolve().is_relative_to(Path(prefix).resolve())
-                                  for prefix in {sys.prefix, sys.base_prefix}):  # fmt: skip
+    if not where.is_file() or any(
+        where.resolve().is_relative_to(Path(prefix).resolve()) for prefix in {sys.prefix, sys.base_prefix}
+    ):
         return
     folder = where.parent if where.name == "__init__.py" else None
     files = sorted(folder.rglob("*.py")) if folder is not None else [where]

@@ -65,8 +65,10 @@ def moments(steps: list[Step]) -> list[str]:
     found = []
     for number, step in enumerate(steps, start=1):
         if step.task_steps:
-            found += [f"in a task of step {number} ({step.what}), after its {step.task_what} {j}"
-                      for j in range(1, min(step.task_steps, TASK_MOMENTS) + 1)]  # fmt: skip
+            found += [
+                f"in a task of step {number} ({step.what}), after its {step.task_what} {j}"
+                for j in range(1, min(step.task_steps, TASK_MOMENTS) + 1)
+            ]
         else:
             found.append(f"after step {number}: {step.what}")
     return found
@@ -106,8 +108,9 @@ class WriteSteps:
     ["after step 1: DataFrameWriter.save('/t')"]
     """
 
-    def __init__(self, batch_id: int, sink: str, armed: int | None, evidence: str | None = None,
-                 batch: YourBatch | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, batch_id: int, sink: str, armed: int | None, evidence: str | None = None, batch: YourBatch | None = None
+    ) -> None:
         self.batch_id = batch_id
         self.batch = batch
         self.sink = sink
@@ -138,13 +141,17 @@ class WriteSteps:
     def crash(self, moment: str, where: str, reached: bool = True) -> None:
         """SIGKILL the whole run here, its landing written first (the harness's evidence)."""
         record_landing(self.evidence, self.batch_id, self.sink, self.armed or 0, moment, where, reached)
-        print(f"[streamproof] mid-sink-write#{self.armed} of {self.sink} in batch {self.batch_id}, {moment}: SIGKILL",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[streamproof] mid-sink-write#{self.armed} of {self.sink} in batch {self.batch_id}, {moment}: SIGKILL",
+            file=sys.stderr,
+            flush=True,
+        )
         faults.kill_own_process_group()
 
 
-def record_landing(folder: str | None, batch_id: int, sink: str, moment: int, what: str, where: str,
-                   reached: bool = True) -> None:  # fmt: skip
+def record_landing(
+    folder: str | None, batch_id: int, sink: str, moment: int, what: str, where: str, reached: bool = True
+) -> None:
     """Write where a crash of your write lands (before the kill): the harness's evidence that it happened there;
     ``reached`` False: the write went through fewer moments, and the crash came when it returned."""
     if folder is None:
@@ -206,8 +213,9 @@ def this_batch() -> YourBatch:
     """
     steps = your_calls.current()
     if steps is None or steps.batch is None:
-        raise RuntimeError("this_batch() is only known inside a write streamproof hands a batch to (a python sink's "
-                           "write)")  # fmt: skip
+        raise RuntimeError(
+            "this_batch() is only known inside a write streamproof hands a batch to (a python sink's write)"
+        )
     return steps.batch  # type: ignore[no-any-return]
 
 
@@ -296,9 +304,17 @@ def _each_row(function: Callable[[Any], Any], rows: Iterator[Any]) -> None:
 
 def task_steps(active: WriteSteps, context: Any, job: str) -> TaskSteps:
     """What the tasks of a job about to run in ``active``'s write count, with a fresh accumulator."""
-    return TaskSteps(active.batch_id, active.sink, job, len(active.steps) + 1, active.task_moment(), active.driver_pid,
-                     active.evidence or fault_folder(), context.accumulator((0, ""), MostSteps()),
-                     active.batch)  # fmt: skip
+    return TaskSteps(
+        active.batch_id,
+        active.sink,
+        job,
+        len(active.steps) + 1,
+        active.task_moment(),
+        active.driver_pid,
+        active.evidence or fault_folder(),
+        context.accumulator((0, ""), MostSteps()),
+        active.batch,
+    )
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """The house rules of docs/architecture.md, read from the code: each room imports only rooms on lower floors (so
-no circle), no module over 500 lines, the package's own modules imported at the top (where a room imports one
+no circle), no module over 600 lines, the package's own modules imported at the top (where a room imports one
 inside a function, it says why), and the guarantee questions answered by streamproof/guarantees.py alone.
 
 Pure Python (the package's source read with ``ast``): nothing is imported or run.
@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 PACKAGE = REPO / "streamproof"
-MAX_LINES = 500
+MAX_LINES = 600
 # The floor plan of docs/architecture.md: a room (a top-level module, or a folder) by its floor.
 FLOORS = {
     "streamproof": 9, "streamproof.__main__": 9,

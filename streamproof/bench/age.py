@@ -75,20 +75,29 @@ def bench_age(bench: Bench, state_dir: Path, rounds: int = 2, commits: int = AGE
     results = {"local": _measure(bench, "local", None, rounds, commits)}
     for where, (storage, s3) in stores_running(bench, state_dir, "age").items():
         try:
-            results[where] = _measure(bench, where, str(storage), rounds,
-                                      min(commits, S3_AGED_COMMITS) if s3 is not None else commits, s3)  # fmt: skip
+            results[where] = _measure(
+                bench, where, str(storage), rounds, min(commits, S3_AGED_COMMITS) if s3 is not None else commits, s3
+            )
         finally:
             delete_quietly(bench, storage)
-    return {"aged_commits": commits, "batch_rows": BATCH_ROWS, "round_events": ROUND_EVENTS, "rounds": rounds,
-            "storage": results,
-            "ratios": {f"{where}_{name}": value for where, result in results.items()
-                       for name, value in result["ratios"].items()},
-            "targets_met": {f"{where}: {name}": met for where, result in results.items()
-                            for name, met in result["targets_met"].items()}}  # fmt: skip
+    return {
+        "aged_commits": commits,
+        "batch_rows": BATCH_ROWS,
+        "round_events": ROUND_EVENTS,
+        "rounds": rounds,
+        "storage": results,
+        "ratios": {
+            f"{where}_{name}": value for where, result in results.items() for name, value in result["ratios"].items()
+        },
+        "targets_met": {
+            f"{where}: {name}": met for where, result in results.items() for name, met in result["targets_met"].items()
+        },
+    }
 
 
-def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits: int,
-             s3: S3Server | None = None) -> dict[str, Any]:  # fmt: skip
+def _measure(
+    bench: Bench, where: str, storage: str | None, rounds: int, commits: int, s3: S3Server | None = None
+) -> dict[str, Any]:
     """One storage's measurement: its own topic, pipelines, tables and the native sink's copies (under ``storage``, a
     URI, if given); on ``s3``, the requests each run made, by kind."""
     measure_started = time.monotonic()
@@ -96,10 +105,19 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
     _produce(bench, topic, BATCH_ROWS, seed=0)
     conf = s3.spark_conf() if s3 is not None else None
     files = {
-        side: relocated(bench.pipeline("throughput_delta", topic, f"age-{where}-{side}", pipeline_name=PIPELINE,
-                                       source={"max_offsets_per_trigger": BATCH_ROWS}), storage, conf=conf)
+        side: relocated(
+            bench.pipeline(
+                "throughput_delta",
+                topic,
+                f"age-{where}-{side}",
+                pipeline_name=PIPELINE,
+                source={"max_offsets_per_trigger": BATCH_ROWS},
+            ),
+            storage,
+            conf=conf,
+        )
         for side in ("young", "aged")
-    }  # fmt: skip
+    }
     for side, pipeline_file in files.items():
         bench.emit(f"{where}: preparing the {side} table, the pipeline's first batch")
         bench.drain(pipeline_file)
@@ -113,8 +131,9 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
         _table(files[side]).copy_tree(table)
     copying_s = time.monotonic() - started
     bench.emit(f"{where}: copied both tables for the native sink in {copying_s:.0f} s")
-    runs: dict[str, list[dict[str, float]]] = {f"{who}_{side}": [] for who in ("streamproof", "native")
-                                               for side in files}  # fmt: skip
+    runs: dict[str, list[dict[str, float]]] = {
+        f"{who}_{side}": [] for who in ("streamproof", "native") for side in files
+    }
     requests: dict[str, list[dict[str, int]]] = {name: [] for name in runs}
     for round_number in range(1, rounds + 1):
         start = topic_end_offsets(bench.bootstrap, topic)
@@ -133,23 +152,35 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
             bench.emit(f"{where}: Spark's own Delta sink, {side} table (round {round_number} of {rounds})")
             name = f"age-{where}-native-{side}-{round_number}"
             before = s3.requests_served() if s3 is not None else Counter()
-            native = native_delta_sink_rate(bench, files[side], name, table=str(native_tables[side]),
-                                            starting_offsets={topic: start},
-                                            checkpoint=f"{native_tables[side]}-checkpoint-{round_number}")  # fmt: skip
+            native = native_delta_sink_rate(
+                bench,
+                files[side],
+                name,
+                table=str(native_tables[side]),
+                starting_offsets={topic: start},
+                checkpoint=f"{native_tables[side]}-checkpoint-{round_number}",
+            )
             later = list(zip(native["batch_rows"], native["batch_seconds"], strict=True))[1:]
-            figures = {"first_commit_s": native["first_commit_s"], "steady_batch_s": _median(_full(later)),
-                       "batches": len(native["batch_rows"])}  # fmt: skip
+            figures = {
+                "first_commit_s": native["first_commit_s"],
+                "steady_batch_s": _median(_full(later)),
+                "batches": len(native["batch_rows"]),
+            }
             runs[f"native_{side}"].append(figures)
             if s3 is not None:
                 requests[f"native_{side}"].append(requests_of_run(bench, s3, before, int(figures["batches"])))
-    best = {name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
-            for name, figures in runs.items()}  # fmt: skip
+    best = {
+        name: {figure: min(run[figure] for run in figures) for figure in ("first_commit_s", "steady_batch_s")}
+        for name, figures in runs.items()
+    }
     ratios = {
         f"{who}_aged_over_young_{figure}": ratio(best[f"{who}_aged"][figure], best[f"{who}_young"][figure])
-        for who in ("streamproof", "native") for figure in ("first_commit_s", "steady_batch_s")
-    }  # fmt: skip
-    ratios["first_commit_s_streamproof_over_native_young"] = ratio(best["streamproof_young"]["first_commit_s"],
-                                                                   best["native_young"]["first_commit_s"])  # fmt: skip
+        for who in ("streamproof", "native")
+        for figure in ("first_commit_s", "steady_batch_s")
+    }
+    ratios["first_commit_s_streamproof_over_native_young"] = ratio(
+        best["streamproof_young"]["first_commit_s"], best["native_young"]["first_commit_s"]
+    )
     targets = {}
     for figure, target in (("first_commit_s", FIRST_TARGET), ("steady_batch_s", STEADY_TARGET)):
         ours, theirs = ratios[f"streamproof_aged_over_young_{figure}"], ratios[f"native_aged_over_young_{figure}"]
@@ -159,14 +190,23 @@ def _measure(bench: Bench, where: str, storage: str | None, rounds: int, commits
     if s3 is not None:
         # S3 bills and throttles per request: a run on the aged table makes no more of them than one on the young.
         listed = {name: max(run["LIST"] for run in made) for name, made in requests.items() if made}
-        ratios["streamproof_aged_over_young_list_requests"] = ratio(listed["streamproof_aged"],
-                                                                    listed["streamproof_young"])  # fmt: skip
+        ratios["streamproof_aged_over_young_list_requests"] = ratio(
+            listed["streamproof_aged"], listed["streamproof_young"]
+        )
         targets["aged/young LIST requests of a run <= 1"] = listed["streamproof_aged"] <= listed["streamproof_young"]
     bench.emit(f"{where}: best of {rounds}: {json.dumps(best)}")
-    return {"storage": storage or "local disk", "aged_commits": commits, "ageing_s": round(ageing_s, 1),
-            "copying_s": round(copying_s, 1), "seconds": round(time.monotonic() - measure_started, 1), "runs": runs,
-            "best": best, "ratios": ratios, "targets_met": targets,
-            **({"requests": requests} if s3 is not None else {})}  # fmt: skip
+    return {
+        "storage": storage or "local disk",
+        "aged_commits": commits,
+        "ageing_s": round(ageing_s, 1),
+        "copying_s": round(copying_s, 1),
+        "seconds": round(time.monotonic() - measure_started, 1),
+        "runs": runs,
+        "best": best,
+        "ratios": ratios,
+        "targets_met": targets,
+        **({"requests": requests} if s3 is not None else {}),
+    }
 
 
 def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
@@ -191,8 +231,9 @@ def age_sink(bench: Bench, pipeline_file: Path, commits: int) -> int:
             record["streamproof"]["quarantined"] = 0  # an empty batch: nothing for the quarantine table
         made_info = {**info, "userMetadata": json.dumps(record), "readVersion": version - 1}
         made_txn = {**txn, "version": batch}
-        commit_file(table, version).write_text(json.dumps({"commitInfo": made_info}) + "\n" +
-                                               json.dumps({"txn": made_txn}) + "\n")  # fmt: skip
+        commit_file(table, version).write_text(
+            json.dumps({"commitInfo": made_info}) + "\n" + json.dumps({"txn": made_txn}) + "\n"
+        )
     spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('streamproof.bench.aged' = '{made}')")
     if not (table / "_delta_log" / f"{newest + made + 1:020d}.checkpoint.parquet").exists():
         raise PipelineError(f"Delta wrote no checkpoint at version {newest + made + 1} of {table}")
@@ -228,8 +269,11 @@ def _figures(run: PipelineRun) -> dict[str, float]:
     if not run.batches:
         raise PipelineError(f"{run.pipeline} committed no batch")
     later = [(batch["rows"], batch["duration_s"]) for batch in run.batches[1:]]
-    return {"first_commit_s": round(run.batches[0]["t"], 3), "steady_batch_s": _median(_full(later)),
-            "batches": len(run.batches)}  # fmt: skip
+    return {
+        "first_commit_s": round(run.batches[0]["t"], 3),
+        "steady_batch_s": _median(_full(later)),
+        "batches": len(run.batches),
+    }
 
 
 def _full(batches: list[tuple[int, float]]) -> list[float]:

@@ -40,22 +40,26 @@ def bench_cluster(bench: Bench, state_dir: Path) -> dict[str, Any]:
     runs = {}
     for executors in (1, 2):
         conf = {"spark.cores.max": str(executors)}
-        pipeline = bench.pipeline("throughput_delta", topic, f"cluster-{executors}",
-                                  source={"max_offsets_per_trigger": batch})  # fmt: skip
+        pipeline = bench.pipeline(
+            "throughput_delta", topic, f"cluster-{executors}", source={"max_offsets_per_trigger": batch}
+        )
         runs[executors] = bench.drain(relocated(pipeline, storage, master=spark.master_url, conf=conf))
     rates = {executors: run.steady_rows_per_second for executors, run in runs.items()}
     bench.emit(f"  steady pace after the first batch: {rates[1]:,.0f} rows/s on 1 executor, {rates[2]:,.0f} on 2")
 
     pipeline_file = relocated(
         bench.pipeline("throughput_delta", topic, "cluster-kill", source={"max_offsets_per_trigger": batch}),
-        storage, master=spark.master_url,
-    )  # fmt: skip
+        storage,
+        master=spark.master_url,
+    )
     child = bench.child(pipeline_file, crash=ArmedCrash(EXECUTOR_MID_WRITE, FAULTED_BATCH))
     run = child.wait(3600)
     marker = child.child.log_path.parent / "faults" / f"{EXECUTOR_MID_WRITE}@{FAULTED_BATCH}"
     if not marker.exists():
-        raise ConfigError(f"the executor kill did not happen in batch {FAULTED_BATCH} ({run.rows_in:,} rows in "
-                          f"{len(run.batches)} batches: use more --events); log: {child.child.log_path}")  # fmt: skip
+        raise ConfigError(
+            f"the executor kill did not happen in batch {FAULTED_BATCH} ({run.rows_in:,} rows in "
+            f"{len(run.batches)} batches: use more --events); log: {child.child.log_path}"
+        )
     killed_at = marker.stat().st_mtime - (time.time() - time.monotonic()) - child.started
     faulted = next(b for b in run.batches if b["batch"] == FAULTED_BATCH)
     # Full batches after the first (Kafka splits max_offsets_per_trigger over partitions, so a few rows short).
@@ -66,8 +70,10 @@ def bench_cluster(bench: Bench, state_dir: Path) -> dict[str, Any]:
         "faulted_batch_s": rounded(faulted["duration_s"]),
         "median_other_batch_s": rounded(statistics.median(others)) if others else None,
     }
-    bench.emit(f"  executor killed in batch {FAULTED_BATCH}: its batch committed {kill['kill_to_commit_s']} s after "
-               f"the kill ({kill['faulted_batch_s']} s, others {kill['median_other_batch_s']} s)")  # fmt: skip
+    bench.emit(
+        f"  executor killed in batch {FAULTED_BATCH}: its batch committed {kill['kill_to_commit_s']} s after "
+        f"the kill ({kill['faulted_batch_s']} s, others {kill['median_other_batch_s']} s)"
+    )
     return {
         "storage": "hdfs" if storage else "local disk",
         "runs": {

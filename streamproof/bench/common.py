@@ -81,30 +81,52 @@ class PipelineRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "pipeline": self.pipeline, "rows_in": self.rows_in, "seconds": round(self.seconds, 2),
+            "pipeline": self.pipeline,
+            "rows_in": self.rows_in,
+            "seconds": round(self.seconds, 2),
             "rows_per_second": round(self.rows_per_second),
-            "steady_rows_per_second": round(self.steady_rows_per_second), "wall_s": round(self.wall_s, 2),
-            "peak_memory_mb": round(self.peak_memory_mb), "batches": len(self.batches),
-            "batch_rows_per_second": [round(b["rows"] / b["duration_s"]) if b["duration_s"] else 0
-                                      for b in self.batches],
-            "batch_phases_s": [{"batch": b["batch"], "duration_s": b["duration_s"], "queued_s": b["queued_s"],
-                                **b["phases"]} for b in self.batches],
-        }  # fmt: skip
+            "steady_rows_per_second": round(self.steady_rows_per_second),
+            "wall_s": round(self.wall_s, 2),
+            "peak_memory_mb": round(self.peak_memory_mb),
+            "batches": len(self.batches),
+            "batch_rows_per_second": [
+                round(b["rows"] / b["duration_s"]) if b["duration_s"] else 0 for b in self.batches
+            ],
+            "batch_phases_s": [
+                {"batch": b["batch"], "duration_s": b["duration_s"], "queued_s": b["queued_s"], **b["phases"]}
+                for b in self.batches
+            ],
+        }
 
 
 class BenchChild:
     """``streamproof run PIPELINE`` for a benchmark: a :class:`~streamproof.harness.child.PipelineChild` whose
     events make a :class:`PipelineRun`, and whose process tree's peak memory is sampled while it runs."""
 
-    def __init__(self, pipeline_file: Path, log_dir: Path, emit: Emit, *, available_now: bool = True,
-                 crash: ArmedCrash | None = None, standby: bool = False, warm_up: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline_file: Path,
+        log_dir: Path,
+        emit: Emit,
+        *,
+        available_now: bool = True,
+        crash: ArmedCrash | None = None,
+        standby: bool = False,
+        warm_up: bool = False,
+    ) -> None:
         self.emit = emit
         role = "-standby" if standby else ""
         self.child = PipelineChild(
-            pipeline_file, log_dir, name=f"{pipeline_file.parent.name}{role}-{time.strftime('%H%M%S')}",
-            available_now=available_now, jit="tiered",  # what `streamproof run` uses: the figures users get
-            on_event=self._show, crash=crash, standby=standby, warm_up=warm_up,
-        )  # fmt: skip
+            pipeline_file,
+            log_dir,
+            name=f"{pipeline_file.parent.name}{role}-{time.strftime('%H%M%S')}",
+            available_now=available_now,
+            jit="tiered",  # what `streamproof run` uses: the figures users get
+            on_event=self._show,
+            crash=crash,
+            standby=standby,
+            warm_up=warm_up,
+        )
         self.name = pipeline_file.parent.name
         self.peak_memory_mb = 0.0
         threading.Thread(target=self._sample_memory, daemon=True).start()
@@ -124,18 +146,27 @@ class BenchChild:
         """The run's figures so far."""
         started = self.child.started_at
         batches: list[dict[str, Any]] = [
-            {"t": at - started, "batch": batch.batch_id, "rows": batch.rows_in, "duration_s": batch.duration_s,
-             "phases": batch.phases, "queued_s": batch.queued_s}
+            {
+                "t": at - started,
+                "batch": batch.batch_id,
+                "rows": batch.rows_in,
+                "duration_s": batch.duration_s,
+                "phases": batch.phases,
+                "queued_s": batch.queued_s,
+            }
             for at, batch in self.child.batches()
-        ]  # fmt: skip
+        ]
         ready, query = self.child.notice_at(READY), self.child.notice_at(STARTED)
         return PipelineRun(
-            self.name, rows_in=sum(int(b["rows"]) for b in batches),
+            self.name,
+            rows_in=sum(int(b["rows"]) for b in batches),
             ready_at=None if ready is None else ready - started,
-            query_started_at=None if query is None else query - started, batches=batches,
-            exit_code=self.child.process.returncode, peak_memory_mb=self.peak_memory_mb,
+            query_started_at=None if query is None else query - started,
+            batches=batches,
+            exit_code=self.child.process.returncode,
+            peak_memory_mb=self.peak_memory_mb,
             wall_s=time.monotonic() - started,
-        )  # fmt: skip
+        )
 
     @property
     def started(self) -> float:
@@ -218,12 +249,15 @@ class Bench:
                 return topic
             topic = f"{topic}-{time.strftime('%H%M%S')}"
         result = generate(self.bootstrap, topic, events, partitions=4, malformed=MALFORMED, seed=SEED)
-        self.emit(f"produced {events:,} events into {topic} in {result.seconds:.1f} s "
-                  f"({result.records_per_second:,.0f} records/s, {result.malformed:,} malformed)")  # fmt: skip
+        self.emit(
+            f"produced {events:,} events into {topic} in {result.seconds:.1f} s "
+            f"({result.records_per_second:,.0f} records/s, {result.malformed:,} malformed)"
+        )
         return topic
 
-    def pipeline(self, template: str, topic: str, name: str, *, pipeline_name: str | None = None,
-                 **changes: Any) -> Path:  # fmt: skip
+    def pipeline(
+        self, template: str, topic: str, name: str, *, pipeline_name: str | None = None, **changes: Any
+    ) -> Path:
         """``benchmarks/pipelines/<template>.toml`` on ``topic``, with its own checkpoint, tables and sink names (and
         pipeline name, unless ``pipeline_name`` gives one: the key of its sink commits)."""
         os.environ.setdefault(PG_PASSWORD_ENV, PG_DEFAULT_PASSWORD)  # the local server's, as infra starts it
@@ -235,32 +269,51 @@ class Bench:
         sink = isolated_sink(spec.sink, folder) if spec.sink is not None else None
         if sink is not None and hasattr(sink, "bootstrap_servers"):
             sink = sink.model_copy(update={"bootstrap_servers": self.bootstrap})
-        source = spec.source.model_copy(update={"topic": topic, "bootstrap_servers": self.bootstrap,
-                                                **changes.pop("source", {})})  # fmt: skip
-        updated: PipelineSpec = spec.model_copy(update={
-            "name": pipeline_name or f"{spec.name}-{folder.parent.name}-{name}"[:100],
-            "checkpoint": str(folder / "checkpoint"),
-            "source": source,
-            "transform": spec.transform.model_copy(update={"quarantine": str(folder / "quarantine")}),
-            "sink": sink,
-            **changes,
-        })  # fmt: skip
+        source = spec.source.model_copy(
+            update={"topic": topic, "bootstrap_servers": self.bootstrap, **changes.pop("source", {})}
+        )
+        updated: PipelineSpec = spec.model_copy(
+            update={
+                "name": pipeline_name or f"{spec.name}-{folder.parent.name}-{name}"[:100],
+                "checkpoint": str(folder / "checkpoint"),
+                "source": source,
+                "transform": spec.transform.model_copy(update={"quarantine": str(folder / "quarantine")}),
+                "sink": sink,
+                **changes,
+            }
+        )
         pipeline_file = folder / "pipeline.toml"
         pipeline_file.write_text(dump_pipeline(updated))
         return pipeline_file
 
-    def child(self, pipeline_file: Path, *, available_now: bool = True, crash: ArmedCrash | None = None,
-              standby: bool = False, warm_up: bool = False) -> BenchChild:  # fmt: skip
+    def child(
+        self,
+        pipeline_file: Path,
+        *,
+        available_now: bool = True,
+        crash: ArmedCrash | None = None,
+        standby: bool = False,
+        warm_up: bool = False,
+    ) -> BenchChild:
         """A pipeline child of this run, its logs under the work folder (armed with ``crash``, if given; ``standby``:
         ``run --standby``; ``warm_up``: ``run --warm-up``)."""
-        return BenchChild(pipeline_file, self.workdir / "logs", self.emit, available_now=available_now, crash=crash,
-                          standby=standby, warm_up=warm_up)  # fmt: skip
+        return BenchChild(
+            pipeline_file,
+            self.workdir / "logs",
+            self.emit,
+            available_now=available_now,
+            crash=crash,
+            standby=standby,
+            warm_up=warm_up,
+        )
 
     def drain(self, pipeline_file: Path, timeout_s: float = 3600) -> PipelineRun:
         """Run the pipeline to the end of its topic in a child process."""
         run = self.child(pipeline_file).wait(timeout_s)
-        self.emit(f"  {run.pipeline}: {run.rows_in:,} rows in {run.seconds:.1f} s = {run.rows_per_second:,.0f} rows/s "
-                  f"({len(run.batches)} batches, peak {run.peak_memory_mb:,.0f} MB)")  # fmt: skip
+        self.emit(
+            f"  {run.pipeline}: {run.rows_in:,} rows in {run.seconds:.1f} s = {run.rows_per_second:,.0f} rows/s "
+            f"({len(run.batches)} batches, peak {run.peak_memory_mb:,.0f} MB)"
+        )
         return run
 
 

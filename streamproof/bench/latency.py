@@ -54,8 +54,14 @@ def commit_timestamps(table: Path) -> dict[str, int]:
     files: dict[str, int] = {}
     for commit_file in sorted((table / "_delta_log").glob("[0-9]*.json")):
         actions = [json.loads(line) for line in commit_file.read_text(encoding="utf-8").splitlines() if line]
-        stamp = next((a["commitInfo"].get("inCommitTimestamp") or a["commitInfo"]["timestamp"]
-                      for a in actions if "commitInfo" in a), None)  # fmt: skip
+        stamp = next(
+            (
+                a["commitInfo"].get("inCommitTimestamp") or a["commitInfo"]["timestamp"]
+                for a in actions
+                if "commitInfo" in a
+            ),
+            None,
+        )
         for action in actions:
             if "add" in action and stamp is not None:
                 files[action["add"]["path"]] = int(stamp)
@@ -77,8 +83,9 @@ def row_latencies(spark: SparkSession, table: Path, produced_from_ms: int = 0) -
         )
     )
     rows = rows.where(F.col("produced_ms") >= produced_from_ms)
-    latency = rows.join(F.broadcast(commits), "file").select(((F.col("commit_ms") - F.col("produced_ms")) / 1000.0)
-                                                             .alias("s"))  # fmt: skip
+    latency = rows.join(F.broadcast(commits), "file").select(
+        ((F.col("commit_ms") - F.col("produced_ms")) / 1000.0).alias("s")
+    )
     row = latency.agg(
         F.count("*").alias("rows"),
         F.percentile("s", F.array(F.lit(0.5), F.lit(0.95), F.lit(0.99))).alias("p"),
@@ -87,12 +94,19 @@ def row_latencies(spark: SparkSession, table: Path, produced_from_ms: int = 0) -
     ).first()
     assert row is not None
     p50, p95, p99 = row["p"] if row["p"] else (None, None, None)
-    return {"rows": row["rows"], "p50_s": rounded(p50), "p95_s": rounded(p95), "p99_s": rounded(p99),
-            "max_s": rounded(row["max"]), "mean_s": rounded(row["mean"])}  # fmt: skip
+    return {
+        "rows": row["rows"],
+        "p50_s": rounded(p50),
+        "p95_s": rounded(p95),
+        "p99_s": rounded(p99),
+        "max_s": rounded(row["max"]),
+        "mean_s": rounded(row["mean"]),
+    }
 
 
-def bench_latency(bench: Bench, rate: int = 20_000, seconds: float = 60.0, trigger: str = "0 seconds"
-                  ) -> dict[str, Any]:  # fmt: skip
+def bench_latency(
+    bench: Bench, rate: int = 20_000, seconds: float = 60.0, trigger: str = "0 seconds"
+) -> dict[str, Any]:
     """A steady producer at ``rate`` while the pipeline runs with a processing-time trigger: a fresh process as
     ``streamproof run`` starts it (cold), then a fresh process started with ``--warm-up`` (its batch path run on
     scratch copies before it reads), each on a topic of its own; the targets are the cold process's."""
@@ -100,22 +114,29 @@ def bench_latency(bench: Bench, rate: int = 20_000, seconds: float = 60.0, trigg
     cold = _latency_of_a_fresh_process(bench, rate, seconds, trigger, warm_up=False)
     warmed = _latency_of_a_fresh_process(bench, rate, seconds, trigger, warm_up=True)
     first_minute, steady = cold["latency"], cold["latency_after_warmup"]
-    return {**cold, "warm_up_run": warmed,
-            "ratios": {"p99_first_minute_warm_up_over_cold": ratio(warmed["latency"]["p99_s"] or 0.0,
-                                                                     first_minute["p99_s"] or 0.0)},
-            "targets_met": {f"p99 over the first {seconds:.0f} s < 5 s": (first_minute["p99_s"] or 99) < 5.0,
-                            "p99 after warm-up < 2 s": (steady["p99_s"] or 99) < 2.0,
-                            f"with --warm-up: p99 over the first {seconds:.0f} s < 5 s":
-                                (warmed["latency"]["p99_s"] or 99) < 5.0}}  # fmt: skip
+    return {
+        **cold,
+        "warm_up_run": warmed,
+        "ratios": {
+            "p99_first_minute_warm_up_over_cold": ratio(warmed["latency"]["p99_s"] or 0.0, first_minute["p99_s"] or 0.0)
+        },
+        "targets_met": {
+            f"p99 over the first {seconds:.0f} s < 5 s": (first_minute["p99_s"] or 99) < 5.0,
+            "p99 after warm-up < 2 s": (steady["p99_s"] or 99) < 2.0,
+            f"with --warm-up: p99 over the first {seconds:.0f} s < 5 s": (warmed["latency"]["p99_s"] or 99) < 5.0,
+        },
+    }
 
 
-def _latency_of_a_fresh_process(bench: Bench, rate: int, seconds: float, trigger: str, *, warm_up: bool
-                                ) -> dict[str, Any]:  # fmt: skip
+def _latency_of_a_fresh_process(
+    bench: Bench, rate: int, seconds: float, trigger: str, *, warm_up: bool
+) -> dict[str, Any]:
     label = "warm-up" if warm_up else "cold"
     topic = f"bench-latency-{label}-{bench.workdir.name}"
     ensure_topic(bench.bootstrap, topic, 4)
-    pipeline_file = bench.pipeline("throughput_delta", topic, f"latency-{label}",
-                                   trigger=Trigger(processing_time=trigger, available_now=False))  # fmt: skip
+    pipeline_file = bench.pipeline(
+        "throughput_delta", topic, f"latency-{label}", trigger=Trigger(processing_time=trigger, available_now=False)
+    )
     child = bench.child(pipeline_file, available_now=False, warm_up=warm_up)
     try:
         child.wait_for(lambda: child.run.query_started_at is not None, 600, "query start")
@@ -137,20 +158,33 @@ def _latency_of_a_fresh_process(bench: Bench, rate: int, seconds: float, trigger
     warmup_s = seconds / 4
     steady = row_latencies(bench.spark(), table, produced_from_ms=began_ms + int(warmup_s * 1000))
     for what, figures in (("all rows", latencies), (f"after {warmup_s:.0f} s of warm-up", steady)):
-        bench.emit(f"  end-to-end latency ({label}), {what}: p50 {figures['p50_s']} s, p95 {figures['p95_s']} s, "
-                   f"p99 {figures['p99_s']} s over {figures['rows']:,} rows")  # fmt: skip
-    bench.emit("  where each batch's time went (seconds; a row's latency is about its wait before the trigger plus "
-               "the batch):")  # fmt: skip
+        bench.emit(
+            f"  end-to-end latency ({label}), {what}: p50 {figures['p50_s']} s, p95 {figures['p95_s']} s, "
+            f"p99 {figures['p99_s']} s over {figures['rows']:,} rows"
+        )
+    bench.emit(
+        "  where each batch's time went (seconds; a row's latency is about its wait before the trigger plus the batch):"
+    )
     for batch in run.batches:
         bench.emit(f"    {phases_line(batch)}")
     durations = [b["duration_s"] for b in run.batches]
-    return {"rate_per_s": rate, "seconds": seconds, "trigger": trigger, "produced": produced,
-            "warm_up": child.child.notices(WARMING) if warm_up else None,
-            "latency": latencies, "warmup_s": warmup_s, "latency_after_warmup": steady, "batches": len(run.batches),
-            "batch_duration_s": {"median": rounded(statistics.median(durations)) if durations else None,
-                                 "max": rounded(max(durations)) if durations else None},
-            "median_phases_s": median_phases(run.batches),
-            "batch_phases_s": run.to_dict()["batch_phases_s"]}  # fmt: skip
+    return {
+        "rate_per_s": rate,
+        "seconds": seconds,
+        "trigger": trigger,
+        "produced": produced,
+        "warm_up": child.child.notices(WARMING) if warm_up else None,
+        "latency": latencies,
+        "warmup_s": warmup_s,
+        "latency_after_warmup": steady,
+        "batches": len(run.batches),
+        "batch_duration_s": {
+            "median": rounded(statistics.median(durations)) if durations else None,
+            "max": rounded(max(durations)) if durations else None,
+        },
+        "median_phases_s": median_phases(run.batches),
+        "batch_phases_s": run.to_dict()["batch_phases_s"],
+    }
 
 
 def median_phases(batches: list[dict[str, Any]]) -> dict[str, float]:

@@ -24,8 +24,9 @@ def unpartitioned(pipeline_file: Path) -> Path:
     """The same pipeline file with its Delta sink not partitioned (rewritten in place)."""
     spec = load_pipeline(pipeline_file)
     assert isinstance(spec.sink, DeltaSinkSpec), "the partitioned benchmarks write one Delta sink"
-    pipeline_file.write_text(dump_pipeline(spec.model_copy(update={"sink": spec.sink.model_copy(
-        update={"partition_by": []})})))  # fmt: skip
+    pipeline_file.write_text(
+        dump_pipeline(spec.model_copy(update={"sink": spec.sink.model_copy(update={"partition_by": []})}))
+    )
     return pipeline_file
 
 
@@ -39,7 +40,14 @@ def bench_partitioned(bench: Bench) -> dict[str, Any]:
             bench.emit(f"partitioned: {label}")
             pipeline_file = bench.pipeline(template, topic, f"partitioned-{label}")
             results[label] = bench.drain(pipeline_file if partitioned else unpartitioned(pipeline_file)).to_dict()
-    ratios = {mode: ratio(results[f"{mode}_partitioned"]["rows_per_second"],
-                          results[f"{mode}_unpartitioned"]["rows_per_second"]) for mode in MODES}  # fmt: skip
-    return {"events": bench.events, "runs": results, "ratios": {f"{mode}_partitioned_over_unpartitioned": value
-                                                                for mode, value in ratios.items()}}  # fmt: skip
+    ratios = {
+        mode: ratio(
+            results[f"{mode}_partitioned"]["rows_per_second"], results[f"{mode}_unpartitioned"]["rows_per_second"]
+        )
+        for mode in MODES
+    }
+    return {
+        "events": bench.events,
+        "runs": results,
+        "ratios": {f"{mode}_partitioned_over_unpartitioned": value for mode, value in ratios.items()},
+    }

@@ -30,8 +30,9 @@ def bench_recovery(bench: Bench, kills: int = 3) -> dict[str, Any]:
     topic = bench.topic(bench.events)
     # About twenty batches, so that every kill lands inside a batch and leaves some to replay.
     batch = max(1_000, bench.events // 20)
-    restarts = _cold_restarts(bench, bench.pipeline("throughput_delta", topic, "recovery",
-                                                    source={"max_offsets_per_trigger": batch}), kills)  # fmt: skip
+    restarts = _cold_restarts(
+        bench, bench.pipeline("throughput_delta", topic, "recovery", source={"max_offsets_per_trigger": batch}), kills
+    )
     takeovers = [
         _standby_takeover(
             bench,
@@ -39,17 +40,26 @@ def bench_recovery(bench: Bench, kills: int = 3) -> dict[str, Any]:
                 "throughput_delta", topic, f"recovery-standby-{number + 1}", source={"max_offsets_per_trigger": batch}
             ),
             number,
-        )  # fmt: skip
+        )
         for number in range(kills)
     ]
     cold = [float(r["kill_to_first_batch_s"] or 0.0) for r in restarts]
     warm = [float(t["kill_to_first_batch_s"] or 0.0) for t in takeovers]
-    return {"kills": kills, "batch_rows": batch, "restarts": restarts, "median_s": rounded(statistics.median(cold)),
-            "max_s": rounded(max(cold)), "standby_takeovers": takeovers,
-            "standby_median_s": rounded(statistics.median(warm)), "standby_max_s": rounded(max(warm)),
-            "targets_met": {"recovery < 20 s": max(cold) < 20.0,
-                            f"cold restart median < {TARGET_S:.0f} s": statistics.median(cold) < TARGET_S,
-                            f"standby median < {TARGET_S:.0f} s": statistics.median(warm) < TARGET_S}}  # fmt: skip
+    return {
+        "kills": kills,
+        "batch_rows": batch,
+        "restarts": restarts,
+        "median_s": rounded(statistics.median(cold)),
+        "max_s": rounded(max(cold)),
+        "standby_takeovers": takeovers,
+        "standby_median_s": rounded(statistics.median(warm)),
+        "standby_max_s": rounded(max(warm)),
+        "targets_met": {
+            "recovery < 20 s": max(cold) < 20.0,
+            f"cold restart median < {TARGET_S:.0f} s": statistics.median(cold) < TARGET_S,
+            f"standby median < {TARGET_S:.0f} s": statistics.median(warm) < TARGET_S,
+        },
+    }
 
 
 def _kill_mid_batch(child: BenchChild) -> float:
@@ -77,9 +87,11 @@ def _cold_restarts(bench: Bench, pipeline_file: Path, kills: int) -> list[dict[s
                 "catch_up_s": rounded(run.batches[0]["t"] - run.query_started_at),
                 "catch_up_batch": {"batch": run.batches[0]["batch"], **run.batches[0]["phases"]},
             }
-            bench.emit(f"  cold restart {number + 1}: {split['kill_to_first_batch_s']} s to the next committed batch "
-                       f"(process {split['process_start_s']} s, Spark {split['spark_session_start_s']} s, "
-                       f"catch-up {split['catch_up_s']} s)")  # fmt: skip
+            bench.emit(
+                f"  cold restart {number + 1}: {split['kill_to_first_batch_s']} s to the next committed batch "
+                f"(process {split['process_start_s']} s, Spark {split['spark_session_start_s']} s, "
+                f"catch-up {split['catch_up_s']} s)"
+            )
             bench.emit(f"    the replayed {phases_line(run.batches[0])}")
             restarts.append(split)
     finally:

@@ -44,34 +44,61 @@ from streamproof.infra import KafkaBroker, PostgresServer
 from streamproof.jars import cached_jars, check_java
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
-    "throughput": bench_throughput, "latency": bench_latency, "recovery": bench_recovery, "sinks": bench_sinks,
-    "scaling": bench_scaling, "tuning": bench_tuning, "partitioned": bench_partitioned, "cluster": bench_cluster,
+    "throughput": bench_throughput,
+    "latency": bench_latency,
+    "recovery": bench_recovery,
+    "sinks": bench_sinks,
+    "scaling": bench_scaling,
+    "tuning": bench_tuning,
+    "partitioned": bench_partitioned,
+    "cluster": bench_cluster,
     "age": bench_age,
-}  # fmt: skip
+}
 BENCHMARKS = tuple(RUNNERS)
 # Not by default: cluster needs `infra up --spark-workers`; partitioned measures a table layout a user chooses,
 # not the product's own speed; age spends minutes making a 50,000-commit table.
 DEFAULT_BENCHMARKS = tuple(name for name in BENCHMARKS if name not in ("cluster", "partitioned", "age"))
 # What the command prints of each benchmark's results (the whole document goes to the results file).
-SUMMARY_KEYS = ("ratios", "targets_met", "latency", "latency_after_warmup", "median_phases_s", "ratios_vs_delta_append",
-                "median_s", "standby_median_s")  # fmt: skip
+SUMMARY_KEYS = (
+    "ratios",
+    "targets_met",
+    "latency",
+    "latency_after_warmup",
+    "median_phases_s",
+    "ratios_vs_delta_append",
+    "median_s",
+    "standby_median_s",
+)
 
 
 def machine_facts() -> dict[str, Any]:
     """Cores, memory, versions and date, stored with every result."""
-    memory_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal:")), 0)  # fmt: skip
+    memory_kb = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal:")
+        ),
+        0,
+    )
     jars = {jar.name for jar in cached_jars("spark")} | {jar.name for jar in cached_jars("kafka")}
     delta_jar = next((n for n in jars if n.startswith("delta-spark")), "")
     kafka_jar = next((n for n in jars if re.match(r"kafka_2\.13-[\d.]+\.jar", n)), "")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
     return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"), "cores": os.cpu_count(),
-        "memory_gib": round(memory_kb / 1024 / 1024, 1), "platform": platform.platform(),
-        "python": platform.python_version(), "java": check_java(), "pyspark": pyspark.__version__,
-        "delta_jar": delta_jar, "kafka_broker_jar": kafka_jar, "commit": commit or None,
-    }  # fmt: skip
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_kb / 1024 / 1024, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "java": check_java(),
+        "pyspark": pyspark.__version__,
+        "delta_jar": delta_jar,
+        "kafka_broker_jar": kafka_jar,
+        "commit": commit or None,
+    }
 
 
 def check_request(names: list[str], events: int) -> None:
@@ -86,8 +113,15 @@ def check_request(names: list[str], events: int) -> None:
         raise ConfigError(f"--events {events}: at least 10,000 (a benchmark of fewer measures only start-up)")
 
 
-def run_benchmarks(names: list[str], *, bootstrap: str, state_dir: Path, events: int = DEFAULT_EVENTS,
-                   emit: Emit = print, options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_benchmarks(
+    names: list[str],
+    *,
+    bootstrap: str,
+    state_dir: Path,
+    events: int = DEFAULT_EVENTS,
+    emit: Emit = print,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run the named benchmarks in order; return the results document (machine facts + one entry each)."""
     check_request(names, events)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -123,8 +157,15 @@ def write_results(document: dict[str, Any], results_dir: Path = RESULTS, json_fi
     return path
 
 
-def run_on_local_servers(names: list[str], *, state_dir: Path, bootstrap: str | None, events: int = DEFAULT_EVENTS,
-                         emit: Emit = print, options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_on_local_servers(
+    names: list[str],
+    *,
+    state_dir: Path,
+    bootstrap: str | None,
+    events: int = DEFAULT_EVENTS,
+    emit: Emit = print,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """:func:`run_benchmarks` on ``bootstrap``, or on the local broker (started for the run and stopped after it
     when it was not running); the local PostgreSQL likewise for the ``sinks`` benchmark."""
     check_request(names, events)
@@ -141,8 +182,9 @@ def run_on_local_servers(names: list[str], *, state_dir: Path, bootstrap: str | 
             emit(postgres.up())
             started.append(postgres)
     try:
-        return run_benchmarks(names, bootstrap=bootstrap, state_dir=state_dir, events=events, emit=emit,
-                              options=options)  # fmt: skip
+        return run_benchmarks(
+            names, bootstrap=bootstrap, state_dir=state_dir, events=events, emit=emit, options=options
+        )
     finally:
         for server in reversed(started):
             emit(server.down())

@@ -12,8 +12,12 @@ from typing import Any
 
 from streamproof.bench.common import Bench, ratio
 
-SINK_PIPELINES = {"delta_merge": "sinks_delta_merge", "postgres_upsert": "sinks_postgres_upsert",
-                  "kafka_transactional": "sinks_kafka", "files": "sinks_files"}  # fmt: skip
+SINK_PIPELINES = {
+    "delta_merge": "sinks_delta_merge",
+    "postgres_upsert": "sinks_postgres_upsert",
+    "kafka_transactional": "sinks_kafka",
+    "files": "sinks_files",
+}
 
 
 def bench_sinks(bench: Bench) -> dict[str, Any]:
@@ -24,5 +28,8 @@ def bench_sinks(bench: Bench) -> dict[str, Any]:
         bench.emit(f"sink: {label}")
         results[label] = bench.drain(bench.pipeline(template, topic, f"sinks-{label}")).to_dict()
     base = results["delta_append"]["rows_per_second"]
-    return {"events": bench.events, "sinks": results,
-            "ratios_vs_delta_append": {k: ratio(v["rows_per_second"], base) for k, v in results.items()}}  # fmt: skip
+    return {
+        "events": bench.events,
+        "sinks": results,
+        "ratios_vs_delta_append": {k: ratio(v["rows_per_second"], base) for k, v in results.items()},
+    }

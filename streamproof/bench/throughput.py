@@ -56,10 +56,17 @@ def consumer_read_rate(bootstrap: str, topic: str, expected: int, timeout_s: flo
     """Baseline (b): a ``confluent-kafka`` consumer reads every record and deserialises its JSON, nothing else."""
 
     ends = topic_end_offsets(bootstrap, topic)
-    consumer = Consumer(client_config(bootstrap, **{
-        "group.id": f"streamproof-bench-{os.getpid()}", "enable.auto.commit": False,
-        "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760,
-    }))  # fmt: skip
+    consumer = Consumer(
+        client_config(
+            bootstrap,
+            **{
+                "group.id": f"streamproof-bench-{os.getpid()}",
+                "enable.auto.commit": False,
+                "fetch.max.bytes": 52_428_800,
+                "max.partition.fetch.bytes": 10_485_760,
+            },
+        )
+    )
     consumer.assign([TopicPartition(topic, partition, 0) for partition in ends])
     records = parsed = 0
     started = time.monotonic()
@@ -80,8 +87,12 @@ def consumer_read_rate(bootstrap: str, topic: str, expected: int, timeout_s: flo
         consumer.close()
     if records < expected:
         raise PipelineError(f"the consumer baseline read {records:,} of {expected:,} records in {timeout_s:.0f} s")
-    return {"records": records, "parsed": parsed, "seconds": round(seconds, 2),
-            "rows_per_second": round(records / seconds)}  # fmt: skip
+    return {
+        "records": records,
+        "parsed": parsed,
+        "seconds": round(seconds, 2),
+        "rows_per_second": round(records / seconds),
+    }
 
 
 def spark_count_rate(spark: SparkSession, bootstrap: str, topic: str) -> dict[str, Any]:
@@ -94,8 +105,12 @@ def spark_count_rate(spark: SparkSession, bootstrap: str, topic: str) -> dict[st
         counted = frame.load().count()
 
     times = [timed(count) for _ in range(2)]
-    return {"records": counted, "seconds": round(times[-1], 2), "rows_per_second": round(counted / times[-1]),
-            "cold_seconds": round(times[0], 2)}  # fmt: skip
+    return {
+        "records": counted,
+        "seconds": round(times[-1], 2),
+        "rows_per_second": round(counted / times[-1]),
+        "cold_seconds": round(times[0], 2),
+    }
 
 
 def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: PipelineSpec, out: Path) -> dict[str, Any]:
@@ -103,9 +118,13 @@ def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: Pipeline
     Parquet (best of two runs, the first warms the JVM); no Kafka, no batches, no commit protocol."""
 
     raw = (
-        spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic).load()
-        .select("topic", "partition", "offset", "timestamp", "value").persist(StorageLevel.MEMORY_ONLY)
-    )  # fmt: skip
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .load()
+        .select("topic", "partition", "offset", "timestamp", "value")
+        .persist(StorageLevel.MEMORY_ONLY)
+    )
     records = raw.count()
     try:
         times = [
@@ -116,8 +135,12 @@ def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: Pipeline
         raw.unpersist()
         shutil.rmtree(out, ignore_errors=True)
     best = min(times)
-    return {"records": records, "seconds": round(best, 2), "rows_per_second": round(records / best),
-            "runs_s": [round(t, 2) for t in times]}  # fmt: skip
+    return {
+        "records": records,
+        "seconds": round(best, 2),
+        "rows_per_second": round(records / best),
+        "runs_s": [round(t, 2) for t in times],
+    }
 
 
 def native_delta_sink_rate(
@@ -139,16 +162,27 @@ def native_delta_sink_rate(
     out.mkdir(parents=True)
     # What `streamproof run` uses, as for the pipeline's child; the launch time, for its first commit's figure.
     env = {**os.environ, JIT_ENV: "tiered", "STREAMPROOF_BENCH_LAUNCHED_AT": repr(time.time())}
-    where = [str(table or out / "orders"), json.dumps(starting_offsets) if starting_offsets else "earliest",
-             checkpoint or str(out / "checkpoint")]  # fmt: skip
-    done = subprocess.run([sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out), *where], env=env,
-                          capture_output=True, text=True, timeout=timeout_s, check=False)  # fmt: skip
+    where = [
+        str(table or out / "orders"),
+        json.dumps(starting_offsets) if starting_offsets else "earliest",
+        checkpoint or str(out / "checkpoint"),
+    ]
+    done = subprocess.run(
+        [sys.executable, str(NATIVE_DELTA_SINK), str(pipeline_file), str(out), *where],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
     if done.returncode != 0:
         raise PipelineError(f"{NATIVE_DELTA_SINK.name} failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["rows_per_second"] = round(result["rows_in"] / result["seconds"]) if result["seconds"] else 0
-    bench.emit(f"  native Delta sink: {result['rows_in']:,} rows in {result['seconds']:.1f} s = "
-               f"{result['rows_per_second']:,} rows/s ({result['batches']} batches)")  # fmt: skip
+    bench.emit(
+        f"  native Delta sink: {result['rows_in']:,} rows in {result['seconds']:.1f} s = "
+        f"{result['rows_per_second']:,} rows/s ({result['batches']} batches)"
+    )
     return result
 
 
@@ -205,25 +239,37 @@ def bench_throughput(bench: Bench, rounds: int = 2, state_dir: Path | None = Non
     }
     targets = {
         "delta_exactly_once_vs_ceiling >= 0.5": (ratios["delta_exactly_once_vs_ceiling"] or 0) >= 0.5,
-        "delta_exactly_once_vs_parquet_at_least_once >= 0.9":
-            (ratios["delta_exactly_once_vs_parquet_at_least_once"] or 0) >= 0.9,
+        "delta_exactly_once_vs_parquet_at_least_once >= 0.9": (
+            ratios["delta_exactly_once_vs_parquet_at_least_once"] or 0
+        )
+        >= 0.9,
         "exactly_once_over_native_delta_sink >= 1.0": (ratios["exactly_once_over_native_delta_sink"] or 0) >= 1.0,
-        "delta_exactly_once_vs_delta_at_least_once >= 0.9":
-            (ratios["delta_exactly_once_vs_delta_at_least_once"] or 0) >= 0.9,
-    }  # fmt: skip
+        "delta_exactly_once_vs_delta_at_least_once >= 0.9": (ratios["delta_exactly_once_vs_delta_at_least_once"] or 0)
+        >= 0.9,
+    }
     ratios["steady_delta_exactly_once_vs_parquet_at_least_once"] = ratio(
         delta.steady_rows_per_second, files.steady_rows_per_second
     )
-    return {"events": bench.events, "topic": topic, "delta_exactly_once": delta.to_dict(),
-            "parquet_at_least_once": files.to_dict(), "delta_at_least_once": delta_alo.to_dict(),
-            "all_runs_rows_per_second": {"delta_exactly_once": [round(r.rows_per_second) for r in delta_runs],
-                                         "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs],
-                                         "delta_at_least_once": [round(r.rows_per_second) for r in delta_alo_runs]},
-            "native_delta_sink": native, "native_delta_sink_runs_rows_per_second":
-                [run["rows_per_second"] for run in native_runs],
-            "consumer_read": consumer, "spark_count": count, "ceiling": ceiling, "ratios": ratios,
-            "targets_met": targets,
-            "stores": on_stores(bench, topic, state_dir, local=rate) if state_dir is not None else {}}  # fmt: skip
+    return {
+        "events": bench.events,
+        "topic": topic,
+        "delta_exactly_once": delta.to_dict(),
+        "parquet_at_least_once": files.to_dict(),
+        "delta_at_least_once": delta_alo.to_dict(),
+        "all_runs_rows_per_second": {
+            "delta_exactly_once": [round(r.rows_per_second) for r in delta_runs],
+            "parquet_at_least_once": [round(r.rows_per_second) for r in files_runs],
+            "delta_at_least_once": [round(r.rows_per_second) for r in delta_alo_runs],
+        },
+        "native_delta_sink": native,
+        "native_delta_sink_runs_rows_per_second": [run["rows_per_second"] for run in native_runs],
+        "consumer_read": consumer,
+        "spark_count": count,
+        "ceiling": ceiling,
+        "ratios": ratios,
+        "targets_met": targets,
+        "stores": on_stores(bench, topic, state_dir, local=rate) if state_dir is not None else {},
+    }
 
 
 def on_stores(bench: Bench, topic: str, state_dir: Path, *, local: float) -> dict[str, Any]:
@@ -234,25 +280,35 @@ def on_stores(bench: Bench, topic: str, state_dir: Path, *, local: float) -> dic
     results: dict[str, Any] = {}
     for where, (root, server) in stores_running(bench, state_dir, "throughput").items():
         try:
-            pipeline_file = relocated(bench.pipeline("throughput_delta", topic, f"throughput-{where}"), str(root),
-                                      conf=server.spark_conf() if server is not None else None)  # fmt: skip
+            pipeline_file = relocated(
+                bench.pipeline("throughput_delta", topic, f"throughput-{where}"),
+                str(root),
+                conf=server.spark_conf() if server is not None else None,
+            )
             bench.emit(f"{where}: Kafka -> Delta, exactly-once, checkpoint and tables on {where}")
             before = server.requests_served() if server is not None else Counter()
             run = bench.drain(pipeline_file)
             ours = requests_of_run(bench, server, before, len(run.batches)) if server is not None else None
             bench.emit(f"{where}: Spark's own Delta sink, the docs' code, checkpoint and table on {where}")
             before = server.requests_served() if server is not None else Counter()
-            native = native_delta_sink_rate(bench, pipeline_file, f"throughput-native-{where}",
-                                            table=str(root / "native" / "orders"),
-                                            checkpoint=str(root / "native" / "checkpoint"))  # fmt: skip
+            native = native_delta_sink_rate(
+                bench,
+                pipeline_file,
+                f"throughput-native-{where}",
+                table=str(root / "native" / "orders"),
+                checkpoint=str(root / "native" / "checkpoint"),
+            )
             theirs = requests_of_run(bench, server, before, native["batches"]) if server is not None else None
         finally:
             delete_quietly(bench, root)
         results[where] = {
-            "delta_exactly_once": run.to_dict(), "native_delta_sink": native,
-            "ratios": {"exactly_once_over_native_delta_sink": ratio(run.rows_per_second, native["rows_per_second"]),
-                       f"exactly_once_{where}_vs_local": ratio(run.rows_per_second, local)},
+            "delta_exactly_once": run.to_dict(),
+            "native_delta_sink": native,
+            "ratios": {
+                "exactly_once_over_native_delta_sink": ratio(run.rows_per_second, native["rows_per_second"]),
+                f"exactly_once_{where}_vs_local": ratio(run.rows_per_second, local),
+            },
             **({"requests": {"streamproof": ours, "native": theirs}} if ours is not None else {}),
-        }  # fmt: skip
+        }
         bench.emit(f"{where}: {json.dumps(results[where]['ratios'])}")
     return results

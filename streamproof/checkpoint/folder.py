@@ -207,8 +207,9 @@ class RunLock:
         holder = self.try_acquire()
         if holder is not None:
             hint = "" if holder.here else f" (not checked from here: if it is gone, delete {self.path})"
-            raise PipelineError(f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first"
-                                f"{hint}")  # fmt: skip
+            raise PipelineError(
+                f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first{hint}"
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:

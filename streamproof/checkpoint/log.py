@@ -134,8 +134,9 @@ def check_readable(checkpoint: Checkpoint, recover_hint: str) -> None:
     logged, committed = logged_batches(folder), committed_batches(folder)
     for log in ("offsets", "commits"):
         names = set((folder / log).names()) if (folder / log).exists() else set()
-        strays = sorted(n for n in names if n.startswith(".") and n.endswith(".crc") and n[1:-4].isdigit()
-                        and n[1:-4] not in names)  # fmt: skip
+        strays = sorted(
+            n for n in names if n.startswith(".") and n.endswith(".crc") and n[1:-4].isdigit() and n[1:-4] not in names
+        )
         if strays:  # Spark would fail its next write with "Multiple streaming queries are concurrently using ..."
             entries = ", ".join(f"{log}/{name[1:-4]}" for name in strays)
             raise PipelineError(
@@ -190,8 +191,10 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
         raise PipelineError(f"{folder}: batch {batch_id} can be planned only right after batch {before} committed")
     header, metadata_line, *source_lines = (folder / "offsets" / str(before)).read_text().splitlines()
     if len(set(source_lines)) != 1:  # dedup and windows read the topic twice (two branches): one position, twice
-        raise PipelineError(f"{folder}: offsets/{before} holds positions of different sources; batch {batch_id} "
-                            "cannot be planned from one source's offsets")  # fmt: skip
+        raise PipelineError(
+            f"{folder}: offsets/{before} holds positions of different sources; batch {batch_id} "
+            "cannot be planned from one source's offsets"
+        )
     metadata = json.loads(metadata_line)
     committed = (folder / "commits" / str(before)).read_text().splitlines()
     passed_on = json.loads(committed[1]).get("nextBatchWatermarkMs", 0) if len(committed) > 1 else 0

@@ -124,8 +124,9 @@ def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks:
             f"`streamproof checkpoint rewind {spec._source_name}`"
         )
     for table in _stranded_logs(spark, spec, sinks):
-        shown = ", ".join(table.past.stranded[:3]) + (f" and {len(table.past.stranded) - 3} more"
-                                                      if len(table.past.stranded) > 3 else "")  # fmt: skip
+        shown = ", ".join(table.past.stranded[:3]) + (
+            f" and {len(table.past.stranded) - 3} more" if len(table.past.stranded) > 3 else ""
+        )
         raise PipelineError(
             f"{table.what} ({table.sink.location}) has files of versions past its last commit (version "
             f"{table.past.last_commit}) in its log: {shown} (its storage lost commits Delta had written a checkpoint "
@@ -146,9 +147,12 @@ class StrandedLog:
 def _stranded_logs(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[StrandedLog]:
     tables = [(sink, f"sink {sink.name}") for sink in sinks if isinstance(sink, DeltaSink)]
     tables.append((quarantine_table(spec), "the quarantine table"))
-    return [StrandedLog(sink, what, past) for sink, what in tables
-            if (spark is not None or not sink.needs_spark_for_commits())
-            and (past := log_past_its_commits(sink.path)) is not None]  # fmt: skip
+    return [
+        StrandedLog(sink, what, past)
+        for sink, what in tables
+        if (spark is not None or not sink.needs_spark_for_commits())
+        and (past := log_past_its_commits(sink.path)) is not None
+    ]
 
 
 @dataclass(frozen=True)
@@ -273,8 +277,11 @@ def refuse_if_source_behind(spec: PipelineSpec) -> None:
             "afresh on a new checkpoint and new sinks, or restore the topic"
         )
     # Only past a committed batch: the first batch starts wherever the source started then.
-    deleted = [f"partition {p}: offsets {read[p]}-{earliest - 1} ({earliest - read[p]:,} records)"
-               for p, (earliest, _) in sorted(watermarks.items()) if p in read and earliest > read[p]]  # fmt: skip
+    deleted = [
+        f"partition {p}: offsets {read[p]}-{earliest - 1} ({earliest - read[p]:,} records)"
+        for p, (earliest, _) in sorted(watermarks.items())
+        if p in read and earliest > read[p]
+    ]
     if deleted:
         raise PipelineError(
             f"topic {topic} deleted records before this pipeline read them (retention): {'; '.join(deleted)}; "
@@ -311,12 +318,17 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     if not lags:
         readable = [table for table in _stranded_logs(spark, spec, sinks) if not table.past.needs]
         when = time.strftime("%Y%m%dT%H%M%S")
-        put_aside = [path for table in readable for path in set_aside_stranded(
-            table.past, table.sink.path / "_streamproof_set_aside" / f"rewind-{when}")]  # fmt: skip
+        put_aside = [
+            path
+            for table in readable
+            for path in set_aside_stranded(table.past, table.sink.path / "_streamproof_set_aside" / f"rewind-{when}")
+        ]
         if put_aside:
-            return (f"every sink holds every batch {checkpoint} committed; set aside {len(put_aside)} file(s) of lost "
-                    f"Delta versions ({', '.join(put_aside)}): the next run replays what the checkpoint has not "
-                    "committed")  # fmt: skip
+            return (
+                f"every sink holds every batch {checkpoint} committed; set aside {len(put_aside)} file(s) of lost "
+                f"Delta versions ({', '.join(put_aside)}): the next run replays what the checkpoint has not "
+                "committed"
+            )
         return f"every sink holds every batch {checkpoint} committed: nothing to rewind"
     low = min(lag.holds_through for lag in lags)
     logged = set(logged_batches(checkpoint))
@@ -334,10 +346,11 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         )
     like = min(logged) if logged else 0
     entries = {
-        batch: offsets_entry(checkpoint, recorded[batch], like=like) if batch in recorded
+        batch: offsets_entry(checkpoint, recorded[batch], like=like)
+        if batch in recorded
         else (checkpoint / "offsets" / str(batch)).read_text()
         for batch in range(low + 1, last + 1)
-    }  # fmt: skip
+    }
     if low in recorded:  # the start of the first batch replayed: Spark reads it from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text('v1\n{"nextBatchWatermarkMs":0}')
@@ -364,14 +377,18 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         (checkpoint / "offsets" / str(batch)).write_text(text)
         replay(spec)
         if not (checkpoint / "commits" / str(batch)).exists():
-            raise PipelineError(f"the replay of batch {batch} did not commit; the checkpoint before the rewind is "
-                                f"kept as {kept}")  # fmt: skip
+            raise PipelineError(
+                f"the replay of batch {batch} did not commit; the checkpoint before the rewind is kept as {kept}"
+            )
     behind = ", ".join(f"{lag.sink.name} (from batch {lag.holds_through + 1})" for lag in lags)
-    removed = f"; removed {len(strays)} stray checksum file(s) of lost log entries ({', '.join(strays)})" if (
-        strays) else ""  # fmt: skip
+    removed = (
+        f"; removed {len(strays)} stray checksum file(s) of lost log entries ({', '.join(strays)})" if (strays) else ""
+    )
     moved = f"; set aside {len(stranded)} file(s) of lost Delta versions ({', '.join(stranded)})" if stranded else ""
-    return (f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
-            f"them by their keys; the checkpoint before the rewind is kept as {kept}{removed}{moved}")  # fmt: skip
+    return (
+        f"replayed batches {low + 1}-{last} with their original offsets into {behind}; the other sinks skipped "
+        f"them by their keys; the checkpoint before the rewind is kept as {kept}{removed}{moved}"
+    )
 
 
 def _recorded_by_the_sinks(spec: PipelineSpec, sinks: list[Sink], batches: list[int]) -> dict[int, Offsets]:
@@ -385,8 +402,9 @@ def _recorded_by_the_sinks(spec: PipelineSpec, sinks: list[Sink], batches: list[
     return _recorded_offsets(held, lambda batch_id: batch_id in batches, held_in_part=False)
 
 
-def _recorded_offsets(held: list[dict[int, SinkCommit]], wanted: Callable[[int], bool], *,
-                      held_in_part: bool) -> dict[int, Offsets]:  # fmt: skip
+def _recorded_offsets(
+    held: list[dict[int, SinkCommit]], wanted: Callable[[int], bool], *, held_in_part: bool
+) -> dict[int, Offsets]:
     """The end offsets the sinks recorded for the ``wanted`` batches among ``held`` (one dict per sink), a record of
     a batch held whole first; with ``held_in_part``, a batch no sink holds whole takes the offsets its shares
     recorded."""
@@ -446,8 +464,9 @@ def _refuse_if_source_lost(spec: PipelineSpec, low: int) -> None:
     watermarks = require_topic(spec.source)
     lost = {p: (first.get(p, 0), earliest) for p, (earliest, _) in watermarks.items() if earliest > first.get(p, 0)}
     if lost:
-        described = ", ".join(f"partition {p} from offset {want} (now starts at {have})" for p, (want, have) in
-                              sorted(lost.items()))  # fmt: skip
+        described = ", ".join(
+            f"partition {p} from offset {want} (now starts at {have})" for p, (want, have) in sorted(lost.items())
+        )
         raise PipelineError(
             f"topic {spec.source.topic} no longer holds the records to replay: {described}; they are gone from the "
             "source (retention, or the topic was recreated): restore the sinks from a backup instead"

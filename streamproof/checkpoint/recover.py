@@ -136,8 +136,11 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
         checkpoint.delete(recursive=True)
     entries = {batch: recorded[batch] for batch in needed}
     rebuild(checkpoint, entries, committed_through=low, confs=recorded_confs(spark))
-    resume = f"re-runs batch {high} with the offsets recorded by the sinks ahead" if high > low else (
-        f"continues with batch {high + 1}")  # fmt: skip
+    resume = (
+        f"re-runs batch {high} with the offsets recorded by the sinks ahead"
+        if high > low
+        else (f"continues with batch {high + 1}")
+    )
     kept_text = f"; the damaged checkpoint is kept as {kept}" if kept else ""
     return (
         f"rebuilt {checkpoint} from the sinks' records (each sink's last batch: {positions}); the next run {resume}, "

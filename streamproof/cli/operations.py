@@ -69,8 +69,12 @@ def checkpoint_show(
         sinks.add_column(column)
     for sink in sinks_list:
         head = sink.last_commit(spark)
-        sinks.add_row(sink.name, sink.location, "-" if head is None else str(head.batch_id),
-                      "-" if head is None or head.end_offsets is None else _offsets_text(head.end_offsets))  # fmt: skip
+        sinks.add_row(
+            sink.name,
+            sink.location,
+            "-" if head is None else str(head.batch_id),
+            "-" if head is None or head.end_offsets is None else _offsets_text(head.end_offsets),
+        )
     console.print(sinks)
 
 
@@ -156,12 +160,19 @@ def maintain(
 ) -> None:
     """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table); OPTIMIZE
     compacts within each partition and Z-orders by the sink's ``zorder_by``."""
-    maintenance.check_request(compact=do_optimize, vacuum_hours=vacuum_hours,
-                              allow_short_retention=allow_short_retention, where=where)  # fmt: skip
+    maintenance.check_request(
+        compact=do_optimize, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where
+    )
     spec = load_pipeline(pipeline)
     spark = build_session(spec.spark, app_name=f"streamproof-maintain:{spec.name}")
-    for line in maintenance.maintain(spark, spec, compact=do_optimize, vacuum_hours=vacuum_hours,
-                                     allow_short_retention=allow_short_retention, where=where):  # fmt: skip
+    for line in maintenance.maintain(
+        spark,
+        spec,
+        compact=do_optimize,
+        vacuum_hours=vacuum_hours,
+        allow_short_retention=allow_short_retention,
+        where=where,
+    ):
         console.print(line, markup=False)
 
 
@@ -199,12 +210,20 @@ def bench(
     check_request(chosen, events)
     if plot is not None and "scaling" not in chosen:
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
-    options = {"latency": {"rate": rate, "seconds": seconds},
-               "throughput": {"rounds": rounds, "state_dir": state_path(state_dir)},
-               "age": {"rounds": rounds, "state_dir": state_path(state_dir)},
-               "cluster": {"state_dir": state_path(state_dir)}}  # fmt: skip
-    document = run_on_local_servers(chosen, state_dir=state_path(state_dir), bootstrap=bootstrap_servers,
-                                    events=events, emit=emit_plain, options=options)  # fmt: skip
+    options = {
+        "latency": {"rate": rate, "seconds": seconds},
+        "throughput": {"rounds": rounds, "state_dir": state_path(state_dir)},
+        "age": {"rounds": rounds, "state_dir": state_path(state_dir)},
+        "cluster": {"state_dir": state_path(state_dir)},
+    }
+    document = run_on_local_servers(
+        chosen,
+        state_dir=state_path(state_dir),
+        bootstrap=bootstrap_servers,
+        events=events,
+        emit=emit_plain,
+        options=options,
+    )
     path = write_results(document, results_dir, json_file)
     if plot is not None:
         console.print(f"plot written to {plot_scaling(document, plot)}")

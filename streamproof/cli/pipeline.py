@@ -55,8 +55,9 @@ class RecordFormat(StrEnum):
     avro = "avro"
 
 
-def avro_for_generate(record_format: RecordFormat, schema_file: Path | None, registry: str | None,
-                      topic: str) -> AvroContract | None:  # fmt: skip
+def avro_for_generate(
+    record_format: RecordFormat, schema_file: Path | None, registry: str | None, topic: str
+) -> AvroContract | None:
     """The writer schema ``generate`` encodes with (and its registry id), or None for JSON; one line when wrong."""
     if record_format is RecordFormat.json:
         if schema_file is not None or registry is not None:
@@ -100,7 +101,7 @@ def generate(
         RecordFormat,
         typer.Option(
             "--format", help="json, or avro (bare Avro datums; Confluent's wire format with --schema-registry)."
-        ),  # fmt: skip
+        ),
     ] = RecordFormat.json,
     avro_schema: Annotated[
         Path | None, typer.Option(help="--format avro: the writer schema (default: examples/schemas/order.avsc's).")
@@ -121,12 +122,19 @@ def generate(
         transient=True,
     ) as progress:
         task = progress.add_task("generate", total=count)
-        mix = EventMix(seed=seed, malformed=malformed, duplicates=duplicates, late=late,
-                       schema_change_at=schema_change_at)  # fmt: skip
-        result = produce(bootstrap_servers, topic, count, partitions=partitions,
-                         manifest_dir=state_path(state_dir) / "generated",
-                         on_progress=lambda done: progress.update(task, completed=done), avro=avro,
-                         **mix)  # fmt: skip
+        mix = EventMix(
+            seed=seed, malformed=malformed, duplicates=duplicates, late=late, schema_change_at=schema_change_at
+        )
+        result = produce(
+            bootstrap_servers,
+            topic,
+            count,
+            partitions=partitions,
+            manifest_dir=state_path(state_dir) / "generated",
+            on_progress=lambda done: progress.update(task, completed=done),
+            avro=avro,
+            **mix,
+        )
     console.print(
         f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
         f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
@@ -149,7 +157,7 @@ def run(
             help="If the pipeline already runs (on this host): start warm and take over the "
             "moment it stops or dies, instead of refusing.",
         ),
-    ] = False,  # fmt: skip
+    ] = False,
     warm_up: Annotated[
         bool,
         typer.Option(
@@ -158,17 +166,24 @@ def run(
             "(about half a minute), so that the first batches are not cold: for a process started ahead of its "
             "traffic.",
         ),
-    ] = False,  # fmt: skip
+    ] = False,
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
     spec = load_pipeline(pipeline)
     spec = spec if master is None else spec.on_master(master)
     if console.is_terminal:
-        summary = _run_with_live_status(spec, available_now=available_now, max_batches=max_batches, standby=standby,
-                                        warm_up=warm_up)  # fmt: skip
+        summary = _run_with_live_status(
+            spec, available_now=available_now, max_batches=max_batches, standby=standby, warm_up=warm_up
+        )
     else:
-        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=_print_event,
-                               standby=standby, warm_up=warm_up)  # fmt: skip
+        summary = run_pipeline(
+            spec,
+            available_now=available_now,
+            max_batches=max_batches,
+            on_event=_print_event,
+            standby=standby,
+            warm_up=warm_up,
+        )
     console.print(summary.line(), markup=False)
 
 
@@ -177,8 +192,9 @@ def _print_event(event: Event) -> None:
         console.print(event.line(), markup=False)
 
 
-def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batches: int | None,
-                          standby: bool = False, warm_up: bool = False) -> RunSummary:  # fmt: skip
+def _run_with_live_status(
+    spec: PipelineSpec, *, available_now: bool, max_batches: int | None, standby: bool = False, warm_up: bool = False
+) -> RunSummary:
     """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
     started = time.monotonic()
     seen = RunSummary(spec.name)
@@ -198,8 +214,15 @@ def _run_with_live_status(spec: PipelineSpec, *, available_now: bool, max_batche
             _print_event(event)
             live.update(status())
 
-        summary = run_pipeline(spec, available_now=available_now, max_batches=max_batches, on_event=show,
-                               summary=seen, standby=standby, warm_up=warm_up)  # fmt: skip
+        summary = run_pipeline(
+            spec,
+            available_now=available_now,
+            max_batches=max_batches,
+            on_event=show,
+            summary=seen,
+            standby=standby,
+            warm_up=warm_up,
+        )
     return summary
 
 
@@ -300,11 +323,18 @@ def prove(
     --nemesis, when a sequence ends in damage or in a refusal the docs do not list (its shortest form is printed to
     replay). A nemesis paused by SIGINT or SIGTERM (after the step in progress) exits 3 and prints how to carry on.
     """
-    chosen = [bool(matrix), crash_at is not None, random_kills is not None, nemesis is not None,
-              nemesis_replay is not None, nemesis_resume is not None]  # fmt: skip
+    chosen = [
+        bool(matrix),
+        crash_at is not None,
+        random_kills is not None,
+        nemesis is not None,
+        nemesis_replay is not None,
+        nemesis_resume is not None,
+    ]
     if sum(chosen) > 1:
-        raise ConfigError("choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay, "
-                          "--nemesis-resume")  # fmt: skip
+        raise ConfigError(
+            "choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay, --nemesis-resume"
+        )
     spec = load_pipeline(pipeline)
     state = state_path(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -316,17 +346,44 @@ def prove(
     command = "streamproof prove " + " ".join(sys.argv[2:])
     if nemesis is not None or nemesis_replay is not None or nemesis_resume is not None:
         workdir = nemesis_resume or state / "nemesis" / stamp
-        _prove_nemesis(pipeline, spec, state, workdir, nemesis, nemesis_replay, seed, shrink_minutes,
-                       resume=nemesis_resume is not None)  # fmt: skip
+        _prove_nemesis(
+            pipeline,
+            spec,
+            state,
+            workdir,
+            nemesis,
+            nemesis_replay,
+            seed,
+            shrink_minutes,
+            resume=nemesis_resume is not None,
+        )
         return
     if matrix:
-        _prove_matrix(pipeline, spec, state / "matrix" / stamp, count, malformed, seed, json_file, html_file, command,
-                      upstream_shares(spec, duplicates, late), cluster_faults(state))  # fmt: skip
+        _prove_matrix(
+            pipeline,
+            spec,
+            state / "matrix" / stamp,
+            count,
+            malformed,
+            seed,
+            json_file,
+            html_file,
+            command,
+            upstream_shares(spec, duplicates, late),
+            cluster_faults(state),
+        )
         return
     points = [point.strip() for value in crash_at or [] for point in value.split(",") if point.strip()]
-    proof = prove_pipeline(pipeline, crash_at=points, random_kills=0 if points else (random_kills or 2), seed=seed,
-                           log_dir=state / "logs" / stamp, emit=emit_plain, manifest_dir=state / "generated",
-                           cluster=cluster_faults(state))  # fmt: skip
+    proof = prove_pipeline(
+        pipeline,
+        crash_at=points,
+        random_kills=0 if points else (random_kills or 2),
+        seed=seed,
+        log_dir=state / "logs" / stamp,
+        emit=emit_plain,
+        manifest_dir=state / "generated",
+        cluster=cluster_faults(state),
+    )
     print_reports(console, proof.reports)
     for line in proof.missed:
         console.print(f"[bold red]fault missed[/] (the proof fails: a fault that never fired proves nothing): {line}")
@@ -341,56 +398,116 @@ def prove(
         raise typer.Exit(1)
 
 
-def _prove_matrix(pipeline: Path, spec: PipelineSpec, workdir: Path, count: int, malformed: float, seed: int,
-                  json_file: Path | None, html_file: Path | None, command: str,
-                  upstream: dict[str, float], cluster: ClusterFaults | None) -> None:  # fmt: skip
+def _prove_matrix(
+    pipeline: Path,
+    spec: PipelineSpec,
+    workdir: Path,
+    count: int,
+    malformed: float,
+    seed: int,
+    json_file: Path | None,
+    html_file: Path | None,
+    command: str,
+    upstream: dict[str, float],
+    cluster: ClusterFaults | None,
+) -> None:
     spark = local_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")  # beside the cells' runs
     started = time.monotonic()
-    cells = run_matrix(pipeline, spark, workdir=workdir, count=count, malformed=malformed, seed=seed, emit=emit_plain,
-                       duplicates=upstream["duplicates"], late=upstream["late"], cluster=cluster)  # fmt: skip
+    cells = run_matrix(
+        pipeline,
+        spark,
+        workdir=workdir,
+        count=count,
+        malformed=malformed,
+        seed=seed,
+        emit=emit_plain,
+        duplicates=upstream["duplicates"],
+        late=upstream["late"],
+        cluster=cluster,
+    )
     console.print(matrix_table(cells))
     console.print(f"matrix: {len(cells)} cells in {time.monotonic() - started:.0f} s; cells under {workdir}")
     failures = cells_not_as_expected(cells)
-    document = {"command": command, "cells": [cell.to_dict() for cell in cells], "ok": not failures,
-                "not_as_expected": failures}  # fmt: skip
+    document = {
+        "command": command,
+        "cells": [cell.to_dict() for cell in cells],
+        "ok": not failures,
+        "not_as_expected": failures,
+    }
     write_output(json_file, json.dumps(document, indent=2))
     write_output(html_file, matrix_html(cells, command))
     if failures:
-        console.print(f"[bold red]matrix failed[/]: {len(failures)} of {len(cells)} cells not as expected: "
-                      + escape("; ".join(failures)))  # fmt: skip
+        console.print(
+            f"[bold red]matrix failed[/]: {len(failures)} of {len(cells)} cells not as expected: "
+            + escape("; ".join(failures))
+        )
         raise typer.Exit(1)
 
 
-def _prove_nemesis(pipeline: Path, spec: PipelineSpec, state: Path, workdir: Path, steps: int | None,
-                   sequence: str | None, seed: int, shrink_minutes: float, resume: bool) -> None:  # fmt: skip
+def _prove_nemesis(
+    pipeline: Path,
+    spec: PipelineSpec,
+    state: Path,
+    workdir: Path,
+    steps: int | None,
+    sequence: str | None,
+    seed: int,
+    shrink_minutes: float,
+    resume: bool,
+) -> None:
     spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
     daemons = Daemons.started_under(state, spec)
     restartable = daemons.restartable()
-    console.print(f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
-                  f"its pipelines under {workdir}", markup=False)  # fmt: skip
+    console.print(
+        f"nemesis on {pipeline} (servers it may restart: {', '.join(restartable) or 'none'}); "
+        f"its pipelines under {workdir}",
+        markup=False,
+    )
     with PauseOnSignal() as pause:
         nemesis, to_replay, start = None, parse_sequence(sequence) if sequence is not None else None, 0
         if resume:
             nemesis, to_replay, start = resumed(pipeline, workdir, spark, daemons, emit_plain)
             emit_plain(f"resumed before step {start + 1} of {len(to_replay.steps)}")
         if to_replay is not None:
-            outcome = replay(pipeline, to_replay, spark=spark, workdir=workdir, daemons=daemons, emit=emit_plain,
-                             nemesis=nemesis, start=start, pause_requested=pause.requested)  # fmt: skip
+            outcome = replay(
+                pipeline,
+                to_replay,
+                spark=spark,
+                workdir=workdir,
+                daemons=daemons,
+                emit=emit_plain,
+                nemesis=nemesis,
+                start=start,
+                pause_requested=pause.requested,
+            )
         else:
             assert steps is not None
-            outcome = search(pipeline, steps=steps, seed=seed, spark=spark, workdir=workdir, daemons=daemons,
-                             emit=emit_plain, shrink_minutes=shrink_minutes,
-                             pause_requested=pause.requested)  # fmt: skip
+            outcome = search(
+                pipeline,
+                steps=steps,
+                seed=seed,
+                spark=spark,
+                workdir=workdir,
+                daemons=daemons,
+                emit=emit_plain,
+                shrink_minutes=shrink_minutes,
+                pause_requested=pause.requested,
+            )
     if outcome.paused is not None:
-        console.print(f"nemesis: PAUSED, nothing judged yet; carry on with: streamproof prove {pipeline} "
-                      f"--nemesis-resume {outcome.paused.parent} --state-dir {state}", markup=False)  # fmt: skip
+        console.print(
+            f"nemesis: PAUSED, nothing judged yet; carry on with: streamproof prove {pipeline} "
+            f"--nemesis-resume {outcome.paused.parent} --state-dir {state}",
+            markup=False,
+        )
         raise typer.Exit(3)
     if outcome.ok and not outcome.sequence:
         console.print("nemesis: UNKNOWN: no sequence ran (nothing was checked)", markup=False)
         raise typer.Exit(3)
     if outcome.ok:
-        console.print(f"nemesis: OK, every sink 0 lost / 0 duplicated / 0 unexpected by both checkers after "
-                      f"{outcome.sequence}", markup=False)  # fmt: skip
+        console.print(
+            f"nemesis: OK, every sink 0 lost / 0 duplicated / 0 unexpected by both checkers after {outcome.sequence}",
+            markup=False,
+        )
         return
     console.print(f"nemesis: FAILED: {outcome.failure}", markup=False)
     console.print(f"replay it: streamproof prove {pipeline} --nemesis-replay '{outcome.sequence}'", markup=False)

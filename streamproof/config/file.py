@@ -208,8 +208,9 @@ def parse_pipeline(text: str, *, source_name: str = "<pipeline>", base_dir: Path
     return pipeline_from_tables(raw, source_name=source_name, base_dir=base_dir)
 
 
-def pipeline_from_tables(raw: dict[str, Any], *, source_name: str = "<pipeline>",
-                         base_dir: Path | None = None) -> PipelineSpec:  # fmt: skip
+def pipeline_from_tables(
+    raw: dict[str, Any], *, source_name: str = "<pipeline>", base_dir: Path | None = None
+) -> PipelineSpec:
     """Validate a pipeline given as its tables (what TOML parses to); :class:`ConfigError` with one line.
 
     >>> pipeline_from_tables({"name": "p", "source": {"kind": "kafka", "topic": "t"},
@@ -232,8 +233,7 @@ def pipeline_from_tables(raw: dict[str, Any], *, source_name: str = "<pipeline>"
         raise ConfigError(f"{source_name}: {_first_error_line(error)}") from None
     if spec.transform.avro_schema is not None:  # a file the pipeline reads, like the paths it writes
         resolved = Location.resolved(spec.transform.avro_schema, base_dir or Path.cwd())
-        spec = spec.model_copy(update={"transform": spec.transform.model_copy(
-            update={"avro_schema": str(resolved)})})  # fmt: skip
+        spec = spec.model_copy(update={"transform": spec.transform.model_copy(update={"avro_schema": str(resolved)})})
     spec._base_dir = base_dir or Path.cwd()
     spec._source_name = source_name
     spec._env_references = references

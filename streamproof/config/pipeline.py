@@ -123,8 +123,10 @@ class PipelineSpec(Strict):
         if len(set(names)) != len(names) or "records" in names:
             raise ValueError(f"lookups: names {names!r} must be distinct, and not 'records' (the batch's view)")
         if not isinstance(self.source, KafkaSource):
-            raise ValueError(f"lookups: the versions each batch read are recorded by Kafka offsets; a "
-                             f"{self.source.kind} source has none")  # fmt: skip
+            raise ValueError(
+                f"lookups: the versions each batch read are recorded by Kafka offsets; a "
+                f"{self.source.kind} source has none"
+            )
         if wiring_for(self.guarantee).progress_before_write:
             raise ValueError(
                 "lookups: at-most-once numbers its batches from 0 again at every start, so the versions "
@@ -167,10 +169,12 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _schema_merging_and_windows_need_delta_append(self) -> PipelineSpec:
-        other = next((sink for sink in self.sink_specs
-                      if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append")), None)  # fmt: skip
-        other_text = "" if other is None else other.kind + (
-            f" in {other.mode} mode" if isinstance(other, DeltaSinkSpec) else "")  # fmt: skip
+        other = next(
+            (sink for sink in self.sink_specs if not (isinstance(sink, DeltaSinkSpec) and sink.mode == "append")), None
+        )
+        other_text = (
+            "" if other is None else other.kind + (f" in {other.mode} mode" if isinstance(other, DeltaSinkSpec) else "")
+        )
         if self.transform.schema_evolution == "add-columns":
             if self.transform.aggregate is not None:
                 raise ValueError("transform.schema_evolution: 'add-columns' carries record fields; windows have none")
@@ -189,8 +193,9 @@ class PipelineSpec(Strict):
     @model_validator(mode="after")
     def _avro_comes_from_kafka(self) -> PipelineSpec:
         if self.transform.format == "avro" and not isinstance(self.source, KafkaSource):
-            raise ValueError(f'transform.format: "avro" reads Kafka record values; a {self.source.kind} source '
-                             "gives rows or lines")  # fmt: skip
+            raise ValueError(
+                f'transform.format: "avro" reads Kafka record values; a {self.source.kind} source gives rows or lines'
+            )
         return self
 
     @model_validator(mode="after")
@@ -202,16 +207,20 @@ class PipelineSpec(Strict):
             for sink in self.sink_specs:
                 for key, column in sink.schema_columns():
                     if key in laid_out and column not in self.transform.aggregate.output_columns:
-                        raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a column of the window rows "
-                                         f"({', '.join(self.transform.aggregate.output_columns)})")  # fmt: skip
+                        raise ValueError(
+                            f"{self._sinks_key}.{key}: {column!r} is not a column of the window rows "
+                            f"({', '.join(self.transform.aggregate.output_columns)})"
+                        )
             return self
         fields = [*schema_field_names(self.transform.schema_), "_src_topic", "_src_partition", "_src_offset"]
         for sink in self.sink_specs:
             named = sink.schema_columns()
             for key, column in named:
                 if column not in fields and not (key in laid_out and column in self.transform.columns):
-                    raise ValueError(f"{self._sinks_key}.{key}: {column!r} is not a field of the schema"
-                                     + (" nor a transform.columns entry" if key in laid_out else ""))  # fmt: skip
+                    raise ValueError(
+                        f"{self._sinks_key}.{key}: {column!r} is not a field of the schema"
+                        + (" nor a transform.columns entry" if key in laid_out else "")
+                    )
             # A record without its key or group cannot be upserted or totalled: it must be quarantined instead.
             stateful = any(key in ("key", "by") for key, _ in named) and not isinstance(sink, KafkaSinkSpec)
             for key in ("key", "by"):
@@ -227,10 +236,16 @@ class PipelineSpec(Strict):
     def _storage_can_honour_the_guarantee(self) -> PipelineSpec:
         if any(location.scheme == "s3a" for location in self.locations):  # conditional writes: guarantees.S3_CONF
             self.spark.conf.update({key: value for key, value in S3_CONF.items() if key not in self.spark.conf})
-        delta = [self.resolve_path(sink.folder) for sink in self.sink_specs
-                 if isinstance(sink, DeltaSinkSpec) and sink.folder is not None]  # fmt: skip
-        places = [("checkpoint", "checkpoint", self.checkpoint_dir), ("transform.quarantine", "delta",
-                  self.quarantine_path), *((self._sinks_key, "delta", table) for table in delta)]  # fmt: skip
+        delta = [
+            self.resolve_path(sink.folder)
+            for sink in self.sink_specs
+            if isinstance(sink, DeltaSinkSpec) and sink.folder is not None
+        ]
+        places = [
+            ("checkpoint", "checkpoint", self.checkpoint_dir),
+            ("transform.quarantine", "delta", self.quarantine_path),
+            *((self._sinks_key, "delta", table) for table in delta),
+        ]
         for key, role, location in places:
             if reason := storage_refusal(self.guarantee, location.scheme, role, self.spark.conf):
                 raise ValueError(f"{key}: {reason}")
@@ -265,7 +280,10 @@ class PipelineSpec(Strict):
             raise ConfigError(f"--master: {str(error).splitlines()[-1].split(', ', 1)[-1]}") from None
         moved = self.model_copy(update={"spark": settings})
         moved._base_dir, moved._source_name, moved._env_references = (
-            self._base_dir, self._source_name, self._env_references)  # fmt: skip
+            self._base_dir,
+            self._source_name,
+            self._env_references,
+        )
         return moved
 
     @property

@@ -86,8 +86,9 @@ class SparkSettings(Strict):
     @field_validator("master")
     @classmethod
     def _master(cls, value: str) -> str:
-        if not re.fullmatch(r"local(\[(\d+|\*)(,\d+)?\])?|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*|yarn|k8s://\S+",
-                            value):  # fmt: skip
+        if not re.fullmatch(
+            r"local(\[(\d+|\*)(,\d+)?\])?|spark://[^\s/]+(:\d+)?(,[^\s/]+(:\d+)?)*|yarn|k8s://\S+", value
+        ):
             raise ValueError(f"{value!r} is not a Spark master: local[2], spark://host:7077, yarn or k8s://https://...")
         return value
 

@@ -138,9 +138,14 @@ class PostgresSinkSpec(SinkSpecBase):
         :meth:`password`, on executors the one the driver resolved."""
         password = password if password is not None else self.password()
         return make_conninfo(
-            host=self.host, port=self.port, dbname=self.database, user=self.user, password=password,
-            connect_timeout=10, application_name="streamproof",
-        )  # fmt: skip
+            host=self.host,
+            port=self.port,
+            dbname=self.database,
+            user=self.user,
+            password=password,
+            connect_timeout=10,
+            application_name="streamproof",
+        )
 
     def redacted(self) -> str:
         return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
@@ -217,7 +222,8 @@ class PythonSinkSpec(SinkSpecBase):
         return [("key", self.key), ("order_by", self.order_by)] if self.key else []
 
 
-SinkSpec = Annotated[DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec,
-                     Field(discriminator="kind")]  # fmt: skip
+SinkSpec = Annotated[
+    DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec, Field(discriminator="kind")
+]
 SINK_KINDS = ("delta", "postgres", "kafka", "files", "python")
 AnySinkSpec = DeltaSinkSpec | PostgresSinkSpec | KafkaSinkSpec | FilesSinkSpec | PythonSinkSpec

@@ -73,8 +73,13 @@ class Aggregate(Strict):
     @property
     def output_columns(self) -> list[str]:
         """The columns of a window row, in order."""
-        return ["window_start", "window_end", *self.by, *(f"sum_{c}" for c in self.sum),
-                *(["events"] if self.count else [])]  # fmt: skip
+        return [
+            "window_start",
+            "window_end",
+            *self.by,
+            *(f"sum_{c}" for c in self.sum),
+            *(["events"] if self.count else []),
+        ]
 
 
 class Transform(Strict):
@@ -106,16 +111,19 @@ class Transform(Strict):
     @classmethod
     def _function_name(cls, value: str | None) -> str | None:
         if value is not None and not FUNCTION_NAME.fullmatch(value):
-            raise ValueError(f'{value!r} is not "package.module:function" (a module importable by name, a colon, '
-                             "a function defined at its top level)")  # fmt: skip
+            raise ValueError(
+                f'{value!r} is not "package.module:function" (a module importable by name, a colon, '
+                "a function defined at its top level)"
+            )
         return value
 
     @field_validator("sql")
     @classmethod
     def _one_query(cls, value: str | None) -> str | None:
         if value is not None and not re.search(r"\bfrom\s+records\b", value, re.IGNORECASE):
-            raise ValueError("the query reads the batch's valid records from the view `records`: "
-                             '"SELECT ... FROM records ..."')  # fmt: skip
+            raise ValueError(
+                'the query reads the batch\'s valid records from the view `records`: "SELECT ... FROM records ..."'
+            )
         return value
 
     @property
@@ -284,6 +292,14 @@ def replay_unsafe(expression: str) -> str | None:
     if match is None:
         return None
     function = match.group(1) or f"current_{match.group(2)}" if match.group(1) or match.group(2) else "unix_timestamp"
-    clock = function.lower() in ("current_timestamp", "current_date", "current_time", "now", "localtimestamp",
-                                 "curdate", "sysdate", "unix_timestamp")  # fmt: skip
+    clock = function.lower() in (
+        "current_timestamp",
+        "current_date",
+        "current_time",
+        "now",
+        "localtimestamp",
+        "curdate",
+        "sysdate",
+        "unix_timestamp",
+    )
     return f"{function}() gives {'the time the batch runs' if clock else 'another value on every run'}"

@@ -20,8 +20,14 @@ from streamproof.harness.crashes import Crash, HarnessResult, TimelineEvent
 from streamproof.harness.evidence import evidence_text
 
 
-def expected_damage(guarantee: str, point: str, *, has_invalid_records: bool, check: str = "records",
-                    partial_writes_visible: bool = False) -> str:  # fmt: skip
+def expected_damage(
+    guarantee: str,
+    point: str,
+    *,
+    has_invalid_records: bool,
+    check: str = "records",
+    partial_writes_visible: bool = False,
+) -> str:
     """The damage a guarantee must show when killed at a point: "clean", "duplicated", "lost", or
     "may-duplicate" / "may-lose" where it depends on how far the killed write got.
 
@@ -68,8 +74,16 @@ def fault_hits(where: str, sink: str, labels: Sequence[str]) -> bool:
     return point not in faults.WRITE_POINTS or (named or labels[0]) == sink
 
 
-def damage_to(sink: str, where: str, labels: Sequence[str], guarantee: str, *, has_invalid_records: bool,
-              check: str = "records", partial_writes_visible: bool = False) -> str:  # fmt: skip
+def damage_to(
+    sink: str,
+    where: str,
+    labels: Sequence[str],
+    guarantee: str,
+    *,
+    has_invalid_records: bool,
+    check: str = "records",
+    partial_writes_visible: bool = False,
+) -> str:
     """The damage a crash armed at ``where`` must leave in ``sink`` (:func:`expected_damage`), the sinks of a batch
     being written one after the other in the order of ``labels``. A kill in another sink's write is, to a sink
     written before that one, a kill after its commit; to one written after it, a kill in a write that never began
@@ -86,10 +100,19 @@ def damage_to(sink: str, where: str, labels: Sequence[str], guarantee: str, *, h
     point, named = faults.split_point(where)
     if point == faults.MID_SINK_WRITE and not fault_hits(where, sink, labels):
         written_before = labels.index(sink) < labels.index(named or labels[0])
-        return expected_damage(guarantee, faults.AFTER_SINK_COMMIT if written_before else faults.MID_SINK_WRITE,
-                               has_invalid_records=has_invalid_records, check=check)  # fmt: skip
-    return expected_damage(guarantee, point, has_invalid_records=has_invalid_records, check=check,
-                           partial_writes_visible=partial_writes_visible)  # fmt: skip
+        return expected_damage(
+            guarantee,
+            faults.AFTER_SINK_COMMIT if written_before else faults.MID_SINK_WRITE,
+            has_invalid_records=has_invalid_records,
+            check=check,
+        )
+    return expected_damage(
+        guarantee,
+        point,
+        has_invalid_records=has_invalid_records,
+        check=check,
+        partial_writes_visible=partial_writes_visible,
+    )
 
 
 def worst_damage(damages: Iterable[str]) -> str:
@@ -100,16 +123,18 @@ def worst_damage(damages: Iterable[str]) -> str:
     ('duplicated', 'may-lose', 'clean')
     """
     damages = set(damages)
-    return next((damage for damage in ("lost", "duplicated", "may-lose", "may-duplicate") if damage in damages),
-                "clean")  # fmt: skip
+    return next(
+        (damage for damage in ("lost", "duplicated", "may-lose", "may-duplicate") if damage in damages), "clean"
+    )
 
 
 def credited(result: HarnessResult, sink: str, labels: Sequence[str]) -> tuple[list[Crash], list[str]]:
     """The crashes, and the faults missed, that a sink's row of a cell carries: those that hit it
     (:func:`fault_hits`); in a fan-out, a fault inside one sink's write is that sink's alone."""
     crashes = [crash for crash in result.crashes if fault_hits(crash.point, sink, labels)]
-    missed = [line for where, line in zip(result.missed_at, result.missed, strict=True)
-              if fault_hits(where, sink, labels)]  # fmt: skip
+    missed = [
+        line for where, line in zip(result.missed_at, result.missed, strict=True) if fault_hits(where, sink, labels)
+    ]
     return crashes, missed
 
 
@@ -145,8 +170,9 @@ class MatrixCell:
             return "missed"
         if self.identity_gap:
             return "unknown"
-        damage = [name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected))
-                  if count]  # fmt: skip
+        damage = [
+            name for name, count in (("lost", self.lost), ("duplicated", self.duplicated + self.unexpected)) if count
+        ]
         return "+".join(damage) or "clean"
 
     @property
@@ -175,8 +201,10 @@ class MatrixCell:
         if self.missed:
             return f"its fault left no evidence ({'; '.join(self.missed)})"
         if self.unexpected and self.outcome != "unknown":
-            return (f"{self.unexpected:,} rows no source record explains (lost {self.lost:,}, duplicated "
-                    f"{self.duplicated:,}): no guarantee allows them")  # fmt: skip
+            return (
+                f"{self.unexpected:,} rows no source record explains (lost {self.lost:,}, duplicated "
+                f"{self.duplicated:,}): no guarantee allows them"
+            )
         if self.identity_gap:
             return f"{self.identity_gap:,} records the reconciliation could not account for"
         counts = f"lost {self.lost:,}, duplicated {self.duplicated:,}, unexpected {self.unexpected:,}"
@@ -185,13 +213,24 @@ class MatrixCell:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "guarantee": self.guarantee, "sink": self.sink, "point": self.point, "lost": self.lost,
-            "duplicated": self.duplicated, "unexpected": self.unexpected, "crashes": self.crashes,
-            "restart_s": self.restart_s, "expected": self.expected, "outcome": self.outcome,
-            "as_expected": self.as_expected, "missed": self.missed, "evidence": self.evidence,
-            "trusted": self.trusted, "identity_gap": self.identity_gap, "seconds": round(self.seconds, 1),
+            "guarantee": self.guarantee,
+            "sink": self.sink,
+            "point": self.point,
+            "lost": self.lost,
+            "duplicated": self.duplicated,
+            "unexpected": self.unexpected,
+            "crashes": self.crashes,
+            "restart_s": self.restart_s,
+            "expected": self.expected,
+            "outcome": self.outcome,
+            "as_expected": self.as_expected,
+            "missed": self.missed,
+            "evidence": self.evidence,
+            "trusted": self.trusted,
+            "identity_gap": self.identity_gap,
+            "seconds": round(self.seconds, 1),
             "timeline": [asdict(event) for event in self.timeline],
-        }  # fmt: skip
+        }
 
 
 def cells_not_as_expected(cells: Iterable[MatrixCell]) -> list[str]:
@@ -208,8 +247,11 @@ def cells_not_as_expected(cells: Iterable[MatrixCell]) -> list[str]:
     ['at-least-once x after-sink-commit [delta]: expected duplicated, showed clean: lost 0, duplicated 0,
       unexpected 0 (a fault that left no damage: a blind harness?)']
     """
-    return [f"{cell.guarantee} x {cell.point} [{cell.sink}]: {cell.why_not_as_expected}" for cell in cells
-            if not cell.as_expected]  # fmt: skip
+    return [
+        f"{cell.guarantee} x {cell.point} [{cell.sink}]: {cell.why_not_as_expected}"
+        for cell in cells
+        if not cell.as_expected
+    ]
 
 
 def guarantee_given(cells: Sequence[MatrixCell], sink: str) -> str:

@@ -49,26 +49,42 @@ def import_path() -> str:
     """
     installed = {os.path.realpath(prefix) for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
     given = [os.path.abspath(entry) for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    added = [os.path.abspath(entry or ".") for entry in sys.path
-             if os.path.isdir(entry or ".") and not any(os.path.realpath(entry or ".").startswith(root)
-                                                        for root in installed)]  # fmt: skip
+    added = [
+        os.path.abspath(entry or ".")
+        for entry in sys.path
+        if os.path.isdir(entry or ".")
+        and not any(os.path.realpath(entry or ".").startswith(root) for root in installed)
+    ]
     return os.pathsep.join(dict.fromkeys([*given, *added]))
 
 
 class PipelineChild:
     """``streamproof run PIPELINE`` in its own session; its events recorded as they arrive (see the module)."""
 
-    def __init__(self, pipeline_file: Path, log_dir: Path, *, name: str = "run", available_now: bool = True,
-                 crash: ArmedCrash | list[ArmedCrash] | None = None, jit: str = "quick-start",
-                 on_event: Callable[[Event], None] | None = None, standby: bool = False,
-                 warm_up: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pipeline_file: Path,
+        log_dir: Path,
+        *,
+        name: str = "run",
+        available_now: bool = True,
+        crash: ArmedCrash | list[ArmedCrash] | None = None,
+        jit: str = "quick-start",
+        on_event: Callable[[Event], None] | None = None,
+        standby: bool = False,
+        warm_up: bool = False,
+    ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
         self.out_path = log_dir / f"{name}.out"  # stdout: the lines for people
         self.scratch = log_dir / f"{name}.spark-local"  # Spark's local dirs of this run
         read_end, write_end = os.pipe()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SPARK_LOCAL_DIRS": str(self.scratch),
-               EVENTS_FD_ENV: str(write_end)}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "SPARK_LOCAL_DIRS": str(self.scratch),
+            EVENTS_FD_ENV: str(write_end),
+        }
         env.setdefault(JIT_ENV, jit)  # the harness's runs live seconds: C1 only halves their CPU on 2 cores
         env.setdefault(UI_ENV, "off")  # ... and would race each other and a user's run for Spark's UI port
         env.pop(CRASH_ENV, None)
@@ -86,9 +102,14 @@ class PipelineChild:
             command.append("--warm-up")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env=env, pass_fds=(write_end,),
-            )  # fmt: skip
+                command,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                pass_fds=(write_end,),
+            )
         os.close(write_end)  # the child holds the only write end: its end of file is the child's end
         self.started_at = time.monotonic()
         self.closed_at: float | None = None

@@ -35,18 +35,26 @@ from streamproof.task_faults import HARNESS_WAIT_S, RELEASED
 DATANODE_DOWN_S = 1.0  # the held task writes into the dead DataNode for this long before it is started again
 # Speculation tuned for a short write: a copy of a task still running after 1 s, once half of its stage is done.
 SPECULATION_CONF = {
-    "spark.speculation": "true", "spark.speculation.interval": "100ms", "spark.speculation.multiplier": "1.5",
-    "spark.speculation.quantile": "0.5", "spark.speculation.minTaskRuntime": "1s",
-    "spark.speculation.efficiency.enabled": "false", "spark.speculation.task.duration.threshold": "1s",
-}  # fmt: skip
+    "spark.speculation": "true",
+    "spark.speculation.interval": "100ms",
+    "spark.speculation.multiplier": "1.5",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.minTaskRuntime": "1s",
+    "spark.speculation.efficiency.enabled": "false",
+    "spark.speculation.task.duration.threshold": "1s",
+}
 
 
 def event_log_conf(folder: Path) -> dict[str, str]:
     """Spark's event log into ``folder``: the evidence of task attempts on a cluster."""
     folder.mkdir(parents=True, exist_ok=True)
     # One plain JSON-lines file per application (Spark 4 rolls and compresses them by default).
-    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": folder.as_uri(),
-            "spark.eventLog.rolling.enabled": "false", "spark.eventLog.compress": "false"}  # fmt: skip
+    return {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": folder.as_uri(),
+        "spark.eventLog.rolling.enabled": "false",
+        "spark.eventLog.compress": "false",
+    }
 
 
 @dataclass
@@ -69,15 +77,23 @@ class ClusterFaults:
         time.sleep(DATANODE_DOWN_S)
         started = self.hdfs.start_datanode()
         live = wait_until(lambda: self.hdfs is not None and self.hdfs.live_datanodes() >= 1, 60)
-        return {"held_task": True, "killed_datanode_pid": killed, "restarted_datanode_pid": started,
-                "datanode_down_s": round(time.monotonic() - down_from, 1), "datanode_live_again": live}  # fmt: skip
+        return {
+            "held_task": True,
+            "killed_datanode_pid": killed,
+            "restarted_datanode_pid": started,
+            "datanode_down_s": round(time.monotonic() - down_from, 1),
+            "datanode_live_again": live,
+        }
 
     def restore(self) -> dict[str, Any]:
         """Start again each Worker a fault killed; what was done."""
         if self.spark is None:
             return {}
-        restarted = {number: self.spark.start_worker(number) for number in range(1, self.spark.workers + 1)
-                     if self.spark.worker(number).pid() is None}  # fmt: skip
+        restarted = {
+            number: self.spark.start_worker(number)
+            for number in range(1, self.spark.workers + 1)
+            if self.spark.worker(number).pid() is None
+        }
         if not restarted:
             return {}
         if not wait_until(lambda: self.spark is not None and self.spark.alive_workers() >= self.spark.workers, 120):
@@ -127,8 +143,7 @@ def write_attempts(event_logs: Path, batch_id: int, sink: str | None = None) -> 
                 speculative += bool(info.get("Speculative"))
                 ends[str((event.get("Task End Reason") or {}).get("Reason", "?"))] += 1
     failed = sum(count for end, count in ends.items() if end not in ("Success", "TaskKilled"))
-    return {"attempts": attempts, "retried": retried, "speculative": speculative, "failed": failed,
-            "ends": dict(ends)}  # fmt: skip
+    return {"attempts": attempts, "retried": retried, "speculative": speculative, "failed": failed, "ends": dict(ends)}
 
 
 def fault_happened(point: str, evidence: dict[str, Any]) -> str | None:

@@ -240,8 +240,10 @@ class Harness:
         code = run.child.process.returncode
         if code != -signal.SIGKILL:
             hint = " (it drained first: use more data or a smaller source.max_offsets_per_trigger)" if code == 0 else ""
-            raise PipelineError(f"{what} missed: run {run.number} exited with code {code} instead of dying by SIGKILL"
-                                f"{hint}; log: {run.child.log_path}")  # fmt: skip
+            raise PipelineError(
+                f"{what} missed: run {run.number} exited with code {code} instead of dying by SIGKILL"
+                f"{hint}; log: {run.child.log_path}"
+            )
         return killed_at
 
     def miss(self, where: str, line: str) -> None:
@@ -274,9 +276,16 @@ class Harness:
         return result
 
 
-def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Path, emit: Emit = print,
-                     timeout_s: float = RUN_TIMEOUT_S, cluster: ClusterFaults | None = None,
-                     learned: dict[str, list[list[str]]] | None = None) -> HarnessResult:  # fmt: skip
+def run_with_crashes(
+    pipeline_file: Path,
+    points: Iterable[str],
+    *,
+    log_dir: Path,
+    emit: Emit = print,
+    timeout_s: float = RUN_TIMEOUT_S,
+    cluster: ClusterFaults | None = None,
+    learned: dict[str, list[list[str]]] | None = None,
+) -> HarnessResult:
     """Crash the pipeline once per point (in order), each in the second batch of its run, then drain. Faults of
     the machines, which a run survives, share one run, a batch each (:func:`runs_of`); the last such run drains.
 
@@ -293,8 +302,12 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
     if spec.on_distributed_storage:  # what a crash left is read through Hadoop's FileSystem, in a JVM of our own
         local_session(spec.spark, app_name=f"streamproof-harness:{spec.name}")
     if on_cluster:  # Spark's event log: the evidence of the task attempts a fault caused
-        pipeline_file = _with_conf(spec, log_dir / "pipeline.toml", event_log_conf(log_dir / "spark-events"),
-                                   any(faults.split_point(p)[0] == faults.SPECULATION for p in points))  # fmt: skip
+        pipeline_file = _with_conf(
+            spec,
+            log_dir / "pipeline.toml",
+            event_log_conf(log_dir / "spark-events"),
+            any(faults.split_point(p)[0] == faults.SPECULATION for p in points),
+        )
     harness = Harness(pipeline_file, log_dir, emit, timeout_s)
     for sink_label, lists in (learned or {}).items():
         harness.result.seen_moments.setdefault(sink_label, []).extend(lists)
@@ -338,8 +351,14 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
                     f"by SIGKILL ({why}); log: {run.child.log_path}"
                 )
             started = [sink for batch, sink in run.writes_started if batch == armed.batch_id]
-            crash = Crash(where, armed.batch_id, killed_at - run.child.started_at, run.number,
-                          facts=crash_facts(spec, armed.batch_id, started), killed_monotonic=killed_at)  # fmt: skip
+            crash = Crash(
+                where,
+                armed.batch_id,
+                killed_at - run.child.started_at,
+                run.number,
+                facts=crash_facts(spec, armed.batch_id, started),
+                killed_monotonic=killed_at,
+            )
             yours_hit = point == faults.MID_SINK_WRITE and target in yours
             if yours_hit:
                 crash.facts["moment"] = landed(run.child.log_path.parent / "faults", armed.batch_id, target)
@@ -357,18 +376,26 @@ def run_with_crashes(pipeline_file: Path, points: Iterable[str], *, log_dir: Pat
             if yours_hit and moment is None:  # every moment of your write in turn: a clean batch taught how many
                 learned_here = harness.result.moments.get(target, [])
                 if len(learned_here) > MOMENTS_CRASHED:
-                    emit(f"{target}'s write went through {len(learned_here)} moments: the first {MOMENTS_CRASHED} are "
-                         "crashed; the rest are not exercised")  # fmt: skip
+                    emit(
+                        f"{target}'s write went through {len(learned_here)} moments: the first {MOMENTS_CRASHED} are "
+                        "crashed; the rest are not exercised"
+                    )
                 more = [f"{where}#{k}" for k in range(2, min(len(learned_here), MOMENTS_CRASHED) + 1)]
                 expanded |= set(more)
                 groups[number:number] = [[point_k] for point_k in more]
         for target in sorted(yours):
             took = harness.result.unseen.get(target)
-            if took and any(faults.split_point(where)[0] == faults.MID_SINK_WRITE and
-                            (faults.split_point(where)[1] or labels[0]) == target for where in points):  # fmt: skip
-                harness.miss(f"{faults.MID_SINK_WRITE}:{target}", f"{target}'s write took durable steps in another "
-                             f"thread than its own ({', '.join(sorted(set(took)))}): no crash can land after them, so "
-                             "its moments were not all exercised")  # fmt: skip
+            if took and any(
+                faults.split_point(where)[0] == faults.MID_SINK_WRITE
+                and (faults.split_point(where)[1] or labels[0]) == target
+                for where in points
+            ):
+                harness.miss(
+                    f"{faults.MID_SINK_WRITE}:{target}",
+                    f"{target}'s write took durable steps in another "
+                    f"thread than its own ({', '.join(sorted(set(took)))}): no crash can land after them, so "
+                    "its moments were not all exercised",
+                )
         if not drained:
             harness.drain()
     finally:
@@ -401,9 +428,11 @@ def your_moment(landing: dict[str, Any] | None, moment: int, seen: list[list[str
         return str(landing["what"])
     at_moment = {moments[moment - 1] for moments in seen or [] if len(moments) >= moment}
     if at_moment and landing["what"] not in at_moment:
-        return (f"moment {moment} landed at {landing['what']!r}, where clean batches had "
-                f"{' / '.join(map(repr, sorted(at_moment)))}: the write's moments differ from batch to batch, so the "
-                "moment planned was not the one crashed")  # fmt: skip
+        return (
+            f"moment {moment} landed at {landing['what']!r}, where clean batches had "
+            f"{' / '.join(map(repr, sorted(at_moment)))}: the write's moments differ from batch to batch, so the "
+            "moment planned was not the one crashed"
+        )
     return None
 
 
@@ -433,8 +462,14 @@ def _with_conf(spec: PipelineSpec, target: Path, conf: dict[str, str], speculati
     return target
 
 
-def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, cluster: ClusterFaults | None,
-                    event_logs: Path, drain: bool = False) -> bool:  # fmt: skip
+def _survive_faults(
+    harness: Harness,
+    wheres: list[str],
+    first_batch: int,
+    cluster: ClusterFaults | None,
+    event_logs: Path,
+    drain: bool = False,
+) -> bool:
     """One run through faults of the machines, the i-th of ``wheres`` in batch ``first_batch + i``, met inside the
     write's tasks (:mod:`streamproof.task_faults`); for ``datanode-restart`` the harness breaks the DataNode while
     the task waits. The run is expected to survive them; it is stopped (SIGTERM) once the last faulted batch is
@@ -475,13 +510,18 @@ def _survive_faults(harness: Harness, wheres: list[str], first_batch: int, clust
     harness.result.timeline.append(TimelineEvent(harness._t(time.monotonic()), run.number, "exit", label=str(code)))
     for batch, crash in crashes.items():
         if not crash.killed_monotonic:
-            harness.miss(crash.point, f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
-                                      f"was written (use more data); log: {run.child.log_path}")  # fmt: skip
+            harness.miss(
+                crash.point,
+                f"{crash.point}: run {run.number} ended (exit {code}) before batch {batch} "
+                f"was written (use more data); log: {run.child.log_path}",
+            )
             continue
         point, sink = split[batch]
         crash.facts.update(pipeline_exit=code, **write_attempts(event_logs, batch, sink))
         harness.emit(f"{crash.point} in batch {batch} (run {run.number}): {crash.facts}")
         if missed := fault_happened(point, crash.facts):
-            harness.miss(crash.point, f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: "
-                                      f"{run.child.log_path}, {event_logs}")  # fmt: skip
+            harness.miss(
+                crash.point,
+                f"{crash.point} in batch {batch}: {missed.split(': ', 1)[1]}; logs: {run.child.log_path}, {event_logs}",
+            )
     return drain and code == 0

@@ -150,8 +150,12 @@ class Daemons:
         s3 = S3Server(state_dir)
         on_s3 = any(location.scheme == "s3a" for location in spec.locations)
         ours = s3.process.pid() is not None and spec.spark.conf.get(S3_ENDPOINT, "").rstrip("/") == s3.endpoint
-        return cls(broker, postgres, cluster_faults(state_dir) if on_cluster else None,
-                   S3Faults(s3) if on_s3 and ours else None)  # fmt: skip
+        return cls(
+            broker,
+            postgres,
+            cluster_faults(state_dir) if on_cluster else None,
+            S3Faults(s3) if on_s3 and ours else None,
+        )
 
     def restartable(self) -> list[str]:
         """The servers' names, as the nemesis announces them."""

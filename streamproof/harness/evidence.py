@@ -50,9 +50,8 @@ def crash_facts(spec: PipelineSpec, batch_id: int, write_started: list[str]) -> 
         # Your own sink's records say which batches it was handed, not what it holds: no evidence from them.
         commits = [] if sink.records_hand_outs else sink.commits()
         matching = [
-            commit for commit in commits
-            if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
-        ]  # fmt: skip
+            commit for commit in commits if commit.batch_id == batch_id and commit.end_offsets in (None, end_offsets)
+        ]
         held[sink.name] = (bool(matching), any(commit.keyed for commit in matching))
         if matching and not any(commit.complete for commit in matching):
             partial.append(sink.name)

@@ -106,28 +106,44 @@ def _copied_per_cell(option: str) -> str | None:
     return next((kind for kind in ("table", "path") if option == kind or option.endswith(f"_{kind}")), None)
 
 
-def cell_spec(spec: PipelineSpec, guarantee: str, topic: str, workdir: Path | Location,
-              max_offsets: int) -> PipelineSpec:  # fmt: skip
+def cell_spec(
+    spec: PipelineSpec, guarantee: str, topic: str, workdir: Path | Location, max_offsets: int
+) -> PipelineSpec:
     """The pipeline of one matrix cell: same transform and sink kinds, its own topic, sinks and checkpoint under
     ``workdir`` (on the pipeline's distributed storage, for a pipeline that keeps its files there)."""
     workdir = Location(workdir)
     spec = with_subject_pinned(spec)
-    sinks = {"sink": isolated_sink(spec.sink, workdir)} if spec.sink is not None else {
-        "sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]
-    }  # fmt: skip
-    return spec.model_copy(update={
-        "guarantee": guarantee,
-        "checkpoint": str(workdir / "checkpoint"),
-        "source": spec.source.model_copy(update={"topic": topic, "max_offsets_per_trigger": max_offsets}),
-        "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "tables" / "quarantine")}),
-        **sinks,
-    })  # fmt: skip
+    sinks = (
+        {"sink": isolated_sink(spec.sink, workdir)}
+        if spec.sink is not None
+        else {"sinks": [isolated_sink(sink, workdir) for sink in spec.sinks]}
+    )
+    return spec.model_copy(
+        update={
+            "guarantee": guarantee,
+            "checkpoint": str(workdir / "checkpoint"),
+            "source": spec.source.model_copy(update={"topic": topic, "max_offsets_per_trigger": max_offsets}),
+            "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "tables" / "quarantine")}),
+            **sinks,
+        }
+    )
 
 
-def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count: int = 50_000,
-               malformed: float = 0.005, seed: int = 1, guarantees: Iterable[str] = GUARANTEES,
-               points: Iterable[str] | None = None, emit: Emit = print, duplicates: float = 0.0, late: float = 0.0,
-               cluster: ClusterFaults | None = None) -> list[MatrixCell]:  # fmt: skip
+def run_matrix(
+    pipeline_file: Path,
+    spark: SparkSession,
+    *,
+    workdir: Path,
+    count: int = 50_000,
+    malformed: float = 0.005,
+    seed: int = 1,
+    guarantees: Iterable[str] = GUARANTEES,
+    points: Iterable[str] | None = None,
+    emit: Emit = print,
+    duplicates: float = 0.0,
+    late: float = 0.0,
+    cluster: ClusterFaults | None = None,
+) -> list[MatrixCell]:
     """Every guarantee x named crash point on fresh topic/sinks/checkpoint with the same generated data
     (``malformed``, ``duplicates`` and ``late`` shares: :func:`streamproof.generator.order_events`); on a cluster,
     also exactly-once x each fault of the machines (:data:`cluster_points`), which the pipeline must survive.
@@ -153,7 +169,7 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
             if spec.transform.watermark is not None
             else "a pipeline with lookups refuses it (its batch ids restart, the recorded versions would be misread)"
         )
-        emit(f"{', '.join(stateless)} skipped: {why}")  # fmt: skip
+        emit(f"{', '.join(stateless)} skipped: {why}")
         guarantees = tuple(g for g in guarantees if g not in stateless)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     # A pipeline that keeps its files on distributed storage gets its cells there too (the cells' logs stay local).
@@ -161,8 +177,10 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
     avro = avro_contract(with_subject_pinned(spec))  # the registry asked once for every cell's data
     for yours in spec.sink_specs:
         if isinstance(yours, PythonSinkSpec) and not any(map(_copied_per_cell, yours.options)):
-            emit(f"sink {yours.name}: its options name no table or path (table, path, *_table, *_path), which each "
-                 "cell would get a copy of: every cell writes to the same target, and their counts mix")  # fmt: skip
+            emit(
+                f"sink {yours.name}: its options name no table or path (table, path, *_table, *_path), which each "
+                "cell would get a copy of: every cell writes to the same target, and their counts mix"
+            )
     cells: list[MatrixCell] = []
     planned = _cells(spec, guarantees, points, cluster)
     learned: dict[str, list[list[str]]] = {}  # your sinks' moments in the clean batches of every cell so far
@@ -175,13 +193,23 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
         slug = name.replace("#", "-moment-")  # a topic's and a folder's name: no "#" in either
         cell_dir = workdir / slug
         topic = f"{spec.source.topic}-matrix-{stamp}-{slug}"
-        generate(spec.source.bootstrap_servers, topic, count, partitions=4, malformed=malformed, seed=seed,
-                 duplicates=duplicates, late=late, avro=avro)  # fmt: skip
+        generate(
+            spec.source.bootstrap_servers,
+            topic,
+            count,
+            partitions=4,
+            malformed=malformed,
+            seed=seed,
+            duplicates=duplicates,
+            late=late,
+            avro=avro,
+        )
         cell_file = cell_dir / "pipeline.toml"
         cell_dir.mkdir(parents=True, exist_ok=True)
         cell_file.write_text(dump_pipeline(cell_spec(spec, guarantee, topic, storage / slug, max_offsets)))
-        harness = run_with_crashes(cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster,
-                                   learned=learned)  # fmt: skip
+        harness = run_with_crashes(
+            cell_file, armed, log_dir=cell_dir / "logs", emit=emit, cluster=cluster, learned=learned
+        )
         for label, lists in harness.seen_moments.items():  # what each later cell's crash is checked against
             learned.setdefault(label, []).extend(lists)
         cell_pipeline = parse_pipeline(cell_file.read_text(), source_name=str(cell_file))
@@ -193,29 +221,47 @@ def run_matrix(pipeline_file: Path, spark: SparkSession, *, workdir: Path, count
             if report.not_yet_read:  # the cell drained its topic: records it did not read are no proof of anything
                 missed = [*missed, f"the pipeline did not read {report.not_yet_read:,} records of its topic"]
             if not crashes and not missed and not wiring_for(guarantee).exactly_once:
-                emit(f"   {name} [{report.sink}]: no fault of this cell hit it (lost {report.lost}, duplicated "
-                     f"{report.duplicated}, unexpected {report.unexpected}): not a cell")  # fmt: skip
+                emit(
+                    f"   {name} [{report.sink}]: no fault of this cell hit it (lost {report.lost}, duplicated "
+                    f"{report.duplicated}, unexpected {report.unexpected}): not a cell"
+                )
                 continue
             restarts = [crash.restarted_in_s for crash in crashes if crash.restarted_in_s is not None]
             expected = worst_damage(
-                damage_to(sink.name, where, labels, guarantee, has_invalid_records=malformed > 0,
-                          check=check_for(sink.spec).kind, partial_writes_visible=sink.partial_writes_visible)
+                damage_to(
+                    sink.name,
+                    where,
+                    labels,
+                    guarantee,
+                    has_invalid_records=malformed > 0,
+                    check=check_for(sink.spec).kind,
+                    partial_writes_visible=sink.partial_writes_visible,
+                )
                 for where in armed
-            )  # fmt: skip
+            )
             if isinstance(sink.spec, PythonSinkSpec):
                 expected = your_expected_damage(guarantee, expected, faults.split_point(point)[0])
             cell = MatrixCell(
-                guarantee=guarantee, sink=report.sink, point=point, lost=report.lost,
-                duplicated=report.duplicated, unexpected=report.unexpected,
+                guarantee=guarantee,
+                sink=report.sink,
+                point=point,
+                lost=report.lost,
+                duplicated=report.duplicated,
+                unexpected=report.unexpected,
                 crashes=[crash.to_dict() for crash in crashes],
-                restart_s=round(restarts[0], 2) if restarts else None, expected=expected,
-                seconds=time.monotonic() - started, timeline=harness.timeline, missed=missed,
+                restart_s=round(restarts[0], 2) if restarts else None,
+                expected=expected,
+                seconds=time.monotonic() - started,
+                timeline=harness.timeline,
+                missed=missed,
                 trusted=[reason for reason in report.reasons if " trusted: " in reason],
                 identity_gap=report.identity_gap,
-            )  # fmt: skip
-            emit(f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
-                 f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected}); evidence: "
-                 f"{cell.evidence}")  # fmt: skip
+            )
+            emit(
+                f"   {name} [{report.sink}]: lost {cell.lost}, duplicated {cell.duplicated}, "
+                f"unexpected {cell.unexpected} -> {cell.outcome} (expected {cell.expected}); evidence: "
+                f"{cell.evidence}"
+            )
             cells.append(cell)
         if wiring_for(guarantee).exactly_once:  # the first moment of your writes taught how many they have
             planned[0:0] = moment_cells(guarantee, armed, labels, harness.moments)
@@ -238,8 +284,9 @@ def first_moment_of_yours(where: str, labels: Sequence[str], yours: set[str]) ->
     return point == faults.MID_SINK_WRITE and "#" not in where and (sink or labels[0]) in yours
 
 
-def moment_cells(guarantee: str, armed: Sequence[str], labels: Sequence[str],
-                 moments: dict[str, list[str]]) -> list[tuple[str, str, list[str]]]:  # fmt: skip
+def moment_cells(
+    guarantee: str, armed: Sequence[str], labels: Sequence[str], moments: dict[str, list[str]]
+) -> list[tuple[str, str, list[str]]]:
     """The cells of the further moments of your own sinks' writes, once a cell armed at their first (``#1``) taught how
     many there are (``moments``, by sink label): cell ``mid-sink-write#k`` crashes each that has a k-th (a run each), up
     to :data:`~streamproof.your_steps.MOMENTS_CRASHED`.
@@ -250,10 +297,15 @@ def moment_cells(guarantee: str, armed: Sequence[str], labels: Sequence[str],
     ('exactly-once', 'mid-sink-write#2', ['mid-sink-write:a#2', 'mid-sink-write:b#2'])
     ('exactly-once', 'mid-sink-write#3', ['mid-sink-write:a#3'])
     """
-    firsts = {where[: -len("#1")]: min(len(moments.get(faults.split_point(where)[1] or labels[0], [])),
-                                       MOMENTS_CRASHED) for where in armed if where.endswith("#1")}  # fmt: skip
-    return [(guarantee, f"{faults.MID_SINK_WRITE}#{k}", [f"{where}#{k}" for where, n in firsts.items() if n >= k])
-            for k in range(2, max(firsts.values(), default=0) + 1)]  # fmt: skip
+    firsts = {
+        where[: -len("#1")]: min(len(moments.get(faults.split_point(where)[1] or labels[0], [])), MOMENTS_CRASHED)
+        for where in armed
+        if where.endswith("#1")
+    }
+    return [
+        (guarantee, f"{faults.MID_SINK_WRITE}#{k}", [f"{where}#{k}" for where, n in firsts.items() if n >= k])
+        for k in range(2, max(firsts.values(), default=0) + 1)
+    ]
 
 
 def cluster_points(spec: PipelineSpec, cluster: ClusterFaults | None) -> tuple[str, ...]:
@@ -279,8 +331,9 @@ def faulted_sinks(spec: PipelineSpec, point: str) -> list[str]:
     return [sink.name for sink in spec.sink_specs if point != faults.DATANODE_RESTART or streams_into_hdfs(sink)]
 
 
-def _cells(spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] | None,
-           cluster: ClusterFaults | None) -> list[tuple[str, str, list[str]]]:  # fmt: skip
+def _cells(
+    spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] | None, cluster: ClusterFaults | None
+) -> list[tuple[str, str, list[str]]]:
     """The cells to run, each as (guarantee, point, the points armed in its runs): each guarantee at each named
     point (or ``points``), a point inside a sink's write (``mid-sink-write``) put into every sink's write of a fan-out
     in turn, a run each; exactly-once at each fault of the machines, put into every sink's write in turn.
@@ -304,8 +357,12 @@ def _cells(spec: PipelineSpec, guarantees: Iterable[str], points: Iterable[str] 
         wheres = [f"{point}:{label}" for label in labels] if in_a_write and len(labels) > 1 else [point]
         return [f"{where}#1" if first_moment_of_yours(where, labels, yours) else where for where in wheres]
 
-    cells = [(guarantee, point, each_sink(point)) for guarantee in guarantees for point in named
-             if faults.split_point(point)[0] not in faults.CLUSTER_POINTS]  # fmt: skip
+    cells = [
+        (guarantee, point, each_sink(point))
+        for guarantee in guarantees
+        for point in named
+        if faults.split_point(point)[0] not in faults.CLUSTER_POINTS
+    ]
     machines = [point for point in named if faults.split_point(point)[0] in faults.CLUSTER_POINTS]
     if points is None:
         machines = list(cluster_points(spec, cluster))

@@ -130,8 +130,9 @@ class Nemesis:
         spec = load_pipeline(self.pipeline_file)
         importable_beside(spec)  # your code beside the pipeline file: the sequences' files are elsewhere
         if spec.source.kind != "kafka":
-            raise ConfigError(f"--nemesis produces its records into Kafka and needs a kafka source, not "
-                              f"{spec.source.kind}")  # fmt: skip
+            raise ConfigError(
+                f"--nemesis produces its records into Kafka and needs a kafka source, not {spec.source.kind}"
+            )
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stamp = stamp = self.stamp or f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
         self.topic = f"{spec.source.topic}-nemesis-{stamp}"
@@ -163,9 +164,9 @@ class Nemesis:
             "optimize": self._delta_sink() is not None,
             "table-restore": self._delta_sink() is not None,
             "executor": self.daemons.cluster is not None and self.daemons.cluster.spark is not None,
-            "datanode": self.daemons.cluster is not None and DATANODE_RESTART in cluster_points(self.spec,
-                                                                                               self.daemons.cluster),
-        }.get(action, True)  # fmt: skip
+            "datanode": self.daemons.cluster is not None
+            and DATANODE_RESTART in cluster_points(self.spec, self.daemons.cluster),
+        }.get(action, True)
 
     def can(self, action: str) -> bool:
         """Whether ``action`` applies now: supported, and the live state allows it (a backup needs a checkpoint with
@@ -204,8 +205,10 @@ class Nemesis:
         child.kill_tree()
         code = child.wait(60)
         landed = code == -signal.SIGKILL
-        self._say(step, f"SIGKILL {'in batch ' + str(last.batch_id + 1) if landed else 'missed'} (run {self.runs}, "
-                        f"exit {code})")  # fmt: skip
+        self._say(
+            step,
+            f"SIGKILL {'in batch ' + str(last.batch_id + 1) if landed else 'missed'} (run {self.runs}, exit {code})",
+        )
         child.close()
         if not landed:
             self._judge_exit(step, child, code)
@@ -226,8 +229,14 @@ class Nemesis:
         holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
         standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby", standby=True)
         self._children.append(standby)
-        standby.wait_for(lambda: any("waiting for pid" in text for text in standby.notices(STANDBY))
-                         or standby.process.poll() is not None, 300, "the standby warm and waiting")  # fmt: skip
+        standby.wait_for(
+            lambda: (
+                any("waiting for pid" in text for text in standby.notices(STANDBY))
+                or standby.process.poll() is not None
+            ),
+            300,
+            "the standby warm and waiting",
+        )
         self._after_batches(holder, step.after)
         if holder.process.poll() is not None:  # it ended before the kill: judged as any run
             self._judge_exit(step, holder, holder.wait(60))
@@ -321,11 +330,17 @@ class Nemesis:
         the run survives and drains; a fault that left no evidence is said, not counted as a failure of the run."""
         self.runs += 1
         logs = self.workdir / "logs" / f"run-{self.runs}-{step.action}"
-        result = run_with_crashes(self.cell_file, [MACHINE_FAULTS[step.action]], log_dir=logs, emit=lambda _: None,
-                                  cluster=self.daemons.cluster)  # fmt: skip
+        result = run_with_crashes(
+            self.cell_file,
+            [MACHINE_FAULTS[step.action]],
+            log_dir=logs,
+            emit=lambda _: None,
+            cluster=self.daemons.cluster,
+        )
         missed = f"; no evidence: {'; '.join(result.missed)}" if result.missed else ""
-        self._say(step, f"{len(result.crashes)} fault(s) met, {result.batches} batches, drained (run {self.runs})"
-                        f"{missed}")  # fmt: skip
+        self._say(
+            step, f"{len(result.crashes)} fault(s) met, {result.batches} batches, drained (run {self.runs}){missed}"
+        )
 
     def _backup(self, step: Step) -> None:
         target = self.storage / "backups" / f"backup-{len(self.backups)}"
@@ -359,8 +374,12 @@ class Nemesis:
             text = commit_file(table, version).read_text()
             if pipeline_commit(text, self.spec.name) is None:
                 break  # only the pipeline's own trailing commits (a Delta checkpoint of one stays: the start says so)
-            for name in (f"{version:020d}.json", f".{version:020d}.json.crc", f"{version:020d}.crc",
-                         f".{version:020d}.crc.crc"):  # fmt: skip
+            for name in (
+                f"{version:020d}.json",
+                f".{version:020d}.json.crc",
+                f"{version:020d}.crc",
+                f".{version:020d}.crc.crc",
+            ):
                 (log / name).delete()
             gone.append(version)
         self._say(step, f"{table}: commits {gone} gone")
@@ -380,14 +399,23 @@ class Nemesis:
     def _produce(self) -> None:
         self.produced += 1
         assert isinstance(self.spec.source, KafkaSource)
-        generate(self.spec.source.bootstrap_servers, self.topic, self.records_per_step, partitions=4,
-                 malformed=0.005, seed=self.data_seed * 1000 + self.produced, avro=self.avro,
-                 duplicates=self.shares["duplicates"], late=self.shares["late"])  # fmt: skip
+        generate(
+            self.spec.source.bootstrap_servers,
+            self.topic,
+            self.records_per_step,
+            partitions=4,
+            malformed=0.005,
+            seed=self.data_seed * 1000 + self.produced,
+            avro=self.avro,
+            duplicates=self.shares["duplicates"],
+            late=self.shares["late"],
+        )
 
     def _start(self, *, available_now: bool = True) -> PipelineChild:
         self.runs += 1
-        child = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}",
-                              available_now=available_now)  # fmt: skip
+        child = PipelineChild(
+            self.cell_file, self.workdir / "logs", name=f"run-{self.runs}", available_now=available_now
+        )
         self._children.append(child)
         return child
 
@@ -414,8 +442,10 @@ class Nemesis:
         if self._put_back_if_too_old(step, code, line):
             self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
             return
-        raise NemesisFailure(f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
-                             f"for: {line or log_tail(child.log_path)}")  # fmt: skip
+        raise NemesisFailure(
+            f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
+            f"for: {line or log_tail(child.log_path)}"
+        )
 
     def _put_back_if_too_old(self, step: Step, code: int, line: str | None) -> bool:
         """A backup restored further behind a sink than the offsets it keeps is refused, as the docs list; the operator
@@ -448,18 +478,27 @@ class Nemesis:
             self._say(step, f"run {self.runs} carried on (replayed what the sink lost): exit 0")
             return
         if code != 2 or f"streamproof {repair}" not in line:
-            raise NemesisFailure(f"{step.encode()}: after {damage}, run {self.runs} exited {code} without the refusal "
-                                 f"naming `{repair}`: {line or log_tail(child.log_path)}")  # fmt: skip
+            raise NemesisFailure(
+                f"{step.encode()}: after {damage}, run {self.runs} exited {code} without the refusal "
+                f"naming `{repair}`: {line or log_tail(child.log_path)}"
+            )
         self._say(step, f"refused ({line[:100]}...); {repair}")
         self._cli(step, *repair.split(), str(self.cell_file))
 
     def _cli(self, step: Step, *args: str) -> None:
         # A session of its own, as the runs have: a Ctrl-C meant to pause the nemesis must not cut a repair short.
-        done = subprocess.run([sys.executable, "-m", "streamproof", *args], capture_output=True, text=True,
-                              timeout=1800, start_new_session=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "streamproof", *args],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            start_new_session=True,
+        )
         if done.returncode != 0:
-            raise NemesisFailure(f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
-                                 f"{(done.stderr or done.stdout).strip()[-600:]}")  # fmt: skip
+            raise NemesisFailure(
+                f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[-600:]}"
+            )
 
     def _delta_sink(self) -> Location | None:
         tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
@@ -482,8 +521,12 @@ class Nemesis:
         """Drain, then both checkers on every sink: the problems found (empty: every sink 0/0/0, checkers agree)."""
         self.apply(Step("drain"))
         reports = verify_pipeline(self.spark, self.spec)
-        problems = [f"{report.sink}: lost {report.lost}, duplicated {report.duplicated}, unexpected "
-                    f"{report.unexpected} ({report.verdict})" for report in reports if not report.ok]  # fmt: skip
+        problems = [
+            f"{report.sink}: lost {report.lost}, duplicated {report.duplicated}, unexpected "
+            f"{report.unexpected} ({report.verdict})"
+            for report in reports
+            if not report.ok
+        ]
         problems += disagreements(reports, verify_independently(self.spec))
         totals = ", ".join(f"{report.sink} {report.sink_records:,} rows" for report in reports)
         self.emit(

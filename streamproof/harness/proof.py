@@ -46,8 +46,9 @@ class Proof:
     def unread(self) -> list[str]:
         """The sinks whose records the drained pipeline did not all read (not yet read after the drain: it stopped
         early), each with the count: a proof over records never read proves nothing about them."""
-        return [f"{report.sink}: {report.not_yet_read:,} records not read" for report in self.reports
-                if report.not_yet_read]  # fmt: skip
+        return [
+            f"{report.sink}: {report.not_yet_read:,} records not read" for report in self.reports if report.not_yet_read
+        ]
 
     @property
     def ok(self) -> bool:
@@ -61,9 +62,18 @@ class Proof:
         return not self.missed and not self.unread and all(report.guarantee_held for report in self.reports)
 
 
-def prove_pipeline(pipeline_file: Path, *, crash_at: Sequence[str] = (), random_kills: int = 0, seed: int = 1,
-                   log_dir: Path, emit: Emit = print, spark: SparkSession | None = None,
-                   manifest_dir: Path | None = None, cluster: ClusterFaults | None = None) -> Proof:  # fmt: skip
+def prove_pipeline(
+    pipeline_file: Path,
+    *,
+    crash_at: Sequence[str] = (),
+    random_kills: int = 0,
+    seed: int = 1,
+    log_dir: Path,
+    emit: Emit = print,
+    spark: SparkSession | None = None,
+    manifest_dir: Path | None = None,
+    cluster: ClusterFaults | None = None,
+) -> Proof:
     """Crash the pipeline at each of ``crash_at`` (or ``random_kills`` times at seeded random moments), drain it,
     and reconcile (with ``spark``, or a session built from the pipeline's ``[spark]`` settings)."""
     if crash_at and random_kills:

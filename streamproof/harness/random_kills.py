@@ -19,8 +19,16 @@ from streamproof.harness.child import RUN_TIMEOUT_S
 from streamproof.harness.crashes import Crash, Emit, Harness, HarnessResult
 
 
-def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir: Path, emit: Emit = print,
-                          max_after_batches: int = 3, timeout_s: float = RUN_TIMEOUT_S) -> HarnessResult:  # fmt: skip
+def run_with_random_kills(
+    pipeline_file: Path,
+    *,
+    kills: int,
+    seed: int,
+    log_dir: Path,
+    emit: Emit = print,
+    max_after_batches: int = 3,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> HarnessResult:
     """Run the pipeline to the end of its source through ``kills`` seeded random SIGKILLs (module docstring)."""
     rng = random.Random(seed)
     harness = Harness(pipeline_file, log_dir, emit, timeout_s)
@@ -47,10 +55,17 @@ def run_with_random_kills(pipeline_file: Path, *, kills: int, seed: int, log_dir
                 f"kill {number}/{kills}: run {run.number}, {delay:.2f} s after batch {waited.batch_id} committed "
                 f"(after {after}, phase {phase:.2f}): SIGKILL pgid {run.child.pid}, batch {in_flight} in flight"
             )
-            harness.record_crash(run, Crash(
-                faults.RANDOM, in_flight, killed_at - run.child.started_at, run.number,
-                detail=f"{delay:.2f} s after batch {waited.batch_id} committed", killed_monotonic=killed_at,
-            ))  # fmt: skip
+            harness.record_crash(
+                run,
+                Crash(
+                    faults.RANDOM,
+                    in_flight,
+                    killed_at - run.child.started_at,
+                    run.number,
+                    detail=f"{delay:.2f} s after batch {waited.batch_id} committed",
+                    killed_monotonic=killed_at,
+                ),
+            )
         harness.drain()
     finally:
         result = harness.finish()

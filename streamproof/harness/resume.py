@@ -76,46 +76,64 @@ class PauseOnSignal:
 def save_paused(nemesis: Nemesis, sequence: Sequence, next_step: int, servers: list[str]) -> Path:
     """Write what ``nemesis`` knows, paused before ``sequence``'s step ``next_step`` (0-based); return the file."""
     state = {
-        "pipeline": str(nemesis.pipeline_file.resolve()), "pipeline_sha256": _digest(nemesis.pipeline_file),
-        "sequence": sequence.encode(), "next_step": next_step,
-        "servers": servers, "data_seed": nemesis.data_seed, "label": nemesis.label, "stamp": nemesis.stamp,
+        "pipeline": str(nemesis.pipeline_file.resolve()),
+        "pipeline_sha256": _digest(nemesis.pipeline_file),
+        "sequence": sequence.encode(),
+        "next_step": next_step,
+        "servers": servers,
+        "data_seed": nemesis.data_seed,
+        "label": nemesis.label,
+        "stamp": nemesis.stamp,
         "backups": [location.text for location in nemesis.backups],
         "replaced": nemesis.replaced.text if nemesis.replaced is not None else None,
-        "runs": nemesis.runs, "produced": nemesis.produced, "steps_applied": nemesis.steps_applied,
-        "history": nemesis.history, "paused_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }  # fmt: skip
+        "runs": nemesis.runs,
+        "produced": nemesis.produced,
+        "steps_applied": nemesis.steps_applied,
+        "history": nemesis.history,
+        "paused_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     path = nemesis.workdir / STATE_FILE
     Location(path).replace_with_text(json.dumps(state, indent=1))  # whole or not at all: a reboot may interrupt it
     return path
 
 
-def resumed(pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Daemons,
-            emit: Emit) -> tuple[Nemesis, Sequence, int]:  # fmt: skip
+def resumed(
+    pipeline_file: Path, folder: Path, spark: SparkSession, daemons: Daemons, emit: Emit
+) -> tuple[Nemesis, Sequence, int]:
     """The nemesis paused in ``folder`` as it was, its sequence and the step to carry on from; refused in one line
     when ``folder`` holds no paused nemesis, or one of another pipeline, or other servers are up than it ran with."""
     path = folder / STATE_FILE
     if not path.is_file():
-        raise ConfigError(f"--nemesis-resume: {folder} holds no paused nemesis (no {STATE_FILE}); give the folder a "
-                          "paused run printed, e.g. .streamproof/nemesis/<time>/sequence-1")  # fmt: skip
+        raise ConfigError(
+            f"--nemesis-resume: {folder} holds no paused nemesis (no {STATE_FILE}); give the folder a "
+            "paused run printed, e.g. .streamproof/nemesis/<time>/sequence-1"
+        )
     state = json.loads(path.read_text())
     if Path(state["pipeline"]) != pipeline_file.resolve():
         raise ConfigError(f"--nemesis-resume: {folder} is a nemesis of {state['pipeline']}, not of {pipeline_file}")
     digest = _digest(pipeline_file)
     if state.get("pipeline_sha256", digest) != digest:  # kept since 43966d8
-        raise ConfigError(f"--nemesis-resume: {pipeline_file} changed since the nemesis in {folder} paused; put it "
-                          "back as it was, or start a new nemesis")  # fmt: skip
+        raise ConfigError(
+            f"--nemesis-resume: {pipeline_file} changed since the nemesis in {folder} paused; put it "
+            "back as it was, or start a new nemesis"
+        )
     if state["servers"] != daemons.restartable():
         up = ", ".join(daemons.restartable()) or "none"
-        raise ConfigError(f"--nemesis-resume: the nemesis in {folder} ran with these servers up: "
-                          f"{', '.join(state['servers']) or 'none'}; up now: {up}: start the same ones "
-                          "(streamproof infra up, with the same state folder) and resume again")  # fmt: skip
-    nemesis = Nemesis(pipeline_file, folder, spark, daemons, int(state["data_seed"]), emit, label=state["label"],
-                      stamp=state["stamp"])  # fmt: skip
+        raise ConfigError(
+            f"--nemesis-resume: the nemesis in {folder} ran with these servers up: "
+            f"{', '.join(state['servers']) or 'none'}; up now: {up}: start the same ones "
+            "(streamproof infra up, with the same state folder) and resume again"
+        )
+    nemesis = Nemesis(
+        pipeline_file, folder, spark, daemons, int(state["data_seed"]), emit, label=state["label"], stamp=state["stamp"]
+    )
     bootstrap = getattr(nemesis.spec.source, "bootstrap_servers", "")
     if not topic_exists(bootstrap, nemesis.topic):
-        raise ConfigError(f"--nemesis-resume: the nemesis's topic {nemesis.topic} is not on {bootstrap} (were the "
-                          "servers started on a fresh state folder, or wiped?): its records are gone, start a new "
-                          "nemesis")  # fmt: skip
+        raise ConfigError(
+            f"--nemesis-resume: the nemesis's topic {nemesis.topic} is not on {bootstrap} (were the "
+            "servers started on a fresh state folder, or wiped?): its records are gone, start a new "
+            "nemesis"
+        )
     nemesis.backups = [Location(text) for text in state["backups"]]
     nemesis.replaced = Location(state["replaced"]) if state["replaced"] is not None else None
     nemesis.runs, nemesis.produced = int(state["runs"]), int(state["produced"])

@@ -51,9 +51,18 @@ class NemesisOutcome:
         return self.failure is None
 
 
-def replay(pipeline_file: Path, sequence: Sequence, *, spark: SparkSession, workdir: Path, daemons: Daemons,
-           emit: Emit = print, nemesis: Nemesis | None = None, start: int = 0,
-           pause_requested: Callable[[], bool] = lambda: False) -> NemesisOutcome:  # fmt: skip
+def replay(
+    pipeline_file: Path,
+    sequence: Sequence,
+    *,
+    spark: SparkSession,
+    workdir: Path,
+    daemons: Daemons,
+    emit: Emit = print,
+    nemesis: Nemesis | None = None,
+    start: int = 0,
+    pause_requested: Callable[[], bool] = lambda: False,
+) -> NemesisOutcome:
     """Run one sequence exactly (``--nemesis-replay``), then drain and check; the outcome says what failed.
     ``nemesis``: one already opened for this sequence (its data seed), or resumed at step ``start``. Once
     ``pause_requested()``, the sequence pauses before its next step (the outcome names the state it saved)."""
@@ -71,9 +80,18 @@ def replay(pipeline_file: Path, sequence: Sequence, *, spark: SparkSession, work
     return NemesisOutcome(sequence.encode(), "; ".join(problems) or None, 1, nemesis.history)
 
 
-def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, workdir: Path, daemons: Daemons,
-           emit: Emit = print, shrink_minutes: float = 60.0,
-           pause_requested: Callable[[], bool] = lambda: False) -> NemesisOutcome:  # fmt: skip
+def search(
+    pipeline_file: Path,
+    *,
+    steps: int,
+    seed: int,
+    spark: SparkSession,
+    workdir: Path,
+    daemons: Daemons,
+    emit: Emit = print,
+    shrink_minutes: float = 60.0,
+    pause_requested: Callable[[], bool] = lambda: False,
+) -> NemesisOutcome:
     """Run the sequence of ``steps`` steps that ``seed`` gives (:func:`streamproof.harness.sequence.plan`), once; while
     it fails, shorter ones (:func:`shorten`, within ``shrink_minutes``). It may pause between two steps, as
     :func:`replay`."""
@@ -84,8 +102,16 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
     nemesis = Nemesis(pipeline_file, workdir / "sequence-1", spark, daemons, data_seed, emit, label="s1")
     sequence = plan(seed, steps, nemesis.supports)
     emit(f"the sequence of seed {seed}: {sequence.encode()}")
-    outcome = replay(pipeline_file, sequence, spark=spark, workdir=workdir, daemons=daemons, emit=emit,
-                     nemesis=nemesis, pause_requested=pause_requested)  # fmt: skip
+    outcome = replay(
+        pipeline_file,
+        sequence,
+        spark=spark,
+        workdir=workdir,
+        daemons=daemons,
+        emit=emit,
+        nemesis=nemesis,
+        pause_requested=pause_requested,
+    )
     if outcome.paused is not None:
         return outcome
     if outcome.failure is not None and shrink_minutes > 0:
@@ -94,15 +120,20 @@ def search(pipeline_file: Path, *, steps: int, seed: int, spark: SparkSession, w
         def still_fails(shorter: Sequence) -> bool:
             examples[0] += 1
             emit(f"── sequence {examples[0]}: {len(shorter.steps)} of the steps ({shorter.encode()}) ──")
-            tried = replay(pipeline_file, shorter, spark=spark, workdir=workdir / f"sequence-{examples[0]}",
-                           daemons=daemons, emit=emit)  # fmt: skip
+            tried = replay(
+                pipeline_file,
+                shorter,
+                spark=spark,
+                workdir=workdir / f"sequence-{examples[0]}",
+                daemons=daemons,
+                emit=emit,
+            )
             if not tried.ok:
                 outcome.sequence, outcome.failure, outcome.history = tried.sequence, tried.failure, tried.history
             return not tried.ok
 
         # A pause asked for meanwhile ends the shortening: the shortest failing sequence found so far is printed.
-        shorten(parse_sequence(outcome.sequence), still_fails,
-                lambda: time.monotonic() > deadline or pause_requested())  # fmt: skip
+        shorten(parse_sequence(outcome.sequence), still_fails, lambda: time.monotonic() > deadline or pause_requested())
     outcome.examples = examples[0]
     emit(f"nemesis: {examples[0]} sequence(s) in {time.monotonic() - started:.0f} s")
     return outcome

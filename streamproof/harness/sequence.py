@@ -27,13 +27,46 @@ from streamproof.errors import ConfigError
 # Done during a run, after some batches: a server away for a few seconds (on a Kafka cluster, one of its nodes), or
 # another writer's maintenance of the sink tables.
 OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "leader", "controller", "pause", "optimize")
-ACTIONS = ("kill", "term", "drain", "standby", *OUTAGES, "backup", "restore", "lose-checkpoint", "lose-commits",
-           "s3-multipart", "executor", "datanode", "table-restore")  # fmt: skip
+ACTIONS = (
+    "kill",
+    "term",
+    "drain",
+    "standby",
+    *OUTAGES,
+    "backup",
+    "restore",
+    "lose-checkpoint",
+    "lose-commits",
+    "s3-multipart",
+    "executor",
+    "datanode",
+    "table-restore",
+)
 RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
 # The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
-ORDER = ("drain", "term", "kill", "backup", "restore", "broker", "postgres", "s3-slow", "s3-reset", "s3",
-         "lose-commits", "lose-checkpoint", "s3-multipart", "standby", "executor", "datanode", "leader", "controller",
-         "pause", "optimize", "table-restore")  # fmt: skip
+ORDER = (
+    "drain",
+    "term",
+    "kill",
+    "backup",
+    "restore",
+    "broker",
+    "postgres",
+    "s3-slow",
+    "s3-reset",
+    "s3",
+    "lose-commits",
+    "lose-checkpoint",
+    "s3-multipart",
+    "standby",
+    "executor",
+    "datanode",
+    "leader",
+    "controller",
+    "pause",
+    "optimize",
+    "table-restore",
+)
 _STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
 
 
@@ -85,10 +118,13 @@ def parse_sequence(text: str) -> Sequence:
     for part in parts:
         match = _STEP.fullmatch(part)
         if match is None or match["action"] not in ACTIONS:
-            raise ConfigError(f"--nemesis-replay: {part!r} is not a step; expected one of {', '.join(ACTIONS)} "
-                              "(e.g. kill@2:0.41, term@1, restore:0, lose-commits:1)")  # fmt: skip
-        steps.append(Step(match["action"], int(match["after"] or 1), float(match["phase"] or 0.0),
-                          int(match["index"] or 0)))  # fmt: skip
+            raise ConfigError(
+                f"--nemesis-replay: {part!r} is not a step; expected one of {', '.join(ACTIONS)} "
+                "(e.g. kill@2:0.41, term@1, restore:0, lose-commits:1)"
+            )
+        steps.append(
+            Step(match["action"], int(match["after"] or 1), float(match["phase"] or 0.0), int(match["index"] or 0))
+        )
     return Sequence(seed, steps)
 
 
@@ -100,8 +136,13 @@ def state_allows(action: str, *, has_batches: bool, backups: int) -> bool:
     >>> state_allows("restore", has_batches=True, backups=0), state_allows("drain", has_batches=False, backups=0)
     (False, True)
     """
-    needs = {"backup": has_batches, "lose-checkpoint": has_batches, "lose-commits": has_batches, "restore": backups > 0,
-             "table-restore": has_batches}  # fmt: skip
+    needs = {
+        "backup": has_batches,
+        "lose-checkpoint": has_batches,
+        "lose-commits": has_batches,
+        "restore": backups > 0,
+        "table-restore": has_batches,
+    }
     return needs.get(action, True)
 
 
@@ -118,8 +159,11 @@ def plan(seed: int, steps: int, supports: Callable[[str], bool]) -> Sequence:
     data_seed = draw.randrange(1, 2**31 - 1)
     has_batches, backups, planned = False, 0, []
     for _ in range(steps):
-        choices = [action for action in ORDER if supports(action)
-                   and state_allows(action, has_batches=has_batches, backups=backups)]  # fmt: skip
+        choices = [
+            action
+            for action in ORDER
+            if supports(action) and state_allows(action, has_batches=has_batches, backups=backups)
+        ]
         action = draw.choice(choices)
         if action == "kill":
             step = Step("kill", draw.randint(1, 3), round(draw.random(), 2))

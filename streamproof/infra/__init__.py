@@ -13,8 +13,17 @@ from streamproof.infra.s3 import S3Server
 from streamproof.infra.spark import SparkCluster
 
 __all__ = [
-    "PG_DEFAULT_PASSWORD", "PG_PASSWORD_ENV", "HdfsCluster", "KafkaBroker", "KafkaCluster", "PostgresServer",
-    "S3Server", "SparkCluster",
-    "default_state_dir", "free_port", "restartable_port",
-    "port_in_use", "process_alive",
-]  # fmt: skip
+    "PG_DEFAULT_PASSWORD",
+    "PG_PASSWORD_ENV",
+    "HdfsCluster",
+    "KafkaBroker",
+    "KafkaCluster",
+    "PostgresServer",
+    "S3Server",
+    "SparkCluster",
+    "default_state_dir",
+    "free_port",
+    "restartable_port",
+    "port_in_use",
+    "process_alive",
+]

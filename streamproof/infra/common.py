@@ -128,8 +128,14 @@ class DaemonProcess:
             raise InfraError(f"internal: {self.marker!r} is not in the command that starts {self.pid_file.stem}")
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         with open(output, "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, env={**os.environ, **(env or {})})  # fmt: skip
+            process = subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
         self.pid_file.write_text(str(process.pid))
         return process
 
@@ -163,8 +169,13 @@ class DaemonProcess:
         return pid
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, *, interval_s: float = 0.3,
-               exited: subprocess.Popen[bytes] | None = None) -> bool:  # fmt: skip
+def wait_until(
+    condition: Callable[[], bool],
+    timeout_s: float,
+    *,
+    interval_s: float = 0.3,
+    exited: subprocess.Popen[bytes] | None = None,
+) -> bool:
     """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False); stops early (False) when the
     process ``exited`` is given and has exited."""
     deadline = time.monotonic() + timeout_s

@@ -32,8 +32,7 @@ from streamproof.jars import cached_jars, check_java
 
 NAMENODE = "org.apache.hadoop.hdfs.server.namenode.NameNode"
 DATANODE = "org.apache.hadoop.hdfs.server.datanode.DataNode"
-DEFAULT_PORTS = {"namenode": 9000, "namenode_http": 9870, "datanode": 9866, "datanode_http": 9864,
-                 "datanode_ipc": 9867}  # fmt: skip
+DEFAULT_PORTS = {"namenode": 9000, "namenode_http": 9870, "datanode": 9866, "datanode_http": 9864, "datanode_ipc": 9867}
 
 CORE_SITE = """<?xml version="1.0"?>
 <!-- Written by streamproof infra up. -->
@@ -95,8 +94,16 @@ class HdfsCluster(LocalDaemon):
 
     def _java(self, main_class: str, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
-        return [java, "-Xmx384m", "-XX:+UseSerialGC", "-Djava.awt.headless=true", "-cp", self._classpath(),
-                main_class, *args]  # fmt: skip
+        return [
+            java,
+            "-Xmx384m",
+            "-XX:+UseSerialGC",
+            "-Djava.awt.headless=true",
+            "-cp",
+            self._classpath(),
+            main_class,
+            *args,
+        ]
 
     def _write_config(self) -> None:
         conf = self.home / "conf"
@@ -111,15 +118,17 @@ class HdfsCluster(LocalDaemon):
     def _format_once(self) -> None:
         if (self.home / "name" / "current" / "VERSION").exists():
             return
-        done = subprocess.run(self._java(NAMENODE, "-format", "-force", "-nonInteractive"), capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            self._java(NAMENODE, "-format", "-force", "-nonInteractive"), capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0:
-            raise InfraError(f"formatting HDFS in {self.home / 'name'} failed; last lines of {self.log_file}:\n"
-                             f"{log_tail(self.log_file, 20)}")  # fmt: skip
+            raise InfraError(
+                f"formatting HDFS in {self.home / 'name'} failed; last lines of {self.log_file}:\n"
+                f"{log_tail(self.log_file, 20)}"
+            )
 
     def _namenode_state(self) -> dict[str, Any]:
-        url = (f"http://127.0.0.1:{self.ports['namenode_http']}/jmx?qry=Hadoop:service=NameNode,"
-               "name=FSNamesystemState")  # fmt: skip
+        url = f"http://127.0.0.1:{self.ports['namenode_http']}/jmx?qry=Hadoop:service=NameNode,name=FSNamesystemState"
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
                 beans = json.load(answer).get("beans") or [{}]
@@ -146,15 +155,19 @@ class HdfsCluster(LocalDaemon):
             for name, port in self.ports.items():
                 if port_in_use(port):
                     ports = ", ".join(map(str, self.ports.values()))
-                    raise InfraError(f"port {port} on 127.0.0.1 (HDFS {name.replace('_', ' ')}) is taken by another "
-                                     f"process: stop it (HDFS uses {ports})")  # fmt: skip
+                    raise InfraError(
+                        f"port {port} on 127.0.0.1 (HDFS {name.replace('_', ' ')}) is taken by another "
+                        f"process: stop it (HDFS uses {ports})"
+                    )
             self._format_once()
             self.namenode.start(self._java(NAMENODE), output=self.home / "namenode.out")
         if self.datanode.pid() is None:
             self.start_datanode()
         if not wait_until(lambda: self.live_datanodes() >= 1, timeout_s):
-            raise InfraError(f"HDFS did not report a live DataNode within {timeout_s:.0f} s; last lines of "
-                             f"{self.log_file}:\n{log_tail(self.log_file, 20)}")  # fmt: skip
+            raise InfraError(
+                f"HDFS did not report a live DataNode within {timeout_s:.0f} s; last lines of "
+                f"{self.log_file}:\n{log_tail(self.log_file, 20)}"
+            )
         return f"started HDFS at {self.uri} (a NameNode and a DataNode) in {time.monotonic() - started:.1f} s"
 
     def start_datanode(self) -> int:
@@ -164,8 +177,11 @@ class HdfsCluster(LocalDaemon):
     def down(self, wipe: bool = False) -> str:
         """Stop the DataNode and the NameNode ``up`` started (by pid); ``wipe`` also deletes the file system."""
         datanode, namenode = self.datanode.stop(), self.namenode.stop()
-        message = "HDFS was not running" if namenode is None and datanode is None else (
-            f"stopped HDFS (NameNode {namenode}, DataNode {datanode})")  # fmt: skip
+        message = (
+            "HDFS was not running"
+            if namenode is None and datanode is None
+            else (f"stopped HDFS (NameNode {namenode}, DataNode {datanode})")
+        )
         return wiped(self.home, message, wipe)
 
     def status(self) -> str:

@@ -126,10 +126,17 @@ class KafkaBroker(LocalDaemon):
     def _java_command(self, main_class: str, *args: str) -> list[str]:
         java = shutil.which("java") or "java"
         return [
-            java, "-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            java,
+            "-Xms256m",
+            "-Xmx1g",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-            "-cp", kafka_broker_classpath(), main_class, *args,
-        ]  # fmt: skip
+            "-cp",
+            kafka_broker_classpath(),
+            main_class,
+            *args,
+        ]
 
     def _write_config(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

@@ -73,15 +73,17 @@ class PostgresServer(LocalDaemon):
 
     def conninfo(self, database: str = PG_DATABASE) -> str:
         """libpq connection string for the local server (holds the password: never print it)."""
-        return make_conninfo(host="127.0.0.1", port=self.port, user=PG_USER, password=self.password,
-                             dbname=database, connect_timeout=5)  # fmt: skip
+        return make_conninfo(
+            host="127.0.0.1", port=self.port, user=PG_USER, password=self.password, dbname=database, connect_timeout=5
+        )
 
     def _as_server_user(self, command: list[str]) -> list[str]:
         return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
     def _run(self, command: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self._as_server_user(command), capture_output=True, text=True, timeout=timeout,
-                              start_new_session=True)  # fmt: skip
+        return subprocess.run(
+            self._as_server_user(command), capture_output=True, text=True, timeout=timeout, start_new_session=True
+        )
 
     def _initdb_once(self) -> None:
         if (self.data_dir / "PG_VERSION").exists():
@@ -95,10 +97,19 @@ class PostgresServer(LocalDaemon):
         if os.geteuid() == 0:
             shutil.chown(password_file, "postgres", "postgres")
         try:
-            done = self._run([
-                str(postgres_bin_dir() / "initdb"), "-D", str(self.data_dir), "-U", PG_USER, "--auth=scram-sha-256",
-                f"--pwfile={password_file}", "--no-locale", "--encoding=UTF8",
-            ])  # fmt: skip
+            done = self._run(
+                [
+                    str(postgres_bin_dir() / "initdb"),
+                    "-D",
+                    str(self.data_dir),
+                    "-U",
+                    PG_USER,
+                    "--auth=scram-sha-256",
+                    f"--pwfile={password_file}",
+                    "--no-locale",
+                    "--encoding=UTF8",
+                ]
+            )
         finally:
             password_file.unlink(missing_ok=True)
         if done.returncode != 0:
@@ -129,10 +140,22 @@ class PostgresServer(LocalDaemon):
         self._initdb_once()
         started = time.monotonic()
         options = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1"
-        done = self._run([
-            str(postgres_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options,
-            "-w", "-t", str(int(timeout_s)), "start",
-        ], timeout=timeout_s + 30)  # fmt: skip
+        done = self._run(
+            [
+                str(postgres_bin_dir() / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_file),
+                "-o",
+                options,
+                "-w",
+                "-t",
+                str(int(timeout_s)),
+                "start",
+            ],
+            timeout=timeout_s + 30,
+        )
         if done.returncode != 0:
             raise InfraError(
                 f"PostgreSQL did not start at 127.0.0.1:{self.port}; last lines of {self.log_file}:\n"
@@ -155,8 +178,19 @@ class PostgresServer(LocalDaemon):
         """Stop the server ``up`` started (pg_ctl on its own data folder); ``wipe`` also deletes its data."""
         message = "PostgreSQL was not running"
         if self.running():
-            done = self._run([str(postgres_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w",
-                              "-t", str(int(STOP_TIMEOUT_S)), "stop"])  # fmt: skip
+            done = self._run(
+                [
+                    str(postgres_bin_dir() / "pg_ctl"),
+                    "-D",
+                    str(self.data_dir),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    str(int(STOP_TIMEOUT_S)),
+                    "stop",
+                ]
+            )
             if done.returncode != 0:
                 raise InfraError(f"pg_ctl stop failed for {self.data_dir}:\n{done.stderr[-1000:]}")
             message = f"stopped PostgreSQL (127.0.0.1:{self.port})"

@@ -73,16 +73,23 @@ class PrometheusServer(LocalDaemon):
         }
         (self.home / "prometheus.yml").write_text(json.dumps(config, indent=2))  # YAML is a superset of JSON
         started = time.monotonic()
-        process = self._process.start([
-            prometheus_binary(), f"--config.file={self.home / 'prometheus.yml'}",
-            f"--storage.tsdb.path={self.home / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
-        ], output=self.log_file)  # fmt: skip
+        process = self._process.start(
+            [
+                prometheus_binary(),
+                f"--config.file={self.home / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.home / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            output=self.log_file,
+        )
         if not wait_until(self._ready, timeout_s, exited=process):
             self.down()
             tail = "\n".join(self.log_file.read_text(errors="replace").splitlines()[-15:])
             raise InfraError(f"Prometheus did not start at {self.url}; last lines of {self.log_file}:\n{tail}")
-        return (f"started Prometheus at {self.url} in {time.monotonic() - started:.1f} s (scraping "
-                f"{', '.join(self.targets)}, alerts of {ALERTS_FILE.parent})")  # fmt: skip
+        return (
+            f"started Prometheus at {self.url} in {time.monotonic() - started:.1f} s (scraping "
+            f"{', '.join(self.targets)}, alerts of {ALERTS_FILE.parent})"
+        )
 
     def _ready(self) -> bool:
         try:
@@ -108,5 +115,6 @@ class PrometheusServer(LocalDaemon):
     def down(self, wipe: bool = False) -> str:
         """Stop the server ``up`` started (by its pid); ``wipe`` also deletes its data."""
         pid = self._process.stop()
-        return wiped(self.home, "Prometheus was not running" if pid is None else f"stopped Prometheus ({self.url})",
-                     wipe)  # fmt: skip
+        return wiped(
+            self.home, "Prometheus was not running" if pid is None else f"stopped Prometheus ({self.url})", wipe
+        )

@@ -40,8 +40,16 @@ S3_SECRET_KEY = "streamproof"
 EVERY_ACTION = ["Admin", "Read", "List", "Tagging", "Write"]
 # The other servers of `weed server` (master, volume, filer and their gRPC ports) and its Prometheus metrics (the
 # requests it served, by kind: `streamproof bench age` counts them): chosen free at each start.
-INNER_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-               "filer.port.grpc", "s3.port.grpc", "metricsPort")  # fmt: skip
+INNER_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port.grpc",
+    "metricsPort",
+)
 _REQUESTS_SERVED = re.compile(r"^SeaweedFS_s3_request_total\{(?P<labels>[^}]*)\} (?P<count>[0-9.e+]+)$", re.MULTILINE)
 
 
@@ -136,8 +144,10 @@ class S3Server(LocalDaemon):
         counts a run's requests as the difference of two readings."""
         ports = json.loads((self.home / "ports.json").read_text())
         if "metricsPort" not in ports:
-            raise InfraError(f"the S3 server at {self.endpoint} was started without its metrics: `streamproof infra "
-                             "down` then `streamproof infra up --s3`")  # fmt: skip
+            raise InfraError(
+                f"the S3 server at {self.endpoint} was started without its metrics: `streamproof infra "
+                "down` then `streamproof infra up --s3`"
+            )
         connection = http.client.HTTPConnection("127.0.0.1", ports["metricsPort"], timeout=10)
         try:
             connection.request("GET", "/metrics")
@@ -165,21 +175,35 @@ class S3Server(LocalDaemon):
         if port_in_use(self.port):
             raise InfraError(f"port {self.port} on 127.0.0.1 is taken by another process: choose --s3-port")
         (self.home / "data").mkdir(parents=True, exist_ok=True)
-        identities = {"identities": [
-            {"name": "streamproof", "actions": EVERY_ACTION,
-             "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}]},
-            {"name": "anonymous", "actions": EVERY_ACTION},  # unsigned requests: the harness's races and checks
-        ]}  # fmt: skip
+        identities = {
+            "identities": [
+                {
+                    "name": "streamproof",
+                    "actions": EVERY_ACTION,
+                    "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
+                },
+                {"name": "anonymous", "actions": EVERY_ACTION},  # unsigned requests: the harness's races and checks
+            ]
+        }
         (self.home / "identities.json").write_text(json.dumps(identities))
         inner = {name: free_port() for name in INNER_PORTS}
         started = time.monotonic()
         command = [
-            str(weed_binary()), "server", "-s3", f"-dir={self.home / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            f"-s3.port={self.port}", "-s3.port.iceberg=0", "-s3.port.lance=0",  # no catalogs: no fixed ports
+            str(weed_binary()),
+            "server",
+            "-s3",
+            f"-dir={self.home / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-s3.port={self.port}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",  # no catalogs: no fixed ports
             f"-s3.config={self.home / 'identities.json'}",
-            "-master.telemetry=false", "-volume.max=0", "-volume.preStopSeconds=0",  # no 10 s pause at its stop
+            "-master.telemetry=false",
+            "-volume.max=0",
+            "-volume.preStopSeconds=0",  # no 10 s pause at its stop
             *(f"-{name}={port}" for name, port in inner.items()),
-        ]  # fmt: skip
+        ]
         started_process = self.process.start(command, output=self.log_file)
         (self.home / "ports.json").write_text(json.dumps({"s3": self.port, **inner}))
         deadline = time.monotonic() + timeout_s
@@ -191,19 +215,24 @@ class S3Server(LocalDaemon):
                     started_process.wait(timeout=30)
                 self.process.pid_file.unlink(missing_ok=True)
                 why = f"exited with code {ended}" if ended is not None else f"did not answer in {timeout_s:.0f} s"
-                raise InfraError(f"SeaweedFS at {self.endpoint} {why}; last lines of {self.log_file}:\n"
-                                 f"{log_tail(self.log_file, 20)}")  # fmt: skip
+                raise InfraError(
+                    f"SeaweedFS at {self.endpoint} {why}; last lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
+                )
             time.sleep(0.2)
         # The first object written makes SeaweedFS allocate its volumes: seconds during which writes wait (16
         # racing PUTs right after a start saw 7 of them time out after 10 s). Up means a write is answered at once.
         while not self._writes(f"/{S3_BUCKET}/_streamproof_ready"):
             if time.monotonic() > deadline:
-                raise InfraError(f"SeaweedFS at {self.endpoint} answers but took no write in {timeout_s:.0f} s; last "
-                                 f"lines of {self.log_file}:\n{log_tail(self.log_file, 20)}")  # fmt: skip
+                raise InfraError(
+                    f"SeaweedFS at {self.endpoint} answers but took no write in {timeout_s:.0f} s; last "
+                    f"lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
+                )
             time.sleep(0.2)
         (self.home / "port").write_text(str(self.port))
-        return (f"started S3 (SeaweedFS) at {self.endpoint} in {time.monotonic() - started:.1f} s (bucket "
-                f"{S3_BUCKET}: s3a://{S3_BUCKET}/...)")  # fmt: skip
+        return (
+            f"started S3 (SeaweedFS) at {self.endpoint} in {time.monotonic() - started:.1f} s (bucket "
+            f"{S3_BUCKET}: s3a://{S3_BUCKET}/...)"
+        )
 
     def down(self, wipe: bool = False) -> str:
         """Stop the server ``up`` started (by its pid); ``wipe`` also deletes its data."""

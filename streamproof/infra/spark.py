@@ -76,8 +76,9 @@ class SparkCluster(LocalDaemon):
             saved = json.loads((state_dir / cls.folder / "cluster.json").read_text())
         except (OSError, ValueError):
             return cls(state_dir)
-        return cls(state_dir, workers=int(saved["workers"]), port=int(saved["port"]),
-                   webui_port=int(saved["webui_port"]))  # fmt: skip
+        return cls(
+            state_dir, workers=int(saved["workers"]), port=int(saved["port"]), webui_port=int(saved["webui_port"])
+        )
 
     def _saved_workers(self) -> int:
         return SparkCluster.started_under(self.state_dir).workers
@@ -116,28 +117,44 @@ class SparkCluster(LocalDaemon):
         if not self.running():
             for port in (self.port, self.webui_port):
                 if port_in_use(port):
-                    raise InfraError(f"port {port} on 127.0.0.1 is taken by another process: stop it or choose "
-                                     "--spark-port/--spark-webui-port")  # fmt: skip
+                    raise InfraError(
+                        f"port {port} on 127.0.0.1 is taken by another process: stop it or choose "
+                        "--spark-port/--spark-webui-port"
+                    )
             self.home.mkdir(parents=True, exist_ok=True)
             master = self.master.start(
-                self._spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
-                                  str(self.port), "--webui-port", str(self.webui_port)),
-                output=self.log_file, env=self._environment(),
-            )  # fmt: skip
+                self._spark_class(
+                    "org.apache.spark.deploy.master.Master",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--webui-port",
+                    str(self.webui_port),
+                ),
+                output=self.log_file,
+                env=self._environment(),
+            )
             if not wait_until(lambda: self._state() is not None, timeout_s, exited=master):
                 self.master.stop()
-                raise InfraError(f"the Spark master did not answer on port {self.webui_port} within {timeout_s:.0f} s; "
-                                 f"last lines of {self.log_file}:\n{log_tail(self.log_file, 20)}")  # fmt: skip
+                raise InfraError(
+                    f"the Spark master did not answer on port {self.webui_port} within {timeout_s:.0f} s; "
+                    f"last lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
+                )
         saved = {"workers": self.workers, "port": self.port, "webui_port": self.webui_port}
         (self.home / "cluster.json").write_text(json.dumps(saved))
         for number in range(1, self.workers + 1):
             if self.worker(number).pid() is None:
                 self.start_worker(number)
         if not wait_until(lambda: self.alive_workers() >= self.workers, timeout_s):
-            raise InfraError(f"{self.alive_workers()} of {self.workers} Spark workers registered within "
-                             f"{timeout_s:.0f} s; see {self.home}/worker-*.log")  # fmt: skip
-        return (f"started a Spark standalone cluster at {self.master_url} ({self.workers} workers of "
-                f"{self.worker_cores} core, {self.worker_memory}) in {time.monotonic() - started:.1f} s")  # fmt: skip
+            raise InfraError(
+                f"{self.alive_workers()} of {self.workers} Spark workers registered within "
+                f"{timeout_s:.0f} s; see {self.home}/worker-*.log"
+            )
+        return (
+            f"started a Spark standalone cluster at {self.master_url} ({self.workers} workers of "
+            f"{self.worker_cores} core, {self.worker_memory}) in {time.monotonic() - started:.1f} s"
+        )
 
     def start_worker(self, number: int) -> int:
         """Start worker ``number`` (after a fault killed it, too); returns its pid."""
@@ -147,23 +164,38 @@ class SparkCluster(LocalDaemon):
             # that binds a free port for the one its predecessor left), Spark picks a free one (port 0).
             port = 0
         process = self.worker(number).start(
-            self._spark_class("org.apache.spark.deploy.worker.Worker", "--host", self.worker_host(number),
-                              "--webui-port", str(port), "--cores", str(self.worker_cores), "--memory",
-                              self.worker_memory, self.master_url),
-            output=self.home / f"worker-{number}.log", env=self._environment(number),
-        )  # fmt: skip
+            self._spark_class(
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                self.worker_host(number),
+                "--webui-port",
+                str(port),
+                "--cores",
+                str(self.worker_cores),
+                "--memory",
+                self.worker_memory,
+                self.master_url,
+            ),
+            output=self.home / f"worker-{number}.log",
+            env=self._environment(number),
+        )
         return process.pid
 
     def down(self, wipe: bool = False) -> str:
         """Stop the workers and the master ``up`` started (each by its pid); ``wipe`` deletes their folders."""
         stopped = [pid for number in range(1, self._saved_workers() + 1) if (pid := self.worker(number).stop())]
         master = self.master.stop()
-        message = "Spark cluster was not running" if master is None and not stopped else (
-            f"stopped the Spark cluster (master {master}, {len(stopped)} workers)")  # fmt: skip
+        message = (
+            "Spark cluster was not running"
+            if master is None and not stopped
+            else (f"stopped the Spark cluster (master {master}, {len(stopped)} workers)")
+        )
         return wiped(self.home, message, wipe)
 
     def status(self) -> str:
         if not self.running():
             return f"Spark cluster: not running (state {self.home})"
-        return (f"Spark cluster: running at {self.master_url}, {self.alive_workers()} of {self._saved_workers()} "
-                f"workers alive, web UI http://127.0.0.1:{self.webui_port} (state {self.home})")  # fmt: skip
+        return (
+            f"Spark cluster: running at {self.master_url}, {self.alive_workers()} of {self._saved_workers()} "
+            f"workers alive, web UI http://127.0.0.1:{self.webui_port} (state {self.home})"
+        )

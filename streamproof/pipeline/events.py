@@ -93,8 +93,11 @@ class BatchCommitted:
         if len(self.sink_seconds) > 1:
             line += "; " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.sink_seconds.items())
         if self.late_handling is not None:
-            done = (f"{self.windows_closed} windows closed" if self.windows_closed is not None
-                    else f"{self.duplicates_dropped} duplicates dropped")  # fmt: skip
+            done = (
+                f"{self.windows_closed} windows closed"
+                if self.windows_closed is not None
+                else f"{self.duplicates_dropped} duplicates dropped"
+            )
             line += f"; {done}, {self.late} late ({self.late_handling})"
         if self.remark:
             line += f" ({self.remark})"

@@ -27,8 +27,15 @@ from streamproof.pipeline.phases import batch_phases, queued_seconds
 class ProgressEvents(StreamingQueryListener):
     """Publishes ``started`` and one ``batch`` event per committed batch; keeps ``summary`` and ``metrics``."""
 
-    def __init__(self, spec: PipelineSpec, writer: BatchWriter, summary: RunSummary, publish: Callable[[Event], None],
-                 on_batch: Callable[[int], None], metrics: PipelineMetrics | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        writer: BatchWriter,
+        summary: RunSummary,
+        publish: Callable[[Event], None],
+        on_batch: Callable[[int], None],
+        metrics: PipelineMetrics | None = None,
+    ) -> None:
         self.spec, self.writer, self.summary, self.publish = spec, writer, summary, publish
         self.on_batch, self.metrics = on_batch, metrics
 
@@ -46,24 +53,30 @@ class ProgressEvents(StreamingQueryListener):
         document = json.loads(progress.json)
         batch = self._event(progress.batchId, rows_in, (progress.batchDuration or 0) / 1000.0, document, result)
         if self.metrics is not None:  # before the event is out: whoever sees it finds the metrics up to date
-            self.metrics.observe_batch(document, result.sink_rows if result else {},
-                                       result.quarantined if result else 0, batch.phases)  # fmt: skip
+            self.metrics.observe_batch(
+                document, result.sink_rows if result else {}, result.quarantined if result else 0, batch.phases
+            )
         # Published before the summary counts it: the run ends once the summary holds its last batch, and the
         # batch's line must be out by then (a CI run lost it when the main thread won that race).
         self.publish(batch)
         self.summary.observe(batch)
         self.on_batch(progress.batchId)
 
-    def _event(self, batch_id: int, rows_in: int, duration_s: float, document: dict[str, Any],
-               result: BatchResult | None) -> BatchCommitted:  # fmt: skip
+    def _event(
+        self, batch_id: int, rows_in: int, duration_s: float, document: dict[str, Any], result: BatchResult | None
+    ) -> BatchCommitted:
         sources = document.get("sources", [])
         figures: dict[str, Any] = {}
         transform = self.spec.transform
         if result is not None:
-            figures = {"rows_out": result.rows_out, "quarantined": result.quarantined,
-                       "sink_seconds": result.sink_seconds, "replay_skipped": result.replay_skipped,
-                       "phases": batch_phases(document.get("durationMs") or {}, result.phase_seconds),
-                       "queued_s": queued_seconds(document.get("timestamp"), result.oldest_produced_ms)}  # fmt: skip
+            figures = {
+                "rows_out": result.rows_out,
+                "quarantined": result.quarantined,
+                "sink_seconds": result.sink_seconds,
+                "replay_skipped": result.replay_skipped,
+                "phases": batch_phases(document.get("durationMs") or {}, result.phase_seconds),
+                "queued_s": queued_seconds(document.get("timestamp"), result.oldest_produced_ms),
+            }
             if transform.watermark is not None:
                 figures.update(late=result.late, late_handling="dropped" if transform.late == "drop" else "quarantined")
                 if transform.aggregate is not None:
@@ -75,10 +88,15 @@ class ProgressEvents(StreamingQueryListener):
                     if counted not in (None, result.late):
                         figures["remark"] = f"Spark's dedup operator counted {counted} late records: please report this"
         return BatchCommitted(
-            self.spec.name, batch_id, rows_in=rows_in, rows_out=figures.pop("rows_out", 0),
-            quarantined=figures.pop("quarantined", 0), duration_s=duration_s,
-            lag=kafka_lag(sources[0]) if sources else None, **figures,
-        )  # fmt: skip
+            self.spec.name,
+            batch_id,
+            rows_in=rows_in,
+            rows_out=figures.pop("rows_out", 0),
+            quarantined=figures.pop("quarantined", 0),
+            duration_s=duration_s,
+            lag=kafka_lag(sources[0]) if sources else None,
+            **figures,
+        )
 
     def onQueryIdle(self, event: Any) -> None:
         if self.metrics is not None:  # no data: alive all the same, the stall alert must not fire on a quiet topic

@@ -126,8 +126,11 @@ def run(
 
     # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the session
     # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
-    spark = build_session(spec.spark, app_name=f"streamproof:{spec.name}",
-                          ui=ui_wanted(spec.spark)) if spec.checkpoint_dir.is_remote else None  # fmt: skip
+    spark = (
+        build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+        if spec.checkpoint_dir.is_remote
+        else None
+    )
     lock = RunLock(spec.checkpoint_dir)
     if not standby:
         lock.__enter__()
@@ -173,8 +176,13 @@ def _run_locked(
     refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
     refuse_if_sink_behind(spark, spec, sinks)
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
-    publish(Notice(spec.name, READY, "checkpoint and sinks checked; " + ("starting Spark" if spark is None else
-                                                                          "Spark runs already (warm)")))  # fmt: skip
+    publish(
+        Notice(
+            spec.name,
+            READY,
+            "checkpoint and sinks checked; " + ("starting Spark" if spark is None else "Spark runs already (warm)"),
+        )
+    )
     spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
     address = spark.sparkContext.uiWebUrl
     if address:
@@ -219,8 +227,9 @@ def _run_locked(
         if wiring.idempotent_sink and not once:
             _replay_what_the_sinks_hold(spark, spec, writer, stop, summary, publish)
         if not stop.event.is_set():
-            query = _run_through_outages(spark, spec, writer, stop, summary, publish, available_now=available_now,
-                                         once=once)  # fmt: skip
+            query = _run_through_outages(
+                spark, spec, writer, stop, summary, publish, available_now=available_now, once=once
+            )
             _wait_for_last_progress(query, summary, writer)
     finally:
         for sig, handler in previous.items():
@@ -231,8 +240,14 @@ def _run_locked(
     return summary
 
 
-def _replay_what_the_sinks_hold(spark: SparkSession, spec: PipelineSpec, writer: BatchWriter, stop: StopRequest,
-                                summary: RunSummary, publish: Callable[[Event], None]) -> None:  # fmt: skip
+def _replay_what_the_sinks_hold(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    writer: BatchWriter,
+    stop: StopRequest,
+    summary: RunSummary,
+    publish: Callable[[Event], None],
+) -> None:
     """A checkpoint behind its sinks (an older backup restored, a rebuilt one): replay the batches they hold beyond
     it one at a time, each with the end offsets the sinks recorded (:func:`held_beyond`), so that every sink skips
     what it holds by the replay rule; Spark plans nothing anew until the checkpoint has caught up with the sinks.
@@ -245,9 +260,15 @@ def _replay_what_the_sinks_hold(spark: SparkSession, spec: PipelineSpec, writer:
     checkpoint = spec.checkpoint_dir
     first, last = min(held.offsets), max(held.offsets)
     span = f"batch {first}" if first == last else f"batches {first}-{last}"
-    publish(Notice(spec.name, REPLAYING, f"the sinks hold {span} beyond the checkpoint's last committed batch (an "
-                                         "older checkpoint restored?): replaying them with the offsets the sinks "
-                                         "recorded, each skipped where it is held"))  # fmt: skip
+    publish(
+        Notice(
+            spec.name,
+            REPLAYING,
+            f"the sinks hold {span} beyond the checkpoint's last committed batch (an "
+            "older checkpoint restored?): replaying them with the offsets the sinks "
+            "recorded, each skipped where it is held",
+        )
+    )
     done: list[int] = []
     for batch_id in held.everywhere:  # a batch Spark logged already (in flight) counts if it ends where the sinks say
         if batch_id in logged_batches(checkpoint) and batch_end_offsets(checkpoint, batch_id) != held.offsets[batch_id]:
@@ -258,8 +279,13 @@ def _replay_what_the_sinks_hold(spark: SparkSession, spec: PipelineSpec, writer:
         done.append(batch_id)
     if done:
         which = f"batch {done[0]}" if len(done) == 1 else f"batches {done[0]}-{done[-1]}"
-        publish(Notice(spec.name, REPLAYING, f"{which}: held by every sink with those offsets (a stateless pipeline): "
-                                             "marked done without running"))  # fmt: skip
+        publish(
+            Notice(
+                spec.name,
+                REPLAYING,
+                f"{which}: held by every sink with those offsets (a stateless pipeline): marked done without running",
+            )
+        )
     for batch_id, end_offsets in held.offsets.items():
         while not stop.event.is_set() and next_batch_to_run(checkpoint) <= batch_id:
             running = next_batch_to_run(checkpoint)
@@ -268,12 +294,15 @@ def _replay_what_the_sinks_hold(spark: SparkSession, spec: PipelineSpec, writer:
             query = _run_through_outages(spark, spec, writer, stop, summary, publish, available_now=False, once=True)
             _wait_for_last_progress(query, summary, writer)
             if not stop.event.is_set() and running not in committed_batches(checkpoint):
-                raise PipelineError(f"pipeline {spec.name!r}: replaying batch {running} with the offsets the sinks "
-                                    f"recorded did not commit it; the checkpoint is intact: start again")  # fmt: skip
+                raise PipelineError(
+                    f"pipeline {spec.name!r}: replaying batch {running} with the offsets the sinks "
+                    f"recorded did not commit it; the checkpoint is intact: start again"
+                )
 
 
-def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, stop: StopRequest,
-                     publish: Callable[[Event], None]) -> None:  # fmt: skip
+def _warm_up_and_say(
+    spark: SparkSession, spec: PipelineSpec, stop: StopRequest, publish: Callable[[Event], None]
+) -> None:
     publish(Notice(spec.name, WARMING, "warming up on scratch copies of the checkpoint and tables"))
     try:
         done = warm_up_on_scratch_copies(spark, spec, start_query, stop.event)
@@ -319,8 +348,14 @@ def _run_through_outages(
                 f"pipeline {spec.name!r}: a server stayed unreachable for more than {retry.max_outage} ({reason}); "
                 "the checkpoint is intact: start the pipeline again once it is back"
             )
-        publish(Notice(spec.name, RESTARTING, f"query stopped by an unreachable server ({reason}); restarting it "
-                                              f"from the checkpoint in {retry.backoff}"))  # fmt: skip
+        publish(
+            Notice(
+                spec.name,
+                RESTARTING,
+                f"query stopped by an unreachable server ({reason}); restarting it "
+                f"from the checkpoint in {retry.backoff}",
+            )
+        )
         time.sleep(retry.backoff_s)
 
 

@@ -44,9 +44,13 @@ class StandbyStopped(Exception):  # noqa: N818 - a way out, not an error
 
 
 def stand_by(
-    spec: PipelineSpec, lock: RunLock, holder: Holder, publish: Callable[[Event], None], start: StartQuery,
+    spec: PipelineSpec,
+    lock: RunLock,
+    holder: Holder,
+    publish: Callable[[Event], None],
+    start: StartQuery,
     spark: SparkSession | None = None,
-) -> SparkSession:  # fmt: skip
+) -> SparkSession:
     """Warm a session up (queries started with ``start``) and wait until ``lock`` (held by ``holder``) is free, then
     take it; returns the session, the lock held. Raises :class:`StandbyStopped` on SIGTERM / SIGINT while waiting."""
     if not holder.here:
@@ -76,13 +80,24 @@ def stand_by(
     return spark
 
 
-def _warm_up_and_say(spark: SparkSession, spec: PipelineSpec, start: StartQuery, stop: threading.Event,
-                     holder: Holder, publish: Callable[[Event], None]) -> None:  # fmt: skip
+def _warm_up_and_say(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    start: StartQuery,
+    stop: threading.Event,
+    holder: Holder,
+    publish: Callable[[Event], None],
+) -> None:
     try:
         warm = warm_up(spark, spec, start, stop)
     except Exception as error:  # noqa: BLE001 - a cold takeover is still a takeover
-        publish(Notice(spec.name, STANDBY, f"standby warm-up failed ({first_line(error)}); waiting cold for pid "
-                                           f"{holder} to stop"))  # fmt: skip
+        publish(
+            Notice(
+                spec.name,
+                STANDBY,
+                f"standby warm-up failed ({first_line(error)}); waiting cold for pid {holder} to stop",
+            )
+        )
         return
     if stop.is_set():
         raise StandbyStopped(f"while warming up to stand by for pid {holder}")
@@ -135,8 +150,11 @@ class _Family:
             pending.extend(children.get(pid, []))
 
     def alive(self) -> list[int]:
-        return [pid for pid, started in self.members.items()
-                if _start_time(pid) == started and process_state(pid) not in ("Z", None)]  # fmt: skip
+        return [
+            pid
+            for pid, started in self.members.items()
+            if _start_time(pid) == started and process_state(pid) not in ("Z", None)
+        ]
 
     def wait_gone(self, timeout_s: float, stop: threading.Event) -> None:
         deadline = time.monotonic() + timeout_s

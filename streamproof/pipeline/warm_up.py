@@ -79,8 +79,7 @@ class WarmUp:
         return f"{self.records:,} {what}, {self.batches} batches through the batch path in {self.seconds} s"
 
 
-def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
-            stop: threading.Event | None = None) -> WarmUp:  # fmt: skip
+def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery, stop: threading.Event | None = None) -> WarmUp:
     """Run the pipeline's batch path (source, parse, cache and counts, quarantine, every sink's keyed commit) on a
     sample of its source into a scratch copy of its checkpoint and tables (:func:`warm_copy`): two batches, then one
     more after a restart of the query on that checkpoint, as a restart's first batch runs (the first write of a
@@ -112,8 +111,7 @@ def warm_up(spark: SparkSession, spec: PipelineSpec, start: StartQuery,
     return WarmUp(records, batches, round(time.monotonic() - started, 1), sample)
 
 
-def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, stop: threading.Event
-                 ) -> tuple[int, int]:  # fmt: skip
+def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, stop: threading.Event) -> tuple[int, int]:
     # By batch id, over both queries: the first query is stopped once its writer has two results, which may be
     # before Spark logged the second one's commit; the restarted query then runs that batch again before the third.
     rows: dict[int, int] = {}
@@ -127,8 +125,11 @@ def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, sto
             sink.prepare(spark)
         query = start(spark, warm, writer, available_now=True)
         deadline = time.monotonic() + WARM_TIMEOUT_S
-        while (query.isActive and (len(writer.results) < wanted or len(rows.keys() | writer.results.keys()) < every)
-               and time.monotonic() < deadline):  # fmt: skip
+        while (
+            query.isActive
+            and (len(writer.results) < wanted or len(rows.keys() | writer.results.keys()) < every)
+            and time.monotonic() < deadline
+        ):
             if stop.wait(0.05):
                 break
         query.stop()
@@ -149,18 +150,21 @@ def warm_copy(spec: PipelineSpec, scratch: Location, source: FilesSource | None 
     sinks = [_scratch_sink(sink, scratch) for sink in spec.sink_specs]
     warm_source = source or spec.source
     if isinstance(warm_source, KafkaSource):
-        warm_source = warm_source.model_copy(update={"starting_offsets": "earliest",
-                                                     "max_offsets_per_trigger": _batch_records(spec)})  # fmt: skip
+        warm_source = warm_source.model_copy(
+            update={"starting_offsets": "earliest", "max_offsets_per_trigger": _batch_records(spec)}
+        )
     elif isinstance(warm_source, FilesSource | DeltaSource):
         warm_source = warm_source.model_copy(update={"max_files_per_trigger": 1})
-    return spec.model_copy(update={
-        "name": f"{spec.name}-warm-up"[:100],
-        "checkpoint": str(scratch / "checkpoint"),
-        "source": warm_source,
-        "transform": spec.transform.model_copy(update={"quarantine": str(scratch / "tables" / "_quarantine")}),
-        **({"sink": sinks[0]} if spec.sink is not None else {"sinks": sinks}),
-        "metrics": MetricsSettings(),
-    })  # fmt: skip
+    return spec.model_copy(
+        update={
+            "name": f"{spec.name}-warm-up"[:100],
+            "checkpoint": str(scratch / "checkpoint"),
+            "source": warm_source,
+            "transform": spec.transform.model_copy(update={"quarantine": str(scratch / "tables" / "_quarantine")}),
+            **({"sink": sinks[0]} if spec.sink is not None else {"sinks": sinks}),
+            "metrics": MetricsSettings(),
+        }
+    )
 
 
 def _batch_records(spec: PipelineSpec) -> int:

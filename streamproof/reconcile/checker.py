@@ -81,9 +81,10 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     valid = source.where(F.col(VALID)).select(key, *coords, order_by)
     newest_first = Window.partitionBy(key).orderBy(F.col(order_by).desc_nulls_last(), *(F.desc(c) for c in coords))
     winners = (
-        valid.withColumn("_rank", F.row_number().over(newest_first)).where("_rank = 1")
+        valid.withColumn("_rank", F.row_number().over(newest_first))
+        .where("_rank = 1")
         .select(key, *(F.col(c).alias(f"_w{c}") for c in coords))
-    )  # fmt: skip
+    )
     known = valid.select(key, *coords).distinct().withColumn("_known", F.lit(True))
     rows = sink.select(key, *coords).join(known, [key, *coords], "left").join(winners, key, "left")
     is_winner = F.lit(True)
@@ -97,23 +98,23 @@ def reconcile_latest(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     joined = winners.select(key, F.lit(True).alias("_expected")).join(per_key, key, "full_outer")
     lost = F.col("_expected").isNotNull() & (F.coalesce("has_winner", F.lit(0)) == 0)
     stray_rows = F.coalesce(F.col("n") - F.col("known"), F.lit(0))  # rows no valid record of the key explains
-    row = (
-        joined
-        .agg(
-            F.sum(F.col("_expected").isNotNull().cast("int")).alias("expected"),
-            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(F.col("known") > 1, F.col("known") - 1).otherwise(0)).alias("duplicated"),
-            F.sum(stray_rows).alias("unexpected"),
-            F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
-        )
-        .first()
-    )  # fmt: skip
+    row = joined.agg(
+        F.sum(F.col("_expected").isNotNull().cast("int")).alias("expected"),
+        F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(F.col("known") > 1, F.col("known") - 1).otherwise(0)).alias("duplicated"),
+        F.sum(stray_rows).alias("unexpected"),
+        F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+    ).first()
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
-    sink_side["samples"] = _samples(joined, sink_side, {
-        "lost": (lost, [key, F.lit("no row with its latest record").alias("found")]),
-        "duplicated": (F.col("known") > 1, [key, F.col("known").alias("rows")]),
-        "unexpected": (stray_rows > 0, [key, stray_rows.alias("rows")]),
-    })  # fmt: skip
+    sink_side["samples"] = _samples(
+        joined,
+        sink_side,
+        {
+            "lost": (lost, [key, F.lit("no row with its latest record").alias("found")]),
+            "duplicated": (F.col("known") > 1, [key, F.col("known").alias("rows")]),
+            "unexpected": (stray_rows > 0, [key, stray_rows.alias("rows")]),
+        },
+    )
     newest = [F.col(order_by).desc_nulls_last(), *(F.desc(c) for c in coords)]
     return _counts(side, sink_side, superseded=_after_first(source, [key], newest))
 
@@ -127,23 +128,28 @@ def reconcile_totals(source: DataFrame, sink: DataFrame, quarantine: DataFrame, 
     0
     """
     sink_side = _totals_side(source, sink, by, sums)
-    return _counts(_quarantine_side(source, quarantine), sink_side,
-                   superseded=_after_first(source, [by], list(COORDINATES)))  # fmt: skip
+    return _counts(
+        _quarantine_side(source, quarantine), sink_side, superseded=_after_first(source, [by], list(COORDINATES))
+    )
 
 
 def _totals_side(source: DataFrame, sink: DataFrame, by: str, sums: list[str]) -> dict[str, Any]:
     """The sink half of :func:`reconcile_totals`: per-group totals of the valid ``source`` rows against the sink's."""
     exact = "DECIMAL(38, 10)"
     expected_totals = (
-        source.where(F.col(VALID)).groupBy(by)
-        .agg(F.count(F.lit(1)).alias("_x_events"),
-             *(F.sum(F.coalesce(F.col(c).cast(exact), F.lit(0).cast(exact))).alias(f"_x_{c}") for c in sums))
-    )  # fmt: skip
+        source.where(F.col(VALID))
+        .groupBy(by)
+        .agg(
+            F.count(F.lit(1)).alias("_x_events"),
+            *(F.sum(F.coalesce(F.col(c).cast(exact), F.lit(0).cast(exact))).alias(f"_x_{c}") for c in sums),
+        )
+    )
     held = sink.select(by, F.col("events").alias("_s_events"), *(F.col(c).cast(exact).alias(f"_s_{c}") for c in sums))
     per_group = held.groupBy(by).agg(
-        F.count(F.lit(1)).alias("n"), F.sum("_s_events").alias("_s_events"),
+        F.count(F.lit(1)).alias("n"),
+        F.sum("_s_events").alias("_s_events"),
         *(F.sum(f"_s_{c}").alias(f"_s_{c}") for c in sums),
-    )  # fmt: skip
+    )
     same_sums = F.lit(True)
     for column in sums:  # null-safe: a held null sum differs from every expected one (those are never null)
         same_sums = same_sums & F.col(f"_s_{column}").eqNullSafe(F.col(f"_x_{column}"))
@@ -152,26 +158,32 @@ def _totals_side(source: DataFrame, sink: DataFrame, by: str, sums: list[str]) -
     lost = (F.col("_x_events").isNotNull() & F.col("n").isNull()) | (both & (F.col("_s_events") < F.col("_x_events")))
     doubled = both & (F.col("_s_events") > F.col("_x_events"))  # an increment applied twice
     wrong = both & (F.col("_s_events") == F.col("_x_events")) & ~same_sums  # the right count, another value
-    row = (
-        joined
-        .agg(
-            F.sum(F.col("_x_events").isNotNull().cast("int")).alias("expected"),
-            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(doubled | wrong, 1).otherwise(0)).alias("duplicated"),
-            F.sum(F.when(wrong, 1).otherwise(0)).alias("wrong_values"),
-            F.sum(F.when(F.col("_x_events").isNull(), F.col("n")).otherwise(0)).alias("unexpected"),
-            F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
-        )
-        .first()
-    )  # fmt: skip
+    row = joined.agg(
+        F.sum(F.col("_x_events").isNotNull().cast("int")).alias("expected"),
+        F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
+        F.sum(F.when(doubled | wrong, 1).otherwise(0)).alias("duplicated"),
+        F.sum(F.when(wrong, 1).otherwise(0)).alias("wrong_values"),
+        F.sum(F.when(F.col("_x_events").isNull(), F.col("n")).otherwise(0)).alias("unexpected"),
+        F.sum(F.coalesce("n", F.lit(0))).alias("sink_records"),
+    ).first()
     sink_side = {**_sink_side(row), **_counted(row, "wrong_values")}
-    both_values = [by, F.col("_x_events").alias("expected_events"), F.col("_s_events").alias("held_events"),
-                   *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
-                   *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums)]  # fmt: skip
-    sink_side["samples"] = _samples(joined, sink_side, {
-        "lost": (lost, both_values), "duplicated": (doubled, both_values), "wrong_values": (wrong, both_values),
-        "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
-    })  # fmt: skip
+    both_values = [
+        by,
+        F.col("_x_events").alias("expected_events"),
+        F.col("_s_events").alias("held_events"),
+        *(F.col(f"_x_{c}").alias(f"expected_{c}") for c in sums),
+        *(F.col(f"_s_{c}").alias(f"held_{c}") for c in sums),
+    ]
+    sink_side["samples"] = _samples(
+        joined,
+        sink_side,
+        {
+            "lost": (lost, both_values),
+            "duplicated": (doubled, both_values),
+            "wrong_values": (wrong, both_values),
+            "unexpected": (F.col("_x_events").isNull(), [by, F.col("n").alias("rows"), *both_values[2:]]),
+        },
+    )
     return sink_side
 
 
@@ -198,12 +210,16 @@ def reconcile_windows(
     )
     keys = ["window_start", "window_end", *aggregate.by]
     measures = [f"sum_{c}" for c in aggregate.sum]
-    held = sink.select(*keys, *(F.col(m).cast(EXACT_SUM).alias(m) for m in measures),
-                       (F.col("events") if aggregate.count else F.lit(None).cast("long")).alias("events"))  # fmt: skip
+    held = sink.select(
+        *keys,
+        *(F.col(m).cast(EXACT_SUM).alias(m) for m in measures),
+        (F.col("events") if aggregate.count else F.lit(None).cast("long")).alias("events"),
+    )
     per_window = held.groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("_n"), F.first("events").alias("_s_events"),
+        F.count(F.lit(1)).alias("_n"),
+        F.first("events").alias("_s_events"),
         *(F.first(m).alias(f"_s_{m}") for m in measures),
-    )  # fmt: skip
+    )
     x, s = expected.alias("x"), per_window.alias("s")
     on = [F.col(f"x.{k}").eqNullSafe(F.col(f"s.{k}")) for k in keys]
     same_sums = F.lit(True)
@@ -214,34 +230,40 @@ def reconcile_windows(
     more = F.col("_s_events") > F.col("x.events") if aggregate.count else F.lit(False)
     lost, early = closed & (~held_it | fewer), ~closed & held_it  # early: a window written while still open
     joined = x.join(s, on, "full_outer")
-    row = (
-        joined
-        .agg(
-            F.sum(F.when(closed, 1).otherwise(0)).alias("expected"),
-            F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
-            F.sum(F.when(closed & held_it, F.col("_n") - 1).otherwise(0)
-                  + F.when(closed & held_it & (more | (~fewer & ~same_sums)), 1).otherwise(0)).alias("duplicated"),
-            F.sum(F.when(early, F.col("_n")).otherwise(0)).alias("unexpected"),
-            F.sum(F.coalesce(F.col("_n"), F.lit(0))).alias("sink_records"),
-            F.sum(F.when(closed, F.col("x.events")).otherwise(0)).alias("aggregated"),
-            F.sum(F.when(~closed & F.col("x.events").isNotNull(), F.col("x.events")).otherwise(0)).alias("pending"),
-        )
-        .first()
-    )  # fmt: skip
+    row = joined.agg(
+        F.sum(F.when(closed, 1).otherwise(0)).alias("expected"),
+        F.sum(F.when(lost, 1).otherwise(0)).alias("lost"),
+        F.sum(
+            F.when(closed & held_it, F.col("_n") - 1).otherwise(0)
+            + F.when(closed & held_it & (more | (~fewer & ~same_sums)), 1).otherwise(0)
+        ).alias("duplicated"),
+        F.sum(F.when(early, F.col("_n")).otherwise(0)).alias("unexpected"),
+        F.sum(F.coalesce(F.col("_n"), F.lit(0))).alias("sink_records"),
+        F.sum(F.when(closed, F.col("x.events")).otherwise(0)).alias("aggregated"),
+        F.sum(F.when(~closed & F.col("x.events").isNotNull(), F.col("x.events")).otherwise(0)).alias("pending"),
+    ).first()
     assert row is not None  # an aggregation without grouping always returns one row
     side, sink_side = _quarantine_side(source, quarantine), _sink_side(row)
     windowed = _counted(row, "aggregated", "pending")
     dedup_keys = list(transform.dedup.key_columns) if transform.dedup is not None else None
     upstream_duplicates = _after_first(source, dedup_keys, list(COORDINATES)) if dedup_keys else 0
-    both_values = [*(F.coalesce(F.col(f"x.{k}"), F.col(f"s.{k}")).alias(k) for k in keys),
-                   F.col("x.events").alias("expected_events"), F.col("_s_events").alias("held_events"),
-                   F.col("_n").alias("rows"), *(F.col(f"x.{m}").alias(f"expected_{m}") for m in measures),
-                   *(F.col(f"_s_{m}").alias(f"held_{m}") for m in measures)]  # fmt: skip
-    sink_side["samples"] = _samples(joined, sink_side, {
-        "lost": (lost, both_values),
-        "duplicated": (closed & held_it & ((F.col("_n") > 1) | more | (~fewer & ~same_sums)), both_values),
-        "unexpected": (early, both_values),
-    })  # fmt: skip
+    both_values = [
+        *(F.coalesce(F.col(f"x.{k}"), F.col(f"s.{k}")).alias(k) for k in keys),
+        F.col("x.events").alias("expected_events"),
+        F.col("_s_events").alias("held_events"),
+        F.col("_n").alias("rows"),
+        *(F.col(f"x.{m}").alias(f"expected_{m}") for m in measures),
+        *(F.col(f"_s_{m}").alias(f"held_{m}") for m in measures),
+    ]
+    sink_side["samples"] = _samples(
+        joined,
+        sink_side,
+        {
+            "lost": (lost, both_values),
+            "duplicated": (closed & held_it & ((F.col("_n") > 1) | more | (~fewer & ~same_sums)), both_values),
+            "unexpected": (early, both_values),
+        },
+    )
     counts = _counts(side, sink_side, upstream_duplicates=upstream_duplicates)
     return replace(counts, aggregated=windowed["aggregated"], pending=windowed["pending"])
 
@@ -262,16 +284,19 @@ def _counted(row: Any, *names: str) -> dict[str, int]:
     return {name: int(row[name] or 0) for name in names}
 
 
-def _samples(rows: DataFrame, counted: dict[str, Any], kinds: dict[str, tuple[Column, list[Any]]]
-             ) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+def _samples(
+    rows: DataFrame, counted: dict[str, Any], kinds: dict[str, tuple[Column, list[Any]]]
+) -> dict[str, list[dict[str, Any]]]:
     """Up to :data:`SAMPLES` rows of each kind of damage that was counted, in a stable order; a count of 0 costs
     no Spark job, so a clean reconciliation is as fast as before."""
     found = {}
     for kind, (condition, columns) in kinds.items():
         if counted.get(kind):
             picked = rows.where(condition).select(*columns)
-            named = [{name: _plain(value) for name, value in row.asDict().items()}
-                     for row in picked.orderBy(*picked.columns).limit(SAMPLES).collect()]  # fmt: skip
+            named = [
+                {name: _plain(value) for name, value in row.asDict().items()}
+                for row in picked.orderBy(*picked.columns).limit(SAMPLES).collect()
+            ]
             if named:  # duplicated may count only wrong values, which are named under their own kind
                 found[kind] = named
     return found
@@ -298,8 +323,9 @@ def _sink_side(row: Any) -> dict[str, Any]:
     return _counted(row, "expected", "lost", "duplicated", "unexpected", "sink_records")
 
 
-def _counts(side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplicates: int = 0,
-            superseded: int = 0) -> Counts:  # fmt: skip
+def _counts(
+    side: dict[str, Any], sink_side: dict[str, Any], *, upstream_duplicates: int = 0, superseded: int = 0
+) -> Counts:
     return Counts(
         source_records=side["source_records"],
         expected=sink_side["expected"],
@@ -324,9 +350,10 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
     belongs = ~F.col(VALID) & ~F.col(DROPPED)  # expected in quarantine
     # One row per coordinate, so a record read twice counts twice in the source but once in every other term.
     per_record = source.groupBy(*coords).agg(
-        F.count(F.lit(1)).alias("_reads"), (F.max(F.col(VALID).cast("int")) == 1).alias(VALID),
+        F.count(F.lit(1)).alias("_reads"),
+        (F.max(F.col(VALID).cast("int")) == 1).alias(VALID),
         (F.max(dropped.cast("int")) == 1).alias(DROPPED),
-    )  # fmt: skip
+    )
     joined = per_record.join(quarantine.groupBy(*coords).agg(F.count(F.lit(1)).alias("n")), coords, "full_outer")
     stray = F.col(VALID).isNull() | ~belongs
     missing, doubled = belongs & F.col("n").isNull(), belongs & (F.col("n") > 1)
@@ -341,11 +368,18 @@ def _quarantine_side(source: DataFrame, quarantine: DataFrame) -> dict[str, Any]
     names = ("unexpected", "lost", "duplicated", "quarantined", "source_records", "dropped")
     counted: dict[str, Any] = _counted(row, *names)
     where = [*coords, F.lit("quarantine").alias("in")]
-    counted["samples"] = _samples(joined, counted, {
-        "lost": (missing, where),
-        "duplicated": (doubled, [*where, F.col("n").alias("rows")]),
-        "unexpected": (stray & F.col("n").isNotNull(), [*where, F.col("n").alias("rows"), F.col(VALID).alias("valid")]),
-    })  # fmt: skip
+    counted["samples"] = _samples(
+        joined,
+        counted,
+        {
+            "lost": (missing, where),
+            "duplicated": (doubled, [*where, F.col("n").alias("rows")]),
+            "unexpected": (
+                stray & F.col("n").isNotNull(),
+                [*where, F.col("n").alias("rows"), F.col(VALID).alias("valid")],
+            ),
+        },
+    )
     return counted
 
 
@@ -369,16 +403,21 @@ def _identity_side(source: DataFrame, sink: DataFrame, key_columns: list[str] | 
     ).first()
     counted = _sink_side(row)
     rows = F.col("n").alias("rows")
-    counted["samples"] = _samples(joined, counted, {
-        "lost": (missing, identity),
-        "duplicated": (doubled, [*identity, rows]),
-        "unexpected": (~expected & F.col("n").isNotNull(), [*identity, rows]),
-    })  # fmt: skip
+    counted["samples"] = _samples(
+        joined,
+        counted,
+        {
+            "lost": (missing, identity),
+            "duplicated": (doubled, [*identity, rows]),
+            "unexpected": (~expected & F.col("n").isNotNull(), [*identity, rows]),
+        },
+    )
     return counted
 
 
-def compare(check: Check, source: DataFrame, sink: DataFrame | None, quarantine: DataFrame,
-            dedup_keys: list[str] | None = None) -> Counts:  # fmt: skip
+def compare(
+    check: Check, source: DataFrame, sink: DataFrame | None, quarantine: DataFrame, dedup_keys: list[str] | None = None
+) -> Counts:
     """Run the checker that fits the sink's :class:`Check` (a sink that does not exist yet is empty)."""
     if check.kind == "totals":
         assert check.by is not None
@@ -394,8 +433,9 @@ def compare(check: Check, source: DataFrame, sink: DataFrame | None, quarantine:
     return reconcile(source, held, quarantine, key_columns=dedup_keys)
 
 
-def compare_rows(check: Check, source: DataFrame, rows: DataFrame, sink: DataFrame | None,
-                 quarantine: DataFrame) -> Counts:  # fmt: skip
+def compare_rows(
+    check: Check, source: DataFrame, rows: DataFrame, sink: DataFrame | None, quarantine: DataFrame
+) -> Counts:
     """The checker for a pipeline with your own transform (:mod:`streamproof.your_code`): the sink is compared with
     ``rows``, what the code makes of the valid source records (the oracle), in the sink's :class:`Check`; the
     quarantine side and the identity stay on the source records (``transformed``: the valid records the code got).
@@ -462,11 +502,15 @@ def _rows_side(rows: DataFrame, held: DataFrame) -> dict[str, Any]:
     ).first()
     counted = _sink_side(row)
     at = [F.coalesce(F.col(c), F.col(f"_h{c}")).alias(c) for c in COORDINATES]
-    counted["samples"] = _samples(joined, counted, {
-        "lost": (lost, [*at, (x - n).alias("rows"), F.col("_row").alias("row")]),
-        "duplicated": (doubled, [*at, (n - x).alias("extra"), F.col("_row").alias("row")]),
-        "unexpected": (stray, [*at, n.alias("rows"), F.col("_row").alias("row")]),
-    })  # fmt: skip
+    counted["samples"] = _samples(
+        joined,
+        counted,
+        {
+            "lost": (lost, [*at, (x - n).alias("rows"), F.col("_row").alias("row")]),
+            "duplicated": (doubled, [*at, (n - x).alias("extra"), F.col("_row").alias("row")]),
+            "unexpected": (stray, [*at, n.alias("rows"), F.col("_row").alias("row")]),
+        },
+    )
     return counted
 
 
@@ -492,8 +536,14 @@ def _latest_rows_side(rows: DataFrame, held: DataFrame, key: str, order_by: str)
     ).first()
     counted = {**_sink_side(row), **_counted(row, "wrong_values")}
     both_rows = [key, F.col("_x").alias("expected_row"), F.col("_s").alias("held_row")]
-    counted["samples"] = _samples(joined, counted, {
-        "lost": (lost, both_rows), "duplicated": (extra > 0, [*both_rows, F.col("n").alias("rows")]),
-        "wrong_values": (wrong, both_rows), "unexpected": (stray, [*both_rows, F.col("n").alias("rows")]),
-    })  # fmt: skip
+    counted["samples"] = _samples(
+        joined,
+        counted,
+        {
+            "lost": (lost, both_rows),
+            "duplicated": (extra > 0, [*both_rows, F.col("n").alias("rows")]),
+            "wrong_values": (wrong, both_rows),
+            "unexpected": (stray, [*both_rows, F.col("n").alias("rows")]),
+        },
+    )
     return counted, superseded

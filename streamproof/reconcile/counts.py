@@ -110,8 +110,10 @@ def unverifiable_without(lows: dict[tuple[str, int], int], check: Check, dedup: 
     if not lows or (check.kind == "records" and not dedup and not windows):
         return ""
     gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
-    return (f"the source no longer holds its first records ({gone}: retention deleted them), so what this sink holds "
-            "cannot be recomputed")  # fmt: skip
+    return (
+        f"the source no longer holds its first records ({gone}: retention deleted them), so what this sink holds "
+        "cannot be recomputed"
+    )
 
 
 def unverifiable_maybe_late(maybe_late: int, first_logged: int) -> str:
@@ -121,9 +123,11 @@ def unverifiable_maybe_late(maybe_late: int, first_logged: int) -> str:
     >>> unverifiable_maybe_late(12, 20)[:40]
     '12 records of batches 0-20 may have been'
     """
-    return (f'{maybe_late:,} records of batches 0-{first_logged} may have been dropped as late (dedup.late = "drop" '
-            f"keeps no record of what it dropped, and the checkpoint's offset log starts at batch {first_logged}), "
-            "and what this sink holds depends on which were: it cannot be recomputed")  # fmt: skip
+    return (
+        f'{maybe_late:,} records of batches 0-{first_logged} may have been dropped as late (dedup.late = "drop" '
+        f"keeps no record of what it dropped, and the checkpoint's offset log starts at batch {first_logged}), "
+        "and what this sink holds depends on which were: it cannot be recomputed"
+    )
 
 
 def check_for(sink: AnySinkSpec) -> Check:

@@ -107,9 +107,11 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     schema = "_b_topic STRING, _b_partition INT, _b_start LONG, _b_end LONG, _b_watermark LONG"
     batch_ranges = F.broadcast(spark.createDataFrame(ranges, schema))
     in_batch = (
-        (F.col("_src_topic") == F.col("_b_topic")) & (F.col("_src_partition") == F.col("_b_partition"))
-        & (F.col("_src_offset") >= F.col("_b_start")) & (F.col("_src_offset") < F.col("_b_end"))
-    )  # fmt: skip
+        (F.col("_src_topic") == F.col("_b_topic"))
+        & (F.col("_src_partition") == F.col("_b_partition"))
+        & (F.col("_src_offset") >= F.col("_b_start"))
+        & (F.col("_src_offset") < F.col("_b_end"))
+    )
     late = F.col(VALID) & (F.col("_b_watermark") > 0) & behind_watermark(transform, F.col("_b_watermark"))
     joined = source.join(batch_ranges, in_batch, "left")
     flagged = joined.withColumn(LATE_FLAG, F.coalesce(late, F.lit(False))).drop(
@@ -126,7 +128,7 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
         quarantine.where(F.col("reason") == LATE).select(*COORDINATES).distinct()
         if quarantine is not None and "reason" in quarantine.columns
         else source.select(*COORDINATES).limit(0)
-    ).withColumn("_listed_late", F.lit(True))  # fmt: skip
+    ).withColumn("_listed_late", F.lit(True))
     trusted = flagged.join(listed, list(COORDINATES), "left")
     late_or_listed = F.col(LATE_FLAG) | (F.col(MAYBE_LATE) & F.col("_listed_late").isNotNull())
     return trusted.withColumn(LATE_FLAG, late_or_listed).drop("_listed_late")
@@ -137,8 +139,11 @@ def _below(ends: dict[str, dict[str, int]]) -> Column:
     below = F.lit(False)
     for topic, partitions in ends.items():
         for partition, end in partitions.items():
-            below = below | ((F.col("_src_topic") == topic) & (F.col("_src_partition") == int(partition))
-                             & (F.col("_src_offset") < end))  # fmt: skip
+            below = below | (
+                (F.col("_src_topic") == topic)
+                & (F.col("_src_partition") == int(partition))
+                & (F.col("_src_offset") < end)
+            )
     return below
 
 
@@ -204,11 +209,16 @@ def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None
     dedup, aggregate = transform.dedup, transform.aggregate
     dedup_keys = dedup.key_columns if dedup else None
     checks = [check_for(sink.spec) for sink in sinks]
-    columns = list(dict.fromkeys([
-        *(dedup_keys or []), *([transform.watermark[0]] if transform.watermark else []),
-        *((*aggregate.by, *aggregate.sum) if aggregate else ()),
-        *(column for check in checks for column in check.columns),
-    ]))  # fmt: skip
+    columns = list(
+        dict.fromkeys(
+            [
+                *(dedup_keys or []),
+                *([transform.watermark[0]] if transform.watermark else []),
+                *((*aggregate.by, *aggregate.sum) if aggregate else ()),
+                *(column for check in checks for column in check.columns),
+            ]
+        )
+    )
     cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     source = read_source(spark, spec, columns)
     quarantine_table = _read_delta(spark, spec.quarantine_path)
@@ -225,9 +235,8 @@ def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None
     maybe_late = source.where(F.col(MAYBE_LATE)).count() if first_logged else 0
     late_terms = LATE_TERMS[transform.late]
     quarantine = (
-        quarantine_table.select(*COORDINATES) if quarantine_table is not None
-        else source.select(*COORDINATES).limit(0)
-    )  # fmt: skip
+        quarantine_table.select(*COORDINATES) if quarantine_table is not None else source.select(*COORDINATES).limit(0)
+    )
     lows = first_offsets_held(spec)
     gone = _gone(lows)
     if gone is not None:  # the quarantine's rows of records gone from the source are not compared either
@@ -252,9 +261,11 @@ def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None
                 judged = judged.cache()
                 if not named:
                     unverifiable = unverifiable or unverifiable_maybe_late(maybe_late, first_logged)
-            sink_basis = basis | dict.fromkeys(
-                late_terms, unlogged_late_basis(first_logged, transform.late, maybe_late, unseen)
-            ) if first_logged else dict(basis)  # fmt: skip
+            sink_basis = (
+                basis | dict.fromkeys(late_terms, unlogged_late_basis(first_logged, transform.late, maybe_late, unseen))
+                if first_logged
+                else dict(basis)
+            )
             sink_cut, why = judged_cut(cut, not cut.logged and has_rows(held), quarantine_rows)
             unverifiable = unverifiable or why
             try:
@@ -264,11 +275,21 @@ def _verified(spark: SparkSession, spec: PipelineSpec, manifest_dir: Path | None
                     judged.unpersist()
             counts.unavailable = unavailable
             unit = "windows" if aggregate is not None else check.unit
-            reports.append(Report(
-                pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=reasons, generated=generated, basis=sink_basis, unverifiable=unverifiable,
-                other_writers=sink.other_writers(), **shown(sink_cut),
-            ))  # fmt: skip
+            reports.append(
+                Report(
+                    pipeline=spec.name,
+                    guarantee=spec.guarantee,
+                    sink=sink.name,
+                    **asdict(counts),
+                    unit=unit,
+                    quarantine_reasons=reasons,
+                    generated=generated,
+                    basis=sink_basis,
+                    unverifiable=unverifiable,
+                    other_writers=sink.other_writers(),
+                    **shown(sink_cut),
+                )
+            )
     finally:
         source.unpersist()
     return reports
@@ -318,8 +339,9 @@ def _judged(
     return first
 
 
-def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, sinks: list[Any],
-                      manifest_dir: Path | None) -> list[Report]:  # fmt: skip
+def _verify_your_code(
+    spark: SparkSession, spec: PipelineSpec, code: YourCode, sinks: list[Any], manifest_dir: Path | None
+) -> list[Report]:
     """Verification of a pipeline with your own transform: the oracle (your code over the source's valid records,
     each batch with the lookup versions it read: :func:`streamproof.your_code.expected_rows`) against each sink, as
     rows (:func:`streamproof.reconcile.checker.compare_rows`); the quarantine side as for any pipeline."""
@@ -333,13 +355,20 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
     record = LookupVersions.of(spec) if spec.lookups else None
     oracles: dict[Any, DataFrame] = {}  # the rows your code makes of the records read, per cut
     quarantine_table = _read_delta(spark, spec.quarantine_path)
-    quarantine = (quarantine_table.select(*COORDINATES) if quarantine_table is not None
-                  else source.select(*COORDINATES).limit(0))  # fmt: skip
+    quarantine = (
+        quarantine_table.select(*COORDINATES) if quarantine_table is not None else source.select(*COORDINATES).limit(0)
+    )
     reasons = quarantine_reasons(quarantine_table)
     lows = first_offsets_held(spec)
     gone = ", ".join(f"{topic}:{partition} below offset {low:,}" for (topic, partition), low in sorted(lows.items()))
-    unverifiable = (f"the source no longer holds its first records ({gone}: retention deleted them), so what your "
-                    "code made of them cannot be recomputed") if lows else ""  # fmt: skip
+    unverifiable = (
+        (
+            f"the source no longer holds its first records ({gone}: retention deleted them), so what your "
+            "code made of them cannot be recomputed"
+        )
+        if lows
+        else ""
+    )
     generated = _generated(manifest_dir, spec.source.topic) if spec.source.kind == "kafka" else None
     basis = dict.fromkeys(("expected", "quarantined", "upstream_duplicates", "superseded"), RECOMPUTED)
     quarantine_rows = not cut.logged and has_rows(quarantine)  # an empty checkpoint: does anything hold rows?
@@ -360,11 +389,20 @@ def _verify_your_code(spark: SparkSession, spec: PipelineSpec, code: YourCode, s
                 oracles[key] = expected_rows(code, given, record).cache()
             counts = with_unread(compare_rows(check, read, oracles[key], held, quarantine), unread)
             unit = {"records": "rows"}.get(check.kind, check.unit)
-            reports.append(Report(
-                pipeline=spec.name, guarantee=spec.guarantee, sink=sink.name, **asdict(counts), unit=unit,
-                quarantine_reasons=reasons, generated=generated, basis=dict(basis),
-                unverifiable=unverifiable or why, **shown(sink_cut),
-            ))  # fmt: skip
+            reports.append(
+                Report(
+                    pipeline=spec.name,
+                    guarantee=spec.guarantee,
+                    sink=sink.name,
+                    **asdict(counts),
+                    unit=unit,
+                    quarantine_reasons=reasons,
+                    generated=generated,
+                    basis=dict(basis),
+                    unverifiable=unverifiable or why,
+                    **shown(sink_cut),
+                )
+            )
     finally:
         for rows in oracles.values():
             rows.unpersist()

@@ -149,8 +149,9 @@ def flag_late(spec: PipelineSpec, source: list[SourceRecord], quarantine: list[t
     return unlogged_late_basis(first, transform.late, maybe_late, maybe_late if drop else 0)
 
 
-def maybe_late_resolved(source: list[SourceRecord], held: set[tuple[Any, ...]] | None,
-                        key_columns: list[str] | None) -> tuple[list[SourceRecord], int]:  # fmt: skip
+def maybe_late_resolved(
+    source: list[SourceRecord], held: set[tuple[Any, ...]] | None, key_columns: list[str] | None
+) -> tuple[list[SourceRecord], int]:
     """The records with each ``maybe_late`` one (``late = "drop"``, a batch the offset log no longer holds) judged by
     one sink: one whose identity (its ``key_columns`` values, else its coordinates) is ``held`` was delivered, or a
     record of its key was, and stays valid; any other is counted as dropped, never as lost (it may have been dropped
@@ -225,8 +226,11 @@ def committed_parquet_files(folder: StoredFolder) -> list[str]:
     []
     """
     if not folder.is_dir("_spark_metadata"):
-        return [folder.path(name) for name in folder.files(".parquet")
-                if not any(part[0] in "_." for part in name.split("/"))]  # fmt: skip
+        return [
+            folder.path(name)
+            for name in folder.files(".parquet")
+            if not any(part[0] in "_." for part in name.split("/"))
+        ]
     names = folder.names("_spark_metadata")
     entries = sorted((int(name.split(".")[0]), name) for name in names if name.split(".")[0].isdigit())
     compacts = [batch for batch, name in entries if name.endswith(".compact")]
@@ -289,10 +293,21 @@ def judge_sink(
     if transform.aggregate is not None:
         aggregate = transform.aggregate
         time = transform.watermark[0] if transform.watermark else ""
-        windows = Windows(time, _window_us(aggregate.window), tuple(aggregate.by), tuple(aggregate.sum),
-                          aggregate.count, tuple(dedup_keys or ()))  # fmt: skip
-        columns = ["window_start", "window_end", *aggregate.by, *(f"sum_{c}" for c in aggregate.sum),
-                   *(["events"] if aggregate.count else [])]  # fmt: skip
+        windows = Windows(
+            time,
+            _window_us(aggregate.window),
+            tuple(aggregate.by),
+            tuple(aggregate.sum),
+            aggregate.count,
+            tuple(dedup_keys or ()),
+        )
+        columns = [
+            "window_start",
+            "window_end",
+            *aggregate.by,
+            *(f"sum_{c}" for c in aggregate.sum),
+            *(["events"] if aggregate.count else []),
+        ]
         rows = [dict(zip(columns, row, strict=True)) for row in read_sink(spec, sink, columns)]
         sink_cut, why = judged_cut(cut, bool(rows), bool(quarantine))
         committed_ms = closed_through_ms(spec)  # the windows closed at C, at P, and at C for the source's end
@@ -372,8 +387,9 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
         if transform.user_code is not None or isinstance(sink, PythonSinkSpec):
             reports.append(_your_code_report(spec, sink, source, quarantine, reasons, cut))
             continue
-        unverifiable = unverifiable_without(lows, check_for(sink), transform.dedup is not None,
-                                            transform.aggregate is not None)  # fmt: skip
+        unverifiable = unverifiable_without(
+            lows, check_for(sink), transform.dedup is not None, transform.aggregate is not None
+        )
         judged, sink_basis = source, dict(basis)
         if maybe_late:  # late = "drop", and the offset log no longer holds the batches of some older records
             judged, sink_basis, unverifiable = maybe_late_judged(spec, sink, source, basis, unverifiable)
@@ -395,8 +411,10 @@ def verify_independently(spec: PipelineSpec) -> list[Report]:
 
 
 # What the independent checker can check of a pipeline with your own transform, and what it cannot.
-YOUR_CODE_UNKNOWN = (f"{UNCHECKED}what your transform makes of the records is known only by running it in Spark: "
-                     "`streamproof verify` recomputes it")  # fmt: skip
+YOUR_CODE_UNKNOWN = (
+    f"{UNCHECKED}what your transform makes of the records is known only by running it in Spark: "
+    "`streamproof verify` recomputes it"
+)
 YOUR_CODE_CHECKED = ("source_records", "quarantined", "quarantine_lost", "transformed", "sink_records", "not_yet_read")
 
 
@@ -452,8 +470,9 @@ def _your_code_report(
     )
 
 
-def maybe_late_judged(spec: PipelineSpec, sink: Any, source: list[SourceRecord], basis: dict[str, str],
-                       unverifiable: str) -> tuple[list[SourceRecord], dict[str, str], str]:  # fmt: skip
+def maybe_late_judged(
+    spec: PipelineSpec, sink: Any, source: list[SourceRecord], basis: dict[str, str], unverifiable: str
+) -> tuple[list[SourceRecord], dict[str, str], str]:
     """The records, the basis and why the counts cannot be trusted (``unverifiable``, kept when already set), for
     one sink whose ``maybe_late`` records its own rows judge (:func:`maybe_late_resolved`).
 
@@ -484,12 +503,18 @@ def disagreements(spark_reports: list[Report], independent_reports: list[Report]
     for spark, own in zip(spark_reports, independent_reports, strict=True):
         # A sink of your own in a pipeline without your transform: Spark's checker counts it by records, so the
         # records your code was given are the independent report's term only.
-        compared = COMPARED if not own.your_code else [
-            term for term in YOUR_CODE_CHECKED
-            if not own.basis.get(term, "").startswith(UNCHECKED) and (term != "transformed" or spark.your_code)
-        ]  # fmt: skip
+        compared = (
+            COMPARED
+            if not own.your_code
+            else [
+                term
+                for term in YOUR_CODE_CHECKED
+                if not own.basis.get(term, "").startswith(UNCHECKED) and (term != "transformed" or spark.your_code)
+            ]
+        )
         for term in compared:
             if getattr(spark, term) != getattr(own, term):
-                lines.append(f"{spark.sink}: {term} {getattr(spark, term):,} (spark) != {getattr(own, term):,} "
-                             "(independent)")  # fmt: skip
+                lines.append(
+                    f"{spark.sink}: {term} {getattr(spark, term):,} (spark) != {getattr(own, term):,} (independent)"
+                )
     return lines

@@ -33,8 +33,16 @@ from streamproof.avro import AvroContract
 # A window's summed column must stay below this magnitude, so that its exact sum cannot overflow
 # DECIMAL(38, 10) (docs/transforms.md).
 MAX_SUMMED_MAGNITUDE = 1e18
-_INTEGER_RANGES = {"TINYINT": 8, "BYTE": 8, "SMALLINT": 16, "SHORT": 16, "INT": 32, "INTEGER": 32, "BIGINT": 64,
-                   "LONG": 64}  # fmt: skip
+_INTEGER_RANGES = {
+    "TINYINT": 8,
+    "BYTE": 8,
+    "SMALLINT": 16,
+    "SHORT": 16,
+    "INT": 32,
+    "INTEGER": 32,
+    "BIGINT": 64,
+    "LONG": 64,
+}
 _FLOATS = {"DOUBLE", "FLOAT", "REAL"}
 _TEXT = {"STRING", "VARCHAR", "CHAR"}
 _TIMES = {"TIMESTAMP", "TIMESTAMP_LTZ", "TIMESTAMP_NTZ"}

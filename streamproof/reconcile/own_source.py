@@ -42,8 +42,15 @@ def consume_topic(config: dict[str, Any], topic: str) -> Iterator[tuple[int, int
     >>> sum(1 for _ in consume_topic({"bootstrap.servers": "127.0.0.1:9092"}, "orders"))   # doctest: +SKIP
     1000000
     """
-    consumer = Consumer({**config, "group.id": "streamproof-independent", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "enable.partition.eof": True})  # fmt: skip
+    consumer = Consumer(
+        {
+            **config,
+            "group.id": "streamproof-independent",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
     try:
         try:
             metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)

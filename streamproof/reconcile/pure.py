@@ -73,8 +73,10 @@ def _pick(found: list[tuple[str, Any, dict[str, Any]]]) -> dict[str, list[dict[s
     kinds: dict[str, list[tuple[Any, dict[str, Any]]]] = defaultdict(list)
     for kind, key, row in found:
         kinds[kind].append((key, row))
-    return {kind: [row for _, row in heapq.nsmallest(SAMPLES, rows, key=lambda item: repr(item[0]))]
-            for kind, rows in kinds.items()}  # fmt: skip
+    return {
+        kind: [row for _, row in heapq.nsmallest(SAMPLES, rows, key=lambda item: repr(item[0]))]
+        for kind, rows in kinds.items()
+    }
 
 
 def _named(at: Coordinates) -> dict[str, Any]:
@@ -125,17 +127,30 @@ def _counts(side: dict[str, Any], sink: dict[str, Any], **terms: int) -> Counts:
     named = {**side["samples"], **sink["samples"]}
     samples = {kind: (side["samples"].get(kind, []) + sink["samples"].get(kind, []))[:SAMPLES] for kind in named}
     return Counts(
-        source_records=side["source_records"], expected=sink["expected"], quarantined=side["quarantined"],
-        upstream_duplicates=terms.get("upstream_duplicates", 0), sink_records=sink["sink_records"],
-        lost=sink["lost"] + side["lost"], duplicated=sink["duplicated"] + side["duplicated"],
-        unexpected=sink["unexpected"] + side["unexpected"], superseded=terms.get("superseded", 0),
-        dropped_late=side["dropped"], aggregated=terms.get("aggregated", 0), pending=terms.get("pending", 0),
-        quarantine_lost=side["lost"], wrong_values=sink.get("wrong_values", 0), samples=samples,
-    )  # fmt: skip
+        source_records=side["source_records"],
+        expected=sink["expected"],
+        quarantined=side["quarantined"],
+        upstream_duplicates=terms.get("upstream_duplicates", 0),
+        sink_records=sink["sink_records"],
+        lost=sink["lost"] + side["lost"],
+        duplicated=sink["duplicated"] + side["duplicated"],
+        unexpected=sink["unexpected"] + side["unexpected"],
+        superseded=terms.get("superseded", 0),
+        dropped_late=side["dropped"],
+        aggregated=terms.get("aggregated", 0),
+        pending=terms.get("pending", 0),
+        quarantine_lost=side["lost"],
+        wrong_values=sink.get("wrong_values", 0),
+        samples=samples,
+    )
 
 
-def check_records(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, ...]], quarantine: Iterable[Coordinates],
-                  key_columns: list[str] | None = None) -> Counts:  # fmt: skip
+def check_records(
+    source: Sequence[SourceRecord],
+    sink: Iterable[tuple[Any, ...]],
+    quarantine: Iterable[Coordinates],
+    key_columns: list[str] | None = None,
+) -> Counts:
     """One sink row per valid record, matched on coordinates (``sink`` holds each row's coordinates), or, with
     ``key_columns``, one per dedup key (``sink`` holds each row's key values, in that order).
 
@@ -150,8 +165,14 @@ def check_records(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, ...]
 
     expected = {identity(record) for record in source if record.valid}
     held = Counter(tuple(row) for row in sink)
-    counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "unexpected": 0,
-                               "sink_records": sum(held.values()), "samples": {}}  # fmt: skip
+    counted: dict[str, Any] = {
+        "expected": len(expected),
+        "lost": 0,
+        "duplicated": 0,
+        "unexpected": 0,
+        "sink_records": sum(held.values()),
+        "samples": {},
+    }
     names = list(key_columns) if key_columns else ["_src_topic", "_src_partition", "_src_offset"]
     found = []
     for ident in expected:
@@ -174,8 +195,13 @@ def _newest(order_by: str) -> Any:
     return lambda record: (record.values.get(order_by) is not None, record.values.get(order_by) or 0, record.at)
 
 
-def check_latest(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, Coordinates]],
-                 quarantine: Iterable[Coordinates], key: str, order_by: str) -> Counts:  # fmt: skip
+def check_latest(
+    source: Sequence[SourceRecord],
+    sink: Iterable[tuple[Any, Coordinates]],
+    quarantine: Iterable[Coordinates],
+    key: str,
+    order_by: str,
+) -> Counts:
     """One row per ``key`` holding its latest valid record; ``sink`` holds each row's (key, coordinates).
 
     >>> old, new = (SourceRecord(("t", 0, i), True, values={"k": "a", "at": i}) for i in (0, 1))
@@ -194,8 +220,14 @@ def check_latest(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, Coord
     rows: dict[Any, list[Coordinates]] = defaultdict(list)
     for row_key, at in sink:
         rows[row_key].append(tuple(at))  # type: ignore[arg-type]
-    counted: dict[str, Any] = {"expected": len(winners), "lost": 0, "duplicated": 0, "unexpected": 0,
-                               "sink_records": sum(len(held) for held in rows.values()), "samples": {}}  # fmt: skip
+    counted: dict[str, Any] = {
+        "expected": len(winners),
+        "lost": 0,
+        "duplicated": 0,
+        "unexpected": 0,
+        "sink_records": sum(len(held) for held in rows.values()),
+        "samples": {},
+    }
     found = []
     for row_key in winners.keys() | rows.keys():
         held = rows.get(row_key, [])
@@ -210,8 +242,9 @@ def check_latest(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, Coord
             counted["unexpected"] += len(held) - explained
             found.append(("unexpected", row_key, {key: row_key, "rows": len(held) - explained}))
     counted["samples"] = _pick(found)
-    superseded = _after_first(source, lambda r: r.values.get(key), newest_first=True,
-                              order=lambda r: _ordered(newest(r)))  # fmt: skip
+    superseded = _after_first(
+        source, lambda r: r.values.get(key), newest_first=True, order=lambda r: _ordered(newest(r))
+    )
     return _counts(_quarantine_side(source, quarantine), counted, superseded=superseded)
 
 
@@ -223,8 +256,13 @@ def _ordered(rank: tuple[bool, Any, Coordinates]) -> tuple[bool, Any, Coordinate
     return present, value if present else 0, at
 
 
-def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, dict[str, Any]]],
-                 quarantine: Iterable[Coordinates], by: str, sums: list[str]) -> Counts:  # fmt: skip
+def check_totals(
+    source: Sequence[SourceRecord],
+    sink: Iterable[tuple[Any, int, dict[str, Any]]],
+    quarantine: Iterable[Coordinates],
+    by: str,
+    sums: list[str],
+) -> Counts:
     """One row per ``by`` group holding the exact sums of ``sums`` and the record count; ``sink`` holds each row's
     (group, events, {column: sum}). A null value counts as 0 in the expected sums; a held null sum is compared as
     null, so it is a wrong value (counted in ``duplicated`` and in ``wrong_values``), named with both values.
@@ -251,15 +289,24 @@ def check_totals(source: Sequence[SourceRecord], sink: Iterable[tuple[Any, int, 
             value = exact(values.get(column))
             if value is not None:
                 totals[index] = value if totals[index] is None else totals[index] + value
-    counted: dict[str, Any] = {"expected": len(expected), "lost": 0, "duplicated": 0, "wrong_values": 0,
-                               "unexpected": 0, "sink_records": sum(totals[0] for totals in held.values()),
-                               "samples": {}}  # fmt: skip
+    counted: dict[str, Any] = {
+        "expected": len(expected),
+        "lost": 0,
+        "duplicated": 0,
+        "wrong_values": 0,
+        "unexpected": 0,
+        "sink_records": sum(totals[0] for totals in held.values()),
+        "samples": {},
+    }
     found = []
     for group in expected.keys() | held.keys():
         want, got = expected.get(group), held.get(group)
-        both = {"expected_events": want[0] if want else None, "held_events": got[1] if got else None,
-                **{f"expected_{c}": _text(want[i]) if want else None for i, c in enumerate(sums, 1)},
-                **{f"held_{c}": _text(got[i]) if got else None for i, c in enumerate(sums, 2)}}  # fmt: skip
+        both = {
+            "expected_events": want[0] if want else None,
+            "held_events": got[1] if got else None,
+            **{f"expected_{c}": _text(want[i]) if want else None for i, c in enumerate(sums, 1)},
+            **{f"held_{c}": _text(got[i]) if got else None for i, c in enumerate(sums, 2)},
+        }
         if want is None:
             counted["unexpected"] += got[0] if got else 0
             found.append(("unexpected", group, {by: group, "rows": got[0] if got else 0, **both}))
@@ -306,8 +353,13 @@ class Windows:
     dedup_keys: tuple[str, ...] = ()
 
 
-def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]], quarantine: Iterable[Coordinates],
-                  windows: Windows, closed_through_ms: int) -> Counts:  # fmt: skip
+def check_windows(
+    source: Sequence[SourceRecord],
+    sink: Iterable[dict[str, Any]],
+    quarantine: Iterable[Coordinates],
+    windows: Windows,
+    closed_through_ms: int,
+) -> Counts:
     """Window rows recomputed from the valid records (the first per dedup key), every value compared: a closed
     window (its end at or before ``closed_through_ms``) must be held once with equal count and sums, an open one not
     yet. ``sink`` rows are dicts with window_start, window_end, the ``by`` columns, sum_<c> and events.
@@ -345,16 +397,27 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
         else:
             held[key] = [1, row.get("events"), *(exact(row.get(f"sum_{c}")) for c in windows.sums)]
     closed_through = EPOCH + closed_through_ms * 1000 * _MICROSECOND
-    counted: dict[str, Any] = {"expected": 0, "lost": 0, "duplicated": 0, "unexpected": 0, "samples": {},
-                               "sink_records": sum(rows[0] for rows in held.values())}  # fmt: skip
+    counted: dict[str, Any] = {
+        "expected": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "unexpected": 0,
+        "samples": {},
+        "sink_records": sum(rows[0] for rows in held.values()),
+    }
     aggregated = pending = 0
     found = []
     for key in expected.keys() | held.keys():
         want, got = expected.get(key), held.get(key)
         closed = want is not None and key[1] <= closed_through
-        described = {"window_start": key[0].isoformat(), "window_end": key[1].isoformat(),
-                     **dict(zip(windows.by, key[2:], strict=True)), "expected_events": want[0] if want else None,
-                     "held_events": got[1] if got else None, "rows": got[0] if got else None}  # fmt: skip
+        described = {
+            "window_start": key[0].isoformat(),
+            "window_end": key[1].isoformat(),
+            **dict(zip(windows.by, key[2:], strict=True)),
+            "expected_events": want[0] if want else None,
+            "held_events": got[1] if got else None,
+            "rows": got[0] if got else None,
+        }
         if want is not None:
             aggregated, pending = (aggregated + want[0], pending) if closed else (aggregated, pending + want[0])
         if not closed:
@@ -377,10 +440,18 @@ def check_windows(source: Sequence[SourceRecord], sink: Iterable[dict[str, Any]]
             counted["duplicated"] += doubled
             found.append(("duplicated", key, described))
     counted["samples"] = _pick(found)
-    upstream = _after_first(source, lambda r: tuple(r.values.get(c) for c in windows.dedup_keys)) if (
-        windows.dedup_keys) else 0  # fmt: skip
-    return _counts(_quarantine_side(source, quarantine), counted, upstream_duplicates=upstream, aggregated=aggregated,
-                   pending=pending)  # fmt: skip
+    upstream = (
+        _after_first(source, lambda r: tuple(r.values.get(c) for c in windows.dedup_keys))
+        if (windows.dedup_keys)
+        else 0
+    )
+    return _counts(
+        _quarantine_side(source, quarantine),
+        counted,
+        upstream_duplicates=upstream,
+        aggregated=aggregated,
+        pending=pending,
+    )
 
 
 def _aware(value: datetime) -> datetime:

@@ -79,8 +79,11 @@ class Report(Counts):
     @property
     def trusted(self) -> dict[str, str]:
         """The terms taken on trust from something the pipeline wrote, with what they trusted."""
-        return {term: how.removeprefix(TRUSTED) for term, how in self.basis.items()
-                if how != RECOMPUTED and not how.startswith(UNCHECKED)}  # fmt: skip
+        return {
+            term: how.removeprefix(TRUSTED)
+            for term, how in self.basis.items()
+            if how != RECOMPUTED and not how.startswith(UNCHECKED)
+        }
 
     @property
     def unchecked(self) -> dict[str, str]:
@@ -92,8 +95,10 @@ class Report(Counts):
         """Why the verdict is not a plain ``ok``: the identity's gap, and every term taken on trust."""
         reasons = [self.unverifiable] if self.unverifiable else []
         if self.unavailable:
-            reasons.append(f"{self.unavailable:,} sink rows come from records the source no longer holds "
-                           "(retention): unavailable, not compared")  # fmt: skip
+            reasons.append(
+                f"{self.unavailable:,} sink rows come from records the source no longer holds "
+                "(retention): unavailable, not compared"
+            )
         if not self.identity_holds:
             names = " + ".join(name for name, _ in self.identity_terms)
             reasons.append(
@@ -103,8 +108,10 @@ class Report(Counts):
         if self.no_cut and self.lost and self.no_cut != self.unverifiable:
             reasons.append(f"lost may include records not yet read ({self.no_cut})")
         if self.other_writers:
-            reasons.append(f"other writers changed this table ({', '.join(self.other_writers)}): the counts include "
-                           "their rows, a row one appended as unexpected, a row one deleted as lost")  # fmt: skip
+            reasons.append(
+                f"other writers changed this table ({', '.join(self.other_writers)}): the counts include "
+                "their rows, a row one appended as unexpected, a row one deleted as lost"
+            )
         reasons += [f"{term} trusted: {what}" for term, what in self.trusted.items()]
         reasons += [f"{term} not checked: {what}" for term, what in self.unchecked.items()]
         return reasons
@@ -209,12 +216,16 @@ def unlogged_late_basis(first_logged: int, late: str, possibly_late: int, unseen
     if not possibly_late:
         return RECOMPUTED
     older = f"records of batches 0-{first_logged} older than batch {first_logged}'s watermark"
-    why = (f"the checkpoint's offset log starts at batch {first_logged}, so the watermarks those batches judged late "
-           "records by are gone")  # fmt: skip
+    why = (
+        f"the checkpoint's offset log starts at batch {first_logged}, so the watermarks those batches judged late "
+        "records by are gone"
+    )
     if late == "quarantine":
         return f"{TRUSTED}which of the {possibly_late:,} {older} were late, as the quarantine table lists them ({why})"
     if unseen:
-        return (f"{UNCHECKED}{unseen:,} {older} are not in the sink: dropped as late or lost, which cannot be told "
-                f'(dedup.late = "drop" keeps no record of what it dropped, and {why}); counted as dropped, not '
-                "checked")  # fmt: skip
+        return (
+            f"{UNCHECKED}{unseen:,} {older} are not in the sink: dropped as late or lost, which cannot be told "
+            f'(dedup.late = "drop" keeps no record of what it dropped, and {why}); counted as dropped, not '
+            "checked"
+        )
     return f"{TRUSTED}the sink holds the {possibly_late:,} {older} (which may have been dropped as late) ({why})"

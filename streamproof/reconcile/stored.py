@@ -71,8 +71,9 @@ class StoredFolder:
         """The names in a sub-folder (none when it does not exist)."""
         if not self.is_dir(relative):
             return []
-        return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in
-                      self.filesystem.ls(self.path(relative), detail=False))  # fmt: skip
+        return sorted(
+            entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.filesystem.ls(self.path(relative), detail=False)
+        )
 
     def read_text(self, relative: str) -> str:
         return bytes(self.filesystem.cat_file(self.path(relative))).decode("utf-8")
@@ -98,13 +99,26 @@ def _on_s3(bucket: str, key: str, conf: Mapping[str, str]) -> StoredFolder:
     path_style = (setting("path.style.access") or "false").lower() == "true"
     region = setting("endpoint.region") or setting("region")
     access_key, secret_key = setting("access.key"), setting("secret.key")
-    filesystem = S3FileSystem(access_key=access_key, secret_key=secret_key, region=region,
-                              endpoint_override=address, scheme="https" if secure else "http",
-                              force_virtual_addressing=not path_style and address is None)  # fmt: skip
-    options = {"AWS_REGION": region, "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
-               "AWS_ENDPOINT_URL": f"{'https' if secure else 'http'}://{address}" if address else None,
-               "AWS_ALLOW_HTTP": None if secure else "true",
-               "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if path_style else None}  # fmt: skip
+    filesystem = S3FileSystem(
+        access_key=access_key,
+        secret_key=secret_key,
+        region=region,
+        endpoint_override=address,
+        scheme="https" if secure else "http",
+        force_virtual_addressing=not path_style and address is None,
+    )
+    options = {
+        "AWS_REGION": region,
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
+        "AWS_ENDPOINT_URL": f"{'https' if secure else 'http'}://{address}" if address else None,
+        "AWS_ALLOW_HTTP": None if secure else "true",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false" if path_style else None,
+    }
     root = f"{bucket}/{key}".rstrip("/")
-    return StoredFolder(ArrowFSWrapper(filesystem), root, f"s3://{root}",
-                        {name: value for name, value in options.items() if value is not None})  # fmt: skip
+    return StoredFolder(
+        ArrowFSWrapper(filesystem),
+        root,
+        f"s3://{root}",
+        {name: value for name, value in options.items() if value is not None},
+    )

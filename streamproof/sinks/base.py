@@ -343,8 +343,12 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
             f"{json.dumps(commit.end_offsets)} but the checkpoint logs {json.dumps(batch.end_offsets)} for it: the "
             f"checkpoint is not the one the sink was written with{_REPAIR}"
         )
-    if (before is not None and before.end_offsets is not None and batch.start_offsets is not None
-            and before.end_offsets != batch.start_offsets):  # fmt: skip
+    if (
+        before is not None
+        and before.end_offsets is not None
+        and batch.start_offsets is not None
+        and before.end_offsets != batch.start_offsets
+    ):
         raise PipelineError(
             f"{where} holds batch {batch.batch_id - 1} of pipeline {batch.pipeline!r} ending at "
             f"{json.dumps(before.end_offsets)} but the checkpoint starts batch {batch.batch_id} at "

@@ -68,8 +68,15 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 
 
-def append_batch(frame: DataFrame, path: str, batch: Batch, *, merge_schema: bool = False,
-                 partition_by: Sequence[str] = (), app: str | None = None) -> None:  # fmt: skip
+def append_batch(
+    frame: DataFrame,
+    path: str,
+    batch: Batch,
+    *,
+    merge_schema: bool = False,
+    partition_by: Sequence[str] = (),
+    app: str | None = None,
+) -> None:
     """Append ``frame`` to the Delta table at ``path``, keyed on the batch when ``batch.keyed``; with
     ``merge_schema``, columns the table lacks are added to it (``schema_evolution = "add-columns"``);
     ``partition_by``: the table's partition columns (a new table is created with them); ``app``: the appId of a keyed
@@ -132,9 +139,16 @@ def commit_keyed(txn: Any, frame: DataFrame, batch: Batch, app: str | None = Non
     actions.add(delta.actions.SetTransaction(app, batch.batch_id, jvm.scala.Some(now)))
     none = jvm.scala.Option.empty()
     write = getattr(delta, "DeltaOperations$Write")(
-        jvm.org.apache.spark.sql.SaveMode.Append, none, none, jvm.scala.Some(batch.commit_metadata()), none, none,
-        none, none, none,
-    )  # fmt: skip
+        jvm.org.apache.spark.sql.SaveMode.Append,
+        none,
+        none,
+        jvm.scala.Some(batch.commit_metadata()),
+        none,
+        none,
+        none,
+        none,
+        none,
+    )
     return int(txn.commit(jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toList(), write))
 
 
@@ -217,8 +231,10 @@ class DeltaSink(FolderSink):
         refuse a table partitioned otherwise than ``partition_by`` says."""
         if self.spec.partition_by:
             self._refuse_other_partitioning(spark)
-        properties = {"delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
-                      "delta.autoOptimize.autoCompact": self.spec.auto_compact}  # fmt: skip
+        properties = {
+            "delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
+            "delta.autoOptimize.autoCompact": self.spec.auto_compact,
+        }
         wanted = {name: "true" for name, on in properties.items() if on}
         if not wanted:
             return
@@ -287,8 +303,14 @@ class DeltaSink(FolderSink):
 
     def _append_through_delta_writer(self, rows: DataFrame, batch: Batch, merge_schema: bool) -> None:
         try:
-            append_batch(rows, str(self.path), batch, merge_schema=merge_schema, partition_by=self.spec.partition_by,
-                         app=self._app_id())  # fmt: skip
+            append_batch(
+                rows,
+                str(self.path),
+                batch,
+                merge_schema=merge_schema,
+                partition_by=self.spec.partition_by,
+                app=self._app_id(),
+            )
         except AnalysisException as refused:  # a predictable mistake: one line, never a JVM trace
             if "DELTA" not in str(refused.getCondition() or ""):
                 raise
@@ -316,8 +338,9 @@ class DeltaSink(FolderSink):
                 if found.restores and self._held.through < through:
                     holds = newest_commit(self.path, self.pipeline.name, version)
                     restore = found.restores[0]
-                    raise PipelineError(self._undone_while_running(restore, -1 if holds is None else holds.batch_id,
-                                                                   through))  # fmt: skip
+                    raise PipelineError(
+                        self._undone_while_running(restore, -1 if holds is None else holds.batch_id, through)
+                    )
             for commit in found.commits.values():
                 self._held.add(commit)
             self._log_read_through = version
@@ -396,12 +419,13 @@ class DeltaSink(FolderSink):
             spark.conf.set(name, value)
         try:
             (
-                DeltaTable.forPath(spark, str(self.path)).alias("t")
+                DeltaTable.forPath(spark, str(self.path))
+                .alias("t")
                 .merge(latest.alias("s"), matches)
                 .whenMatchedUpdateAll(condition=newer_than("s", "t", self.spec.order_by))
                 .whenNotMatchedInsertAll()
                 .execute()
-            )  # fmt: skip
+            )
         except Exception:
             self.forget_held()
             raise

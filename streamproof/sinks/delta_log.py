@@ -82,8 +82,13 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
     if record is None:
         return None
     batch_id = int(record["batch_id"])
-    return SinkCommit(batch_id, record["end_offsets"], batch_id in txn_versions, quarantined=record.get("quarantined"),
-                      start_offsets=record.get("start_offsets"))  # fmt: skip
+    return SinkCommit(
+        batch_id,
+        record["end_offsets"],
+        batch_id in txn_versions,
+        quarantined=record.get("quarantined"),
+        start_offsets=record.get("start_offsets"),
+    )
 
 
 def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
@@ -96,8 +101,14 @@ def commits_on_disk(table: Location, pipeline: str) -> list[dict[str, Any]]:
         for version, text in in_effect(table, max(versions, default=-1), min(versions, default=0), []):
             commit = pipeline_commit(text, pipeline)
             if commit is not None:
-                commits.append({"version": version, "batch_id": commit.batch_id,
-                                "end_offsets": commit.end_offsets, "txn": commit.keyed})  # fmt: skip
+                commits.append(
+                    {
+                        "version": version,
+                        "batch_id": commit.batch_id,
+                        "end_offsets": commit.end_offsets,
+                        "txn": commit.keyed,
+                    }
+                )
     except FileNotFoundError:
         pass  # a gap: the older commit files were cleaned up behind a Delta checkpoint
     return commits[::-1]
@@ -272,8 +283,9 @@ def _commit_versions(names: list[str] | set[str]) -> set[int]:
     return {int(match[1]) for name in names if (match := _COMMIT.fullmatch(name))}
 
 
-def newest_commit(table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0,
-                  restores: list[Restore] | None = None) -> SinkCommit | None:  # fmt: skip
+def newest_commit(
+    table: Location, pipeline: str, newest: int | None = None, *, oldest: int = 0, restores: list[Restore] | None = None
+) -> SinkCommit | None:
     """The newest commit of ``pipeline`` in the table (None: none in the commit files from ``oldest`` on), read
     newest first from version ``newest`` (default: the latest): other writers' commits after it are read past, the
     older ones never, and so are the commits a RESTORE undid (:func:`in_effect`; each RESTORE met is appended to
@@ -304,8 +316,7 @@ class BatchesFound:
     restores: list[Restore] = field(default_factory=list)  # the RESTOREs met, newest first (:func:`in_effect`)
 
 
-def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: int, *,
-                    oldest: int = 0) -> BatchesFound:  # fmt: skip
+def batches_back_to(table: Location, pipeline: str, newest: int, first_batch: int, *, oldest: int = 0) -> BatchesFound:
     """The batches of ``pipeline`` with ids ``>= first_batch`` that the table holds as of version ``newest``, read
     from its commit files newest first, down to version ``oldest`` (the versions below it were read before).
 

@@ -97,8 +97,13 @@ class FilesSink(FolderSink):
         held = {}
         for batch in range(max(first_batch, 0), latest + 1):
             record = _record(records, batch) if batch in kept else {}
-            held[batch] = SinkCommit(batch, record.get("end_offsets"), True, quarantined=record.get("quarantined"),
-                                     start_offsets=record.get("start_offsets"))  # fmt: skip
+            held[batch] = SinkCommit(
+                batch,
+                record.get("end_offsets"),
+                True,
+                quarantined=record.get("quarantined"),
+                start_offsets=record.get("start_offsets"),
+            )
         return held
 
     def read(self, spark: SparkSession) -> DataFrame | None:

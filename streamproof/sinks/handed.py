@@ -48,8 +48,15 @@ class HandOut:
     returned: bool = False
 
     def text(self) -> str:
-        return json.dumps({"batch_id": self.batch_id, "start_offsets": self.start_offsets,
-                           "end_offsets": self.end_offsets, "key": self.key, "returned": self.returned})  # fmt: skip
+        return json.dumps(
+            {
+                "batch_id": self.batch_id,
+                "start_offsets": self.start_offsets,
+                "end_offsets": self.end_offsets,
+                "key": self.key,
+                "returned": self.returned,
+            }
+        )
 
 
 class HandedOut:
@@ -68,8 +75,10 @@ class HandedOut:
         except FileNotFoundError:
             return None
         except ValueError:
-            raise PipelineError(f"{self._file(batch_id)} is damaged: it records batch {batch_id} handed to your sink; "
-                                "restore it, or remove the folder to start the sink afresh") from None  # fmt: skip
+            raise PipelineError(
+                f"{self._file(batch_id)} is damaged: it records batch {batch_id} handed to your sink; "
+                "restore it, or remove the folder to start the sink afresh"
+            ) from None
         return _hand_out(data)
 
     def hand(self, batch_id: int, start: Offsets | None, end: Offsets, key: str) -> bool:
@@ -104,8 +113,11 @@ class HandedOut:
         """The batch ids whose hand-outs are kept, in order."""
         if not self.folder.exists():
             return []
-        return sorted(int(name[: -len(".json")]) for name in self.folder.names()
-                      if name.endswith(".json") and name[: -len(".json")].isdigit())  # fmt: skip
+        return sorted(
+            int(name[: -len(".json")])
+            for name in self.folder.names()
+            if name.endswith(".json") and name[: -len(".json")].isdigit()
+        )
 
     def records(self, first_batch: int = 0) -> list[HandOut]:
         """The hand-outs of batches ``>= first_batch``, in order."""
@@ -114,5 +126,10 @@ class HandedOut:
 
 
 def _hand_out(data: dict[str, Any]) -> HandOut:
-    return HandOut(int(data["batch_id"]), data.get("start_offsets"), data["end_offsets"], str(data.get("key", "")),
-                   bool(data.get("returned")))  # fmt: skip
+    return HandOut(
+        int(data["batch_id"]),
+        data.get("start_offsets"),
+        data["end_offsets"],
+        str(data.get("key", "")),
+        bool(data.get("returned")),
+    )

@@ -142,10 +142,15 @@ class TransactionalWriter:
             if refusal is not None:
                 raise PipelineError(refusal)  # before the commit: the transaction is aborted below
             marker = {
-                "pipeline": self.pipeline, "topic": self.spec.topic, "batch_id": self.batch_id, "source": source,
-                "source_key": source_key, "end_offsets": self.end_offsets, "source_ranges": ranges.as_json(),
+                "pipeline": self.pipeline,
+                "topic": self.spec.topic,
+                "batch_id": self.batch_id,
+                "source": source,
+                "source_key": source_key,
+                "end_offsets": self.end_offsets,
+                "source_ranges": ranges.as_json(),
                 "rows": ranges.count,
-            }  # fmt: skip
+            }
             # json.dumps without sort_keys: end_offsets keep Spark's key order (see Batch).
             key = marker_key(self.pipeline, self.spec.topic, source)
             self._produce(producer, self.spec.markers, key, json.dumps(marker))
@@ -214,15 +219,23 @@ class KafkaSink(Sink):
         partitions = len(require_topic(source))
         settings = {k: v for k, v in source_client_config(source).items() if k != "bootstrap.servers"}
         ensure_topic(self.spec.bootstrap_servers, self.spec.topic, partitions, client_settings=settings)
-        ensure_topic(self.spec.bootstrap_servers, self.spec.markers, 1, config={"cleanup.policy": "compact"},
-                     client_settings=settings)  # fmt: skip
+        ensure_topic(
+            self.spec.bootstrap_servers,
+            self.spec.markers,
+            1,
+            config={"cleanup.policy": "compact"},
+            client_settings=settings,
+        )
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         records = _as_records(rows, self.spec.key)
         if not batch.keyed:
             spark_writer = records.select("key", "value").write.format("kafka")
-            for name, value in {"kafka.bootstrap.servers": self.spec.bootstrap_servers, "topic": self.spec.topic,
-                                **self.spec.kafka_options}.items():  # fmt: skip
+            for name, value in {
+                "kafka.bootstrap.servers": self.spec.bootstrap_servers,
+                "topic": self.spec.topic,
+                **self.spec.kafka_options,
+            }.items():
                 spark_writer = spark_writer.option(name, value)
             spark_writer.save()
             return SinkWrite(batch.rows)
@@ -235,14 +248,16 @@ class KafkaSink(Sink):
         partitions = records.rdd.map(tuple)
         if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
             shares = batch_shares(self.spec, batch.pipeline, batch.batch_id)
-            refuse_other_splits(f"kafka topic {self.spec.topic}", batch.batch_id, shares, partitions,
-                                tuple(records.columns))  # fmt: skip
+            refuse_other_splits(
+                f"kafka topic {self.spec.topic}", batch.batch_id, shares, partitions, tuple(records.columns)
+            )
         count = partitions.getNumPartitions()
         if not self._fenced:
             self._fence_zombies(count)
         fault = task_fault(batch.task_fault, count, batch.batch_id)
-        writer = TransactionalWriter(self.spec, batch.pipeline, tuple(records.columns), batch.batch_id,
-                                     batch.end_offsets, fault)  # fmt: skip
+        writer = TransactionalWriter(
+            self.spec, batch.pipeline, tuple(records.columns), batch.batch_id, batch.end_offsets, fault
+        )
         results = partitions.mapPartitionsWithIndex(writer).collect()
         self._record_batch_complete(batch)
         self.note_written(batch)
@@ -252,17 +267,32 @@ class KafkaSink(Sink):
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the marker topic (a batch without it is partial)."""
 
-        producer = Producer(client_config(self.spec.bootstrap_servers, **{
-            "enable.idempotence": True, "acks": "all", **self.spec.producer_options(),
-        }))  # fmt: skip
+        producer = Producer(
+            client_config(
+                self.spec.bootstrap_servers,
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    **self.spec.producer_options(),
+                },
+            )
+        )
         # With the output topic's ends: a later start sees a topic recreated or truncated under its markers (and
         # the run's own check before the next batch starts from them: head).
         self._ends_after_write = self._output_ends()
-        record = {"pipeline": batch.pipeline, "topic": self.spec.topic, "batch_id": batch.batch_id,
-                  "source": BATCH_COMPLETE, "complete": True, "end_offsets": batch.end_offsets,
-                  "output_ends": self._ends_after_write, "quarantined": batch.quarantined}  # fmt: skip
-        producer.produce(self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE),
-                         value=json.dumps(record))  # fmt: skip
+        record = {
+            "pipeline": batch.pipeline,
+            "topic": self.spec.topic,
+            "batch_id": batch.batch_id,
+            "source": BATCH_COMPLETE,
+            "complete": True,
+            "end_offsets": batch.end_offsets,
+            "output_ends": self._ends_after_write,
+            "quarantined": batch.quarantined,
+        }
+        producer.produce(
+            self.spec.markers, key=marker_key(batch.pipeline, self.spec.topic, BATCH_COMPLETE), value=json.dumps(record)
+        )
         if producer.flush(60):
             raise PipelineError(f"marker topic {self.spec.markers}: the batch-complete record was not acknowledged")
 
@@ -322,8 +352,11 @@ class KafkaSink(Sink):
 
     def _output_ends(self) -> dict[str, int]:
         """The output topic's end offset per partition (missing topic: none)."""
-        consumer = Consumer(client_config(self.spec.bootstrap_servers, **{**self.spec.producer_options(),
-                                                                          "group.id": "streamproof-ends"}))  # fmt: skip
+        consumer = Consumer(
+            client_config(
+                self.spec.bootstrap_servers, **{**self.spec.producer_options(), "group.id": "streamproof-ends"}
+            )
+        )
         try:
             topic = consumer.list_topics(self.spec.topic, timeout=10).topics.get(self.spec.topic)
             if topic is None or topic.error is not None:
@@ -355,12 +388,16 @@ class KafkaSink(Sink):
         short = {p: (now.get(p, 0), end) for p, end in recorded.items() if now.get(p, 0) < end}
         if not short:
             return None
-        described = ", ".join(f"partition {p} ends at offset {have:,}, batch {batch_id}'s commit left it at {want:,}"
-                              for p, (have, want) in sorted(short.items(), key=lambda item: int(item[0])))  # fmt: skip
-        return (f"holds fewer records than its commit markers say ({described}): the topic was deleted and recreated, "
-                f"or truncated, and records of batches up to {batch_id} are gone from it while the marker topic "
-                f"{self.spec.markers} says they are written, so a replay would skip them; restore the topic, or write "
-                "to a new topic and marker topic from a new checkpoint")  # fmt: skip
+        described = ", ".join(
+            f"partition {p} ends at offset {have:,}, batch {batch_id}'s commit left it at {want:,}"
+            for p, (have, want) in sorted(short.items(), key=lambda item: int(item[0]))
+        )
+        return (
+            f"holds fewer records than its commit markers say ({described}): the topic was deleted and recreated, "
+            f"or truncated, and records of batches up to {batch_id} are gone from it while the marker topic "
+            f"{self.spec.markers} says they are written, so a replay would skip them; restore the topic, or write "
+            "to a new topic and marker topic from a new checkpoint"
+        )
 
     def read(self, spark: SparkSession) -> DataFrame | None:
         """The output topic as a ``read_committed`` consumer sees it, parsed back into columns."""
@@ -368,9 +405,14 @@ class KafkaSink(Sink):
         if not topic_exists(self.spec.bootstrap_servers, self.spec.topic):
             return None
         reader = spark.read.format("kafka")
-        options = {"kafka.bootstrap.servers": self.spec.bootstrap_servers, "subscribe": self.spec.topic,
-                   "startingOffsets": "earliest", "endingOffsets": "latest",
-                   **self.spec.kafka_options, "kafka.isolation.level": "read_committed"}  # fmt: skip
+        options = {
+            "kafka.bootstrap.servers": self.spec.bootstrap_servers,
+            "subscribe": self.spec.topic,
+            "startingOffsets": "earliest",
+            "endingOffsets": "latest",
+            **self.spec.kafka_options,
+            "kafka.isolation.level": "read_committed",
+        }
         for name, value in options.items():
             reader = reader.option(name, value)
         schema = self.rows_schema or record_schema(self.pipeline.transform)

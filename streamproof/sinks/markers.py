@@ -84,11 +84,19 @@ def read_markers(spec: KafkaSinkSpec, start: int, end: int) -> Iterator[tuple[in
 
     if end <= start:
         return
-    consumer = Consumer(client_config(spec.bootstrap_servers, **{
-        **spec.producer_options(), "group.id": f"streamproof-markers-{uuid.uuid4()}", "enable.auto.commit": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True,
-        "fetch.wait.max.ms": 10,  # the markers are few and small: do not let the broker hold the fetch 500 ms
-    }))  # fmt: skip
+    consumer = Consumer(
+        client_config(
+            spec.bootstrap_servers,
+            **{
+                **spec.producer_options(),
+                "group.id": f"streamproof-markers-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,  # the markers are few and small: do not let the broker hold the fetch 500 ms
+            },
+        )
+    )
     try:
         consumer.assign([TopicPartition(spec.markers, 0, start)])
         deadline = time.monotonic() + 60
@@ -116,8 +124,9 @@ def find_marker(spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: s
     return share_markers(spec, pipeline, batch_id, source_key)[0]
 
 
-def share_markers(spec: KafkaSinkSpec, pipeline: str, batch_id: int,
-                  source_key: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:  # fmt: skip
+def share_markers(
+    spec: KafkaSinkSpec, pipeline: str, batch_id: int, source_key: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The committed marker of this share of the batch (its ``source_key``), or None if it was not written; and the
     markers of the batch's other shares of the same source partition met on the way (a batch split otherwise).
 
@@ -135,10 +144,12 @@ def share_markers(spec: KafkaSinkSpec, pipeline: str, batch_id: int,
     siblings: list[dict[str, Any]] = []
     while True:
         window = [
-            marker for _, marker in read_markers(spec, start, end)
-            if marker.get("pipeline") == pipeline and marker.get("topic") == spec.topic
+            marker
+            for _, marker in read_markers(spec, start, end)
+            if marker.get("pipeline") == pipeline
+            and marker.get("topic") == spec.topic
             and marker.get("source") == source
-        ]  # fmt: skip
+        ]
         for marker in reversed(window):
             if int(marker["batch_id"]) < batch_id:
                 return None, siblings
@@ -160,6 +171,8 @@ def batch_shares(spec: KafkaSinkSpec, pipeline: str, batch_id: int) -> list[tupl
     return [
         (str(marker.get("source_key")), marker.get("source_ranges"))
         for _, marker in read_markers(spec, 0, wait_until_decided(spec))
-        if marker.get("pipeline") == pipeline and marker.get("topic") == spec.topic
-        and int(marker.get("batch_id", -1)) == batch_id and marker.get("source") != BATCH_COMPLETE
-    ]  # fmt: skip
+        if marker.get("pipeline") == pipeline
+        and marker.get("topic") == spec.topic
+        and int(marker.get("batch_id", -1)) == batch_id
+        and marker.get("source") != BATCH_COMPLETE
+    ]

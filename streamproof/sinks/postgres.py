@@ -70,10 +70,19 @@ def postgres_type(data_type: DataType) -> str:
     """The PostgreSQL column type for a Spark type (nested types as jsonb)."""
     name = data_type.simpleString()
     simple = {
-        "string": "text", "double": "double precision", "float": "real", "bigint": "bigint", "int": "integer",
-        "smallint": "smallint", "tinyint": "smallint", "boolean": "boolean", "timestamp": "timestamptz",
-        "timestamp_ntz": "timestamp", "date": "date", "binary": "bytea",
-    }  # fmt: skip
+        "string": "text",
+        "double": "double precision",
+        "float": "real",
+        "bigint": "bigint",
+        "int": "integer",
+        "smallint": "smallint",
+        "tinyint": "smallint",
+        "boolean": "boolean",
+        "timestamp": "timestamptz",
+        "timestamp_ntz": "timestamp",
+        "date": "date",
+        "binary": "bytea",
+    }
     if name in simple:
         return simple[name]
     if name.startswith("decimal"):
@@ -137,9 +146,15 @@ class PartitionWriter:
                 cursor.execute(
                     f"UPDATE {self.ledger} SET source_ranges = %s, rows = %s WHERE pipeline = %s AND sink_table = %s "
                     "AND batch_id = %s AND source_key = %s",
-                    (json.dumps(ranges.as_json()), ranges.count, self.pipeline, self.spec.table, self.batch_id,
-                     source_key),
-                )  # fmt: skip
+                    (
+                        json.dumps(ranges.as_json()),
+                        ranges.count,
+                        self.pipeline,
+                        self.spec.table,
+                        self.batch_id,
+                        source_key,
+                    ),
+                )
         yield index, ranges.count, False
 
     def _claim(self, cursor: Any, source_key: str) -> bool:
@@ -159,8 +174,9 @@ class PartitionWriter:
             "AND batch_id = %s AND starts_with(source_key, %s)",
             (self.pipeline, self.spec.table, self.batch_id, ranges.single_source() + "@"),
         ).fetchall()
-        refusal = overlap_refusal(f"{self.spec.redacted()}/{self.spec.table}", self.batch_id, source_key, ranges,
-                                  siblings)  # fmt: skip
+        refusal = overlap_refusal(
+            f"{self.spec.redacted()}/{self.spec.table}", self.batch_id, source_key, ranges, siblings
+        )
         if refusal is not None:
             raise PipelineError(refusal)
 
@@ -202,8 +218,12 @@ class PartitionWriter:
             # NULL + x stays NULL, so a NULL batch total would poison the running total for good. A NULL an older
             # version left in the table counts as 0 too.
             totals = ", ".join(f"coalesce(sum({column}), 0)" for column in sums)
-            updates = ", ".join([*(f"{c} = coalesce(t.{c}, 0) + EXCLUDED.{c}" for c in sums),
-                                 '"events" = t."events" + EXCLUDED."events"'])  # fmt: skip
+            updates = ", ".join(
+                [
+                    *(f"{c} = coalesce(t.{c}, 0) + EXCLUDED.{c}" for c in sums),
+                    '"events" = t."events" + EXCLUDED."events"',
+                ]
+            )
             return (
                 f"INSERT INTO {target} AS t ({by}, {', '.join(sums)}, events) "
                 f"SELECT {by}, {totals}, count(*) FROM _streamproof_stage GROUP BY {by} ORDER BY {by} "
@@ -289,11 +309,12 @@ class PostgresSink(Sink):
                 "DEFAULT now(), PRIMARY KEY (pipeline, sink_table, batch_id, source_key))"
             )
             existing = {
-                row[0] for row in connection.execute(
+                row[0]
+                for row in connection.execute(
                     "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
                     (self.spec.db_schema, self.spec.table),
                 )
-            }  # fmt: skip
+            }
         missing = [name for name in columns if name not in existing]
         if missing:
             raise PipelineError(
@@ -303,8 +324,12 @@ class PostgresSink(Sink):
     def _table_columns(self, schema_types: dict[str, str]) -> dict[str, str]:
         if self.spec.mode == "accumulate":
             return {str(self.spec.by): "text", **{c: EXACT_NUMERIC for c in self.spec.sum}, "events": "bigint"}
-        coordinates = {"_src_topic": "text", "_src_partition": "integer", "_src_offset": "bigint",
-                       "_src_timestamp": "timestamptz"}  # fmt: skip
+        coordinates = {
+            "_src_topic": "text",
+            "_src_partition": "integer",
+            "_src_offset": "bigint",
+            "_src_timestamp": "timestamptz",
+        }
         return {**schema_types, **coordinates}
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
@@ -323,14 +348,20 @@ class PostgresSink(Sink):
                     "AND batch_id = %s",
                     (batch.pipeline, self.spec.table, batch.batch_id),
                 ).fetchall()
-            refuse_other_splits(f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, partitions,
-                                columns)  # fmt: skip
+            refuse_other_splits(
+                f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, partitions, columns
+            )
         writer = PartitionWriter(
-            self.spec, batch.pipeline, columns,
-            tuple(c for c in columns if self.spec.mode != "accumulate"), batch.batch_id,
-            json.dumps(batch.end_offsets), batch.keyed,
-            task_fault(batch.task_fault, partitions.getNumPartitions(), batch.batch_id), self.spec.password(),
-        )  # fmt: skip
+            self.spec,
+            batch.pipeline,
+            columns,
+            tuple(c for c in columns if self.spec.mode != "accumulate"),
+            batch.batch_id,
+            json.dumps(batch.end_offsets),
+            batch.keyed,
+            task_fault(batch.task_fault, partitions.getNumPartitions(), batch.batch_id),
+            self.spec.password(),
+        )
         results = partitions.mapPartitionsWithIndex(writer).collect()
         if batch.keyed:
             self._record_batch_complete(batch)
@@ -390,9 +421,12 @@ class PostgresSink(Sink):
         return (
             spark.read.format("jdbc")
             .option("url", f"jdbc:postgresql://{self.spec.host}:{self.spec.port}/{self.spec.database}")
-            .option("dbtable", self.target).option("user", self.spec.user).option("password", password)
-            .option("driver", "org.postgresql.Driver").load()
-        )  # fmt: skip
+            .option("dbtable", self.target)
+            .option("user", self.spec.user)
+            .option("password", password)
+            .option("driver", "org.postgresql.Driver")
+            .load()
+        )
 
     def _table_exists(self) -> bool:
         with self._connect() as connection:

@@ -88,8 +88,9 @@ class PythonSink(Sink):
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         """Call your write with the batch (Spark's signature), counting the moments it goes through; an armed
         ``mid-sink-write`` crash kills the run at its moment. Its return value is ignored."""
-        yours = YourBatch(batch.batch_id, batch.pipeline, batch.start_offsets, batch.end_offsets,
-                          dict(self.spec.options))  # fmt: skip
+        yours = YourBatch(
+            batch.batch_id, batch.pipeline, batch.start_offsets, batch.end_offsets, dict(self.spec.options)
+        )
         if batch.keyed:  # recorded before your code runs: a lost checkpoint cannot hand out this id again unseen
             self.handed.hand(batch.batch_id, batch.start_offsets, batch.end_offsets, yours.key)
         armed = faults.armed_moment() if batch.task_fault == faults.MID_SINK_WRITE else None
@@ -120,8 +121,9 @@ class PythonSink(Sink):
         except OSError:
             traceback.print_exception(error, file=sys.stderr)
             kept = " (traceback in the run's log)"
-        return PipelineError(f"sink {self.name}: your write {self.spec.write} failed in batch {batch_id}: "
-                             f"{your_exception(error)}{kept}")  # fmt: skip
+        return PipelineError(
+            f"sink {self.name}: your write {self.spec.write} failed in batch {batch_id}: {your_exception(error)}{kept}"
+        )
 
     def commits(self) -> list[SinkCommit]:
         """The batches handed to your write (complete: your write of it returned), from the records beside the
@@ -142,8 +144,10 @@ class PythonSink(Sink):
     def read(self, spark: SparkSession) -> DataFrame | None:
         """Your ``read(spark)`` (or ``read(spark, options)``): the rows the sink holds, with lineage."""
         if self._read is None:
-            raise ConfigError(f"sink {self.name}: verification reads what your sink holds with read = "
-                              '"module:function" (returning its rows with the _src_* columns): set it')  # fmt: skip
+            raise ConfigError(
+                f"sink {self.name}: verification reads what your sink holds with read = "
+                '"module:function" (returning its rows with the _src_* columns): set it'
+            )
         takes_options = len(inspect.signature(self._read).parameters) >= 2
         held = self._read(spark, dict(self.spec.options)) if takes_options else self._read(spark)
         if held is not None and not isinstance(held, DataFrame):
@@ -179,11 +183,16 @@ def foreach_batch_function(function: Any, spec: PythonSinkSpec) -> Callable[...,
                 f"sink {spec.name}: options {', '.join(unknown)} are not parameters of {spec.write}{signature}: "
                 "name each as a keyword parameter of it, or remove it from options"
             )
-    missing = [p.name for p in parameters[2:] if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD,
-               p.KEYWORD_ONLY) and p.name not in spec.options]  # fmt: skip
+    missing = [
+        p.name
+        for p in parameters[2:]
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in spec.options
+    ]
     if missing:
-        raise ConfigError(f"sink {spec.name}: {spec.write}{signature} needs {', '.join(missing)}: give "
-                          f"{' and '.join(missing)} in the sink's options")  # fmt: skip
+        raise ConfigError(
+            f"sink {spec.name}: {spec.write}{signature} needs {', '.join(missing)}: give "
+            f"{' and '.join(missing)} in the sink's options"
+        )
     return function  # type: ignore[no-any-return]
 
 
@@ -206,8 +215,10 @@ def foreach_writer(written: Any, options: dict[str, Any], what: str) -> Any | No
     try:
         return written(**options)
     except TypeError as error:
-        raise ConfigError(f"{what}: {written.__name__}(**options) failed ({error}): its constructor takes the sink's "
-                          "options as keyword arguments") from None  # fmt: skip
+        raise ConfigError(
+            f"{what}: {written.__name__}(**options) failed ({error}): its constructor takes the sink's "
+            "options as keyword arguments"
+        ) from None
 
 
 def run_foreach_writer(rows: DataFrame, writer: Any, batch_id: int) -> None:
@@ -248,12 +259,16 @@ def not_reached(write: str, batch_id: int, armed: int, moments: list[str]) -> st
     'mid-sink-write#1 not reached: shop:write made nothing durable that streamproof can see in batch 3 (no Spark'
     """
     if not moments:
-        return (f"mid-sink-write#{armed} not reached: {write} made nothing durable that streamproof can see in batch "
-                f"{batch_id} (no Spark write, Delta commit, DB-API or JDBC commit, Kafka transaction, or "
-                "this_batch().step()): its moments cannot be crashed, the proof did not exercise it")  # fmt: skip
+        return (
+            f"mid-sink-write#{armed} not reached: {write} made nothing durable that streamproof can see in batch "
+            f"{batch_id} (no Spark write, Delta commit, DB-API or JDBC commit, Kafka transaction, or "
+            "this_batch().step()): its moments cannot be crashed, the proof did not exercise it"
+        )
     plural = "moment" if len(moments) == 1 else "moments"
-    return (f"mid-sink-write#{armed} not reached: {write}'s write of batch {batch_id} went through {len(moments)} "
-            f"{plural} ({'; '.join(moments)})")  # fmt: skip
+    return (
+        f"mid-sink-write#{armed} not reached: {write}'s write of batch {batch_id} went through {len(moments)} "
+        f"{plural} ({'; '.join(moments)})"
+    )
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
@@ -276,8 +291,10 @@ def your_exception(error: BaseException) -> str:
         first = text.strip().splitlines()[0] if text.strip() else ""
         return f"{type(error).__name__}: {first}".rstrip(": ")
     frames = text[text.rfind(marker) + len(marker) :].splitlines()
-    found = next((line.strip() for line in frames if line and not line[0].isspace()
-                  and _EXCEPTION_LINE.match(line.strip())), None)  # fmt: skip
+    found = next(
+        (line.strip() for line in frames if line and not line[0].isspace() and _EXCEPTION_LINE.match(line.strip())),
+        None,
+    )
     if found:
         return found[:300]
     return f"{type(error).__name__}: {text.strip().splitlines()[0][:300] if text.strip() else ''}"

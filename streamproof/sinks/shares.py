@@ -97,15 +97,18 @@ def overlap_refusal(where: str, batch_id: int, source_key: str, ranges: SourceRa
     if found is None:
         return None
     _, (low, high), key, (their_low, their_high) = found
-    return (f"{where}: batch {batch_id}'s share {source_key} (offsets {low}-{high} of {ranges.single_source()}) "
-            f"overlaps its share {key} written before (offsets {their_low}-{their_high}): the batch is split otherwise "
-            "than when it was written (`min_partitions` changed since?), and this share would write those records a "
-            "second time; nothing of it was written: run the pipeline with the setting it had until this batch is "
-            "committed")  # fmt: skip
+    return (
+        f"{where}: batch {batch_id}'s share {source_key} (offsets {low}-{high} of {ranges.single_source()}) "
+        f"overlaps its share {key} written before (offsets {their_low}-{their_high}): the batch is split otherwise "
+        "than when it was written (`min_partitions` changed since?), and this share would write those records a "
+        "second time; nothing of it was written: run the pipeline with the setting it had until this batch is "
+        "committed"
+    )
 
 
-def split_refusal(where: str, batch_id: int, recorded: Shares,
-                  splits: Iterable[tuple[str, dict[str, list[int]]]]) -> str | None:  # fmt: skip
+def split_refusal(
+    where: str, batch_id: int, recorded: Shares, splits: Iterable[tuple[str, dict[str, list[int]]]]
+) -> str | None:
     """Why a batch held in part may not be replayed with these splits (None: it may), decided on the driver before
     any task writes: a split must be a share written before (the same key and rows: held) or overlap none (new). A
     split that overlaps a share without being it means the batch is split otherwise than when it was written
@@ -126,10 +129,12 @@ def split_refusal(where: str, batch_id: int, recorded: Shares,
     if found is None:
         return None
     key, (low, high), held_key, (held_low, held_high) = found
-    return (f"{where}: batch {batch_id} is held in part, and its replay is split otherwise than when it was written: "
-            f"{key} (offsets {low}-{high}) against the share {held_key} written before (offsets {held_low}-"
-            f"{held_high}) (`min_partitions` changed since?); nothing was written: run the pipeline with the setting "
-            "it had until this batch is committed")  # fmt: skip
+    return (
+        f"{where}: batch {batch_id} is held in part, and its replay is split otherwise than when it was written: "
+        f"{key} (offsets {low}-{high}) against the share {held_key} written before (offsets {held_low}-"
+        f"{held_high}) (`min_partitions` changed since?); nothing was written: run the pipeline with the setting "
+        "it had until this batch is committed"
+    )
 
 
 def refuse_other_splits(where: str, batch_id: int, recorded: Shares, partitions: Any, columns: tuple[str, ...]) -> None:
@@ -140,8 +145,9 @@ def refuse_other_splits(where: str, batch_id: int, recorded: Shares, partitions:
         raise PipelineError(refusal)
 
 
-def _first_overlap(recorded: Shares, splits: Iterable[tuple[str, dict[str, list[int]]]]
-                   ) -> tuple[str, tuple[int, int], str, tuple[int, int]] | None:  # fmt: skip
+def _first_overlap(
+    recorded: Shares, splits: Iterable[tuple[str, dict[str, list[int]]]]
+) -> tuple[str, tuple[int, int], str, tuple[int, int]] | None:
     """The first split that overlaps a recorded share of its source partition without being that share: the
     split's key and offsets, the share's key and offsets."""
     shares = [(key, ranges) for key, ranges in recorded if ranges]
