@@ -34,11 +34,11 @@ $(INSTALLED): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 jars: $(INSTALLED)
-	@$(PY) -m streamproof.jars
+	@$(PY) -m streamproof.jvm.jars
 
 # Class-data archive of a trained Spark JVM (once, ~1 min): each later JVM start is ~4 s faster.
 jvm-archive: jars
-	@$(PY) -m streamproof.jvm_archive
+	@$(PY) -m streamproof.jvm.archive
 
 lint: setup
 	$(VENV)/bin/ruff check streamproof tests

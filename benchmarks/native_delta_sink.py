@@ -30,7 +30,7 @@ from pathlib import Path
 from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSource, load_pipeline
-from streamproof.session import build_session
+from streamproof.jvm.session import build_session
 
 
 def main(pipeline_file: str, out: str, table: str | None = None, starting_offsets: str = "earliest",

@@ -34,10 +34,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamproof.config import Transform
-from streamproof.session import build_session
+from streamproof.jvm.session import build_session
 from streamproof.sinks.base import Batch
 from streamproof.sinks.delta import append_batch, commit_keyed, start_transaction
-from streamproof.transform import parse_records
+from streamproof.transform.records import parse_records
 
 SCHEMA = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
 TRANSFORM = Transform.model_validate({"schema": SCHEMA, "required": ["event_id", "order_id"]})

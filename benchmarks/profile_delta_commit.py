@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from streamproof.session import build_session
+from streamproof.jvm.session import build_session
 from streamproof.sinks.base import Batch
 from streamproof.sinks.delta import commit_keyed, start_transaction
 

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from streamproof.bench.common import Bench, delete_quietly, relocated
-from streamproof.session import HADOOP_CLOSE_RETRY, HDFS_CLOSE_RETRY
-from streamproof.storage import Location
+from streamproof.jvm.session import HADOOP_CLOSE_RETRY, HDFS_CLOSE_RETRY
+from streamproof.storage.location import Location
 
 EVENTS, BATCH_ROWS = 100_000, 20_000
 SETTINGS = {"hadoop defaults": HADOOP_CLOSE_RETRY, "streamproof": HDFS_CLOSE_RETRY}

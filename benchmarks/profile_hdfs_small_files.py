@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import time
 
-from streamproof.session import HADOOP_CLOSE_RETRY, HDFS_CLOSE_RETRY, build_session
+from streamproof.jvm.session import HADOOP_CLOSE_RETRY, HDFS_CLOSE_RETRY, build_session
 
 
 def main() -> None:

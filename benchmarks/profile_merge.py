@@ -33,7 +33,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streamproof.session import build_session
+from streamproof.jvm.session import build_session
 from streamproof.sinks.delta import TXN_APP_ID_CONF, TXN_VERSION_CONF, latest_per_key, newer_than
 
 BATCH = 500_000

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from streamproof.harness.proof import Proof
     from streamproof.pipeline.events import RunSummary
     from streamproof.reconcile import Report
-    from streamproof.your_steps import this_batch
+    from streamproof.your_code.steps import this_batch
 
 __version__ = "0.1.0"
 __all__ = ["Pipeline", "Proof", "Report", "RunSummary", "prove", "run", "this_batch", "verify"]
@@ -61,7 +61,7 @@ _FACE = {
     "Proof": "streamproof.harness.proof",
     "Report": "streamproof.reconcile",
     "RunSummary": "streamproof.pipeline.events",
-    "this_batch": "streamproof.your_steps",
+    "this_batch": "streamproof.your_code.steps",
 }
 
 

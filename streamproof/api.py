@@ -14,11 +14,11 @@ from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.config.file import pipeline_from_tables
 from streamproof.guarantees import Guarantee
 from streamproof.harness.proof import Proof, prove_pipeline
+from streamproof.jvm.session import build_session
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_query
 from streamproof.reconcile import Report, verify_pipeline
-from streamproof.session import build_session
-from streamproof.your_code import function_name
+from streamproof.your_code.transform import function_name
 
 Section = Mapping[str, Any]
 

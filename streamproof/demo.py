@@ -21,10 +21,10 @@ from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.harness.random_kills import run_with_random_kills
 from streamproof.infra import KafkaBroker, free_port, port_in_use
+from streamproof.jvm.session import build_session
 from streamproof.reconcile import Report, verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.render import checkers_table, print_reports
-from streamproof.session import build_session
 
 DEMO_PIPELINE = """\
 # Written by streamproof; re-run the check with: streamproof verify {pipeline_file}

@@ -5,7 +5,7 @@ partitions:
 record ``i`` is built from a random stream seeded by ``seed`` alone, and its partition is a hash of its
 key, so a failure seen once can be replayed. Every valid event has a unique ``event_id``; ``order_id``
 repeats (an order goes through several statuses). Malformed records come in five kinds, each invalid
-for a reason the transform must detect (:mod:`streamproof.transform`):
+for a reason the transform must detect (:mod:`streamproof.transform.records`):
 
 * ``broken_json``: a valid event cut short;
 * ``missing_required``: ``event_id`` or ``order_id`` removed;
@@ -51,9 +51,9 @@ from typing import Any, TypedDict, Unpack
 
 from confluent_kafka import KafkaException, Producer
 
-from streamproof.avro import AvroContract
 from streamproof.errors import ConfigError, InfraError
 from streamproof.kafka_client import client_config, ensure_topic, topic_end_offsets
+from streamproof.transform.avro import AvroContract
 
 MALFORMED_KINDS = ("broken_json", "missing_required", "wrong_type", "empty_value", "binary_garbage")
 STATUSES = ("created", "paid", "shipped", "delivered", "cancelled")

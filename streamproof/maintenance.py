@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 from streamproof.checkpoint.folder import RunLock
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError, first_line
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 DEFAULT_RETENTION_HOURS = 168.0
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"

@@ -101,10 +101,10 @@ class Prover:
         ``batch_size`` (default: a fifth of the data) sets ``max_offsets_per_trigger`` so that the run has
         several batches for the crashes to land in.
         """
-        from streamproof.avro import avro_contract, with_subject_pinned
         from streamproof.generator import generate
         from streamproof.harness.matrix import cell_spec
         from streamproof.harness.proof import prove_pipeline
+        from streamproof.transform.avro import avro_contract, with_subject_pinned
 
         spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
         run_dir = self.workdir / f"proof-{len(self.proofs) + 1}"
@@ -196,7 +196,7 @@ def streamproof_spark() -> Iterator[SparkSession]:
     A test's JVMs live seconds: unless ``$STREAMPROOF_JIT`` says otherwise, they compile with C1 only
     (``[spark] jit = "quick-start"``), this session and the pipeline runs the tests start alike.
     """
-    from streamproof.session import JIT_ENV, build_session
+    from streamproof.jvm.session import JIT_ENV, build_session
 
     os.environ.setdefault(JIT_ENV, "quick-start")
     session = build_session(app_name="streamproof-tests")

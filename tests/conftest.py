@@ -14,10 +14,10 @@ import pytest
 
 from streamproof.demo import write_demo_pipeline
 from streamproof.infra import KafkaBroker
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 REPO = Path(__file__).resolve().parent.parent
-# Every JVM a test starts lives seconds: C1 only (see streamproof.session.jit_option), inherited by the
+# Every JVM a test starts lives seconds: C1 only (see streamproof.jvm.session.jit_option), inherited by the
 # pipeline runs the tests start as child processes.
 os.environ.setdefault("STREAMPROOF_JIT", "quick-start")
 os.environ.setdefault("STREAMPROOF_SPARK_UI", "off")  # the tests that want Spark's UI turn it on for their run

@@ -18,22 +18,19 @@ PACKAGE = REPO / "streamproof"
 MAX_LINES = 600
 # The floor plan of docs/architecture.md: a room (a top-level module, or a folder) by its floor.
 FLOORS = {
-    "streamproof": 9, "streamproof.__main__": 9,
-    "streamproof.cli": 8,
-    "streamproof.demo": 7,
-    "streamproof.api": 6, "streamproof.bench": 6, "streamproof.render": 6,
-    "streamproof.maintenance": 6, "streamproof.testing": 6,
-    "streamproof.harness": 5,
-    "streamproof.pipeline": 4, "streamproof.reconcile": 4,
-    "streamproof.checkpoint": 3, "streamproof.jvm_archive": 3,
-    "streamproof.sources": 2, "streamproof.sinks": 2, "streamproof.session": 2, "streamproof.generator": 2,
-    "streamproof.infra": 2, "streamproof.your_code": 2,
-    "streamproof.transform": 1, "streamproof.your_modules": 1, "streamproof.your_steps": 1,
-    "streamproof.kafka_client": 1, "streamproof.jars": 1,
-    "streamproof.avro": 1,
-    "streamproof.config": 0, "streamproof.task_faults": 0, "streamproof.your_calls": 0,
-    "streamproof.guarantees": -1, "streamproof.faults": -1, "streamproof.metrics": -1, "streamproof.storage": -1,
-    "streamproof.errors": -2,
+    "streamproof.__main__": 12,
+    "streamproof.cli": 11,
+    "streamproof": 10, "streamproof.demo": 10,
+    "streamproof.api": 9, "streamproof.bench": 9, "streamproof.render": 9, "streamproof.testing": 9,
+    "streamproof.harness": 8,
+    "streamproof.pipeline": 7, "streamproof.reconcile": 7, "streamproof.infra": 7, "streamproof.maintenance": 7,
+    "streamproof.checkpoint": 6, "streamproof.jvm": 6,
+    "streamproof.sinks": 5,
+    "streamproof.sources": 4, "streamproof.your_code": 4, "streamproof.generator": 4,
+    "streamproof.transform": 3, "streamproof.kafka_client": 3,
+    "streamproof.config": 2,
+    "streamproof.guarantees": 1, "streamproof.faults": 1, "streamproof.storage": 1,
+    "streamproof.errors": 0, "streamproof.metrics": 0,
 }  # fmt: skip
 # Imports of the package's own modules made inside a function, each with the reason its room gives for it.
 DEFERRED = {

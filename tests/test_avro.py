@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from streamproof.avro import AvroContract, latest_schema, register_schema
 from streamproof.config import load_pipeline
 from streamproof.errors import ConfigError
 from streamproof.generator import ORDER_AVRO_SCHEMA, order_events
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.reconcile.own_schema import AvroReader, RecordSchema
 from streamproof.testing import Prover
+from streamproof.transform.avro import AvroContract, latest_schema, register_schema
 
 ANSWER = json.loads((REPO / "tests" / "data" / "schema_registry_latest.json").read_text())
 SUBJECT = ANSWER["subject"]

@@ -35,13 +35,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
-from streamproof import faults
 from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover
 from streamproof.config import PipelineSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
+from streamproof.faults import points as faults
 from streamproof.generator import generate
 from streamproof.harness.crashes import Harness
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
@@ -49,7 +49,7 @@ from streamproof.kafka_client import topic_end_offsets
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

@@ -30,7 +30,7 @@ from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
-from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
+from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
 from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import run_with_crashes
@@ -43,12 +43,12 @@ from streamproof.infra import (
     free_port,
     port_in_use,
 )
+from streamproof.jvm.session import local_session
 from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
-from streamproof.session import local_session
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.timeout(1800)]
 

@@ -381,7 +381,7 @@ def test_avro_settings_fail_in_one_line(transform: str, message: str) -> None:
 
 
 def test_an_avro_schema_file_is_read_where_the_pipeline_says_and_checked(tmp_path: Path) -> None:
-    from streamproof.avro import avro_contract
+    from streamproof.transform.avro import avro_contract
 
     (tmp_path / "o.avsc").write_text('{"type": "string"}')
     spec = parse_pipeline(EXAMPLE.replace('format = "json"', 'format = "avro"\navro_schema = "o.avsc"'),

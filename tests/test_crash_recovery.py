@@ -14,7 +14,7 @@ import pytest
 
 from conftest import write_pipeline
 from streamproof.config import load_pipeline
-from streamproof.faults import surviving_processes
+from streamproof.faults.points import surviving_processes
 from streamproof.generator import generate
 from streamproof.harness.random_kills import run_with_random_kills
 from streamproof.infra import KafkaBroker

@@ -25,7 +25,7 @@ from conftest import STATEFUL_DATA as UPSTREAM
 from conftest import STATEFUL_EVENTS as EVENTS
 from conftest import run_cli, stateful_example
 from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline
-from streamproof.faults import AFTER_SINK_COMMIT
+from streamproof.faults.points import AFTER_SINK_COMMIT
 from streamproof.generator import generate
 from streamproof.harness.cells import MatrixCell
 from streamproof.harness.matrix import run_matrix

@@ -15,7 +15,7 @@ import pytest
 
 import streamproof.sinks.delta_log as delta_log
 from streamproof.sinks.delta_log import commit_file, latest_version, log_past_its_commits, newest_commit
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 AGE = 1_500
 

@@ -22,11 +22,11 @@ from conftest import assert_every_sink_clean, run_cli
 from streamproof import sources
 from streamproof.config import load_pipeline, parse_pipeline
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.faults import AFTER_SINK_COMMIT
+from streamproof.faults.points import AFTER_SINK_COMMIT
 from streamproof.generator import order_events
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.reconcile.independent import disagreements, verify_independently
-from streamproof.transform import parse_records, valid_records
+from streamproof.transform.records import parse_records, valid_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

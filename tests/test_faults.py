@@ -14,11 +14,7 @@ from typing import Any
 import pytest
 
 from streamproof.errors import ConfigError
-from streamproof.faults import ArmedCrash, parse_crash, parse_crashes
-from streamproof.harness.cluster import write_attempts
-from streamproof.harness.crashes import runs_of
-from streamproof.infra import process_alive
-from streamproof.task_faults import (
+from streamproof.faults.in_tasks import (
     CrashInTask,
     HeldForTheHarness,
     MachineLoss,
@@ -26,6 +22,10 @@ from streamproof.task_faults import (
     fires_once,
     task_fault,
 )
+from streamproof.faults.points import ArmedCrash, parse_crash, parse_crashes
+from streamproof.harness.cluster import write_attempts
+from streamproof.harness.crashes import runs_of
+from streamproof.infra import process_alive
 
 
 def test_crash_spec_is_point_and_batch() -> None:
@@ -88,7 +88,7 @@ def test_a_fault_of_the_machines_fires_once_per_batch(tmp_path: object) -> None:
 
 _CHILD = """
 import os, time
-from streamproof import faults
+from streamproof.faults import points as faults
 faults.arm_from_environment()
 child = os.fork()
 if child == 0:          # a grandchild in the same group, like the Spark JVM
@@ -134,7 +134,7 @@ def test_other_batches_and_points_do_not_crash() -> None:
 
 def test_arming_outside_a_group_leader_is_refused() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", "from streamproof import faults; faults.arm_from_environment()"],
+        [sys.executable, "-c", "from streamproof.faults import points; points.arm_from_environment()"],
         env={**os.environ, "STREAMPROOF_CRASH_AT": "before-sink-write@3"},
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ import pytest
 from conftest import assert_every_sink_clean, run_cli
 from streamproof.config import parse_pipeline
 from streamproof.errors import ConfigError
-from streamproof.faults import AFTER_SINK_COMMIT
+from streamproof.faults.points import AFTER_SINK_COMMIT
 from streamproof.generator import order_events
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.harness.matrix import run_matrix

@@ -24,7 +24,7 @@ from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile import verify_pipeline
 from streamproof.sinks.python import PythonSink
-from streamproof.your_steps import WriteSteps, counting
+from streamproof.your_code.steps import WriteSteps, counting
 
 EXAMPLE = REPO / "examples" / "your_code"
 

@@ -74,7 +74,7 @@ hostile_values = st.one_of(
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(values=st.lists(hostile_values, min_size=1, max_size=60))
 def test_every_hostile_record_gets_exactly_one_outcome(spark: Any, values: list[bytes | None]) -> None:
-    from streamproof.transform import parse_records, quarantined_records, valid_records, with_extra_columns
+    from streamproof.transform.records import parse_records, quarantined_records, valid_records, with_extra_columns
 
     transform = Transform.model_validate({"schema": SCHEMA, "required": ["event_id", "order_id"],
                                           "schema_evolution": "add-columns"})  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from streamproof.errors import SetupError
-from streamproof.jars import artifact_id, cached_jars, jar_set
+from streamproof.jvm.jars import artifact_id, cached_jars, jar_set
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_cache_folder_is_keyed_by_the_pom(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_spark_set_never_duplicates_a_jar_pyspark_ships() -> None:
-    from streamproof.jars import pyspark_jars_dir
+    from streamproof.jvm.jars import pyspark_jars_dir
 
     shipped = {artifact_id(jar.name) for jar in pyspark_jars_dir().glob("*.jar")}
     ours = [artifact_id(jar.name) for jar in cached_jars("spark")]

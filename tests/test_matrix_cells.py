@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import streamproof.cli.pipeline as cli_pipeline
 from streamproof.cli import app
 from streamproof.config import load_pipeline, parse_pipeline
-from streamproof.faults import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
+from streamproof.faults.points import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
 from streamproof.guarantees import GUARANTEES
 from streamproof.harness.cells import (
     MatrixCell,

@@ -30,7 +30,7 @@ from streamproof.harness.search import replay, search, shorten
 from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.kafka_client import ensure_topic
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
 FIRST_BATCH_ONLY = '''

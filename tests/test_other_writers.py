@@ -77,7 +77,7 @@ def test_batches_a_restore_undid_are_merged_again_and_a_restore_under_a_running_
     from streamproof.errors import PipelineError
     from streamproof.sinks import open_sink
     from streamproof.sinks.delta_log import Restore, commits_on_disk
-    from streamproof.storage import Location
+    from streamproof.storage.location import Location
 
     text = SINKS[f"delta-{mode}"].format(workdir=tmp_path)
     spec = _spec(text, tmp_path, kafka_broker.bootstrap_servers)

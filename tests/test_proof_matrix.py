@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import write_pipeline
-from streamproof.faults import AFTER_SINK_COMMIT, MID_SINK_WRITE
+from streamproof.faults.points import AFTER_SINK_COMMIT, MID_SINK_WRITE
 from streamproof.harness.cells import MatrixCell
 from streamproof.harness.matrix import run_matrix
 from streamproof.infra import KafkaBroker

@@ -29,7 +29,7 @@ from streamproof.reconcile.pure import (
 from streamproof.reconcile.read_through import ReadThrough, shown, with_unread
 from streamproof.reconcile.report import DAMAGED, OK, UNKNOWN, Report
 from streamproof.reconcile.stored import StoredFolder
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 def _records(valid: int, invalid: int) -> list[SourceRecord]:

@@ -23,7 +23,7 @@ from streamproof.sinks import open_sinks
 from streamproof.sinks.base import TOO_OLD_REPAIR, Batch, HeldBatches, SinkCommit, replay_decision
 from streamproof.sinks.files import BATCHES_DIR, METADATA_DIR
 from streamproof.sinks.kafka import KafkaSink
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 def _ends(end: int) -> dict[str, dict[str, int]]:

@@ -21,7 +21,7 @@ from py4j.protocol import Py4JJavaError
 
 from streamproof.checkpoint.folder import Holder, RunLock
 from streamproof.errors import PipelineError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 def _dead_pid() -> int:

@@ -36,7 +36,7 @@ from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 pytestmark = pytest.mark.integration
 
@@ -160,7 +160,7 @@ def _race(server: S3Server, key: str, writers: int) -> Counter[int]:
 RACER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from streamproof.session import build_session
+    from streamproof.jvm.session import build_session
     from streamproof.config import SparkSettings
     table, name, rounds, conf = sys.argv[1], sys.argv[2], int(sys.argv[3]), dict(a.split("=", 1) for a in sys.argv[4:])
     spark = build_session(SparkSettings(conf=conf), app_name=f"racer-{name}")

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import assert_every_sink_clean, write_pipeline
 from streamproof.config import dump_pipeline, load_pipeline
-from streamproof.faults import MID_SINK_WRITE
+from streamproof.faults.points import MID_SINK_WRITE
 from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import KafkaBroker

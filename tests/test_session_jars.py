@@ -9,7 +9,7 @@ import pytest
 
 from streamproof.generator import generate
 from streamproof.infra import KafkaBroker
-from streamproof.jars import cache_root
+from streamproof.jvm.jars import cache_root
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def test_session_writes_delta_and_reads_kafka_from_cached_jars(
 
 def test_sessions_start_from_the_class_data_archive_made_at_setup() -> None:
     from streamproof.config import SparkSettings
-    from streamproof.session import session_conf, startup_archive
+    from streamproof.jvm.session import session_conf, startup_archive
 
     assert startup_archive().exists(), "make setup did not produce the JVM class-data archive"
     options = session_conf(SparkSettings())["spark.driver.extraJavaOptions"]
@@ -48,7 +48,7 @@ def test_sessions_start_from_the_class_data_archive_made_at_setup() -> None:
 def test_an_unusable_archive_falls_back_silently(tmp_path: Path) -> None:
     import subprocess
 
-    from streamproof.session import _QUIET_CDS
+    from streamproof.jvm.session import _QUIET_CDS
 
     garbage = tmp_path / "stale.jsa"
     garbage.write_bytes(b"not an archive" * 100)
@@ -65,7 +65,7 @@ def test_an_unusable_archive_falls_back_silently(tmp_path: Path) -> None:
 def test_jit_setting_picks_c1_only_and_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     from streamproof.config import SparkSettings
     from streamproof.errors import ConfigError
-    from streamproof.session import JIT_ENV, session_conf
+    from streamproof.jvm.session import JIT_ENV, session_conf
 
     def java_options(**settings: str) -> str:
         return session_conf(SparkSettings(**settings))["spark.driver.extraJavaOptions"]
@@ -86,7 +86,7 @@ def test_gc_setting_picks_one_collector() -> None:
     from pydantic import ValidationError
 
     from streamproof.config import SparkSettings
-    from streamproof.session import session_conf
+    from streamproof.jvm.session import session_conf
 
     def java_options(**settings: str) -> list[str]:
         return session_conf(SparkSettings(**settings))["spark.driver.extraJavaOptions"].split()

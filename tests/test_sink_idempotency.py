@@ -153,7 +153,7 @@ def test_delta_table_options_of_the_pipeline_file_are_set_on_the_table(
     properties = DeltaTable.forPath(spark, str(tmp_path / "tuned")).detail().first()["properties"]
     assert properties["delta.autoOptimize.optimizeWrite"] == "true"
     assert properties["delta.autoOptimize.autoCompact"] == "true"
-    assert properties["delta.checkpointInterval"] == "100"  # streamproof's default for new tables (session.py)
+    assert properties["delta.checkpointInterval"] == "100"  # streamproof's default for new tables (jvm/session.py)
     assert sink.write(_rows(spark, range(0, 10)), _batch(0, 10, 10)).rows_out == 10
 
 
@@ -165,7 +165,7 @@ def test_a_delta_log_that_lost_a_checkpointed_version_is_read_again_once_its_str
     stranded files are found and set aside, and Delta reads the table at the last commit and appends after it.
     Planted too: the commit files the last commit needs lost with it (a restore is the only way): named."""
     from streamproof.sinks.delta_log import log_past_its_commits, set_aside_stranded
-    from streamproof.storage import Location
+    from streamproof.storage.location import Location
 
     table = tmp_path / "orders"
     for version in range(3):  # versions 0-2, a checkpoint of 2
@@ -277,7 +277,7 @@ def test_the_table_s_commits_are_read_back_to_the_run_s_first_batch_and_a_cleane
     state decides: the table holds nothing of the pipeline from the run's first batch on (a new batch is written),
     or it does and the replay cannot be checked (refused, naming the repair)."""
     from streamproof.sinks.delta_log import batches_back_to
-    from streamproof.storage import Location
+    from streamproof.storage.location import Location
 
     table = tmp_path / "append"
     spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
@@ -326,7 +326,7 @@ def test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_t
     A table partitioned otherwise than the file says is refused in one line."""
     from delta.tables import DeltaTable
 
-    from streamproof.transform import with_derived_columns
+    from streamproof.transform.records import with_derived_columns
 
     def opened(sink_text: str) -> Any:
         derived = 'columns = {event_date = "to_date(event_time)"}'
@@ -490,9 +490,9 @@ def test_min_partitions_raised_after_a_kill_writes_nothing_twice(
     Kafka, holding it in part, refuses the new splits in one line before any task writes; the setting put back, the
     run drains. Both checkers: 0/0/0."""
     from conftest import assert_every_sink_clean, run_cli
-    from streamproof import faults
     from streamproof.checkpoint.log import committed_batches
     from streamproof.config import load_pipeline
+    from streamproof.faults import points as faults
     from streamproof.generator import generate
     from streamproof.harness.crashes import Harness
     from streamproof.reconcile.independent import disagreements, verify_independently

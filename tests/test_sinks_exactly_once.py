@@ -34,7 +34,7 @@ from conftest import run_cli
 from streamproof.checkpoint.positions import refuse_if_sink_behind
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
-from streamproof.faults import surviving_processes
+from streamproof.faults.points import surviving_processes
 from streamproof.generator import generate
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
@@ -43,7 +43,7 @@ from streamproof.reconcile import Report, verify_pipeline
 from streamproof.reconcile.independent import committed_parquet_files, disagreements, verify_independently
 from streamproof.reconcile.stored import StoredFolder
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 

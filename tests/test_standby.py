@@ -24,7 +24,7 @@ import pytest
 
 from conftest import write_pipeline
 from streamproof.config import load_pipeline
-from streamproof.faults import AFTER_SINK_COMMIT, ArmedCrash
+from streamproof.faults.points import AFTER_SINK_COMMIT, ArmedCrash
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.infra import KafkaBroker

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from streamproof.checkpoint.folder import RunLock, backup
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 STATE_FILE = bytes(range(256))  # every byte value: 0x80-0xFF are no UTF-8 text
 

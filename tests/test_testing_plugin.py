@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from streamproof.faults import surviving_processes
+from streamproof.faults.points import surviving_processes
 from streamproof.reconcile import Report
 from streamproof.testing import GuaranteeBroken, Prover, assert_guarantee_held
 

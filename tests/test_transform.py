@@ -8,7 +8,7 @@ import pytest
 
 from streamproof.config import Transform
 from streamproof.generator import order_events
-from streamproof.transform import parse_records, quarantined_records, valid_records
+from streamproof.transform.records import parse_records, quarantined_records, valid_records
 
 TRANSFORM = Transform.model_validate(
     {
@@ -70,7 +70,7 @@ def test_generated_malformed_records_all_land_in_quarantine_and_nothing_else(spa
 
 
 def test_add_columns_carries_undeclared_fields_as_text_columns(spark: Any) -> None:
-    from streamproof.transform import with_extra_columns
+    from streamproof.transform.records import with_extra_columns
 
     evolving = TRANSFORM.model_copy(update={"schema_evolution": "add-columns"})
     values = [
@@ -96,7 +96,7 @@ def test_add_columns_carries_undeclared_fields_as_text_columns(spark: Any) -> No
 
 def test_derived_columns_are_analysed_before_start_and_computed_per_row(spark: Any) -> None:
     from streamproof.errors import ConfigError
-    from streamproof.transform import check_derived_columns, with_derived_columns
+    from streamproof.transform.records import check_derived_columns, with_derived_columns
 
     derived = TRANSFORM.model_copy(update={"columns": {"amount_cents": "cast(amount * 100 as bigint)",
                                                        "ingested_at": "_src_timestamp"}})  # fmt: skip

@@ -20,7 +20,7 @@ from conftest import STATEFUL_DATA as UPSTREAM
 from conftest import STATEFUL_EVENTS as EVENTS
 from conftest import stateful_example
 from streamproof.config import load_pipeline
-from streamproof.faults import AFTER_SINK_COMMIT
+from streamproof.faults.points import AFTER_SINK_COMMIT
 from streamproof.harness.cells import MatrixCell
 from streamproof.harness.matrix import run_matrix
 from streamproof.infra import KafkaBroker

@@ -38,8 +38,8 @@ from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import compare_rows
 from streamproof.reconcile.counts import Check
 from streamproof.reconcile.independent import disagreements, verify_independently
-from streamproof.storage import Location
-from streamproof.your_code import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
+from streamproof.storage.location import Location
+from streamproof.your_code.transform import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
 
 EXAMPLE = REPO / "examples" / "your_code"
 SCHEMA = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"

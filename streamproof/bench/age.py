@@ -55,7 +55,7 @@ from streamproof.generator import generate
 from streamproof.infra import S3Server
 from streamproof.kafka_client import topic_end_offsets
 from streamproof.sinks.delta_log import commit_file, latest_version
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 AGED_COMMITS = 50_000
 # On S3 each made commit is a PUT through S3A, and the native sink's copy of it a GET and a PUT: a

@@ -21,7 +21,7 @@ from typing import Any
 
 from streamproof.bench.common import Bench, ratio, relocated, rounded
 from streamproof.errors import ConfigError
-from streamproof.faults import EXECUTOR_MID_WRITE, ArmedCrash
+from streamproof.faults.points import EXECUTOR_MID_WRITE, ArmedCrash
 from streamproof.infra import HdfsCluster, SparkCluster
 
 FAULTED_BATCH = 2  # the third batch: two before it show the steady pace

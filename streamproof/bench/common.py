@@ -28,16 +28,16 @@ from pyspark.sql import SparkSession
 
 from streamproof.config import PipelineSpec, SparkSettings, dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError, first_line
-from streamproof.faults import ArmedCrash, process_table, process_tree_groups
+from streamproof.faults.points import ArmedCrash, process_table, process_tree_groups
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.matrix import isolated_sink
 from streamproof.infra import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, HdfsCluster, S3Server
 from streamproof.infra.s3 import S3_BUCKET
+from streamproof.jvm.session import build_session
 from streamproof.kafka_client import topic_end_offsets, topic_exists
 from streamproof.pipeline.events import READY, STARTED, BatchCommitted, Event
-from streamproof.session import build_session
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 DEFAULT_EVENTS = 2_000_000
 PIPELINES = Path(__file__).resolve().parent.parent.parent / "benchmarks" / "pipelines"

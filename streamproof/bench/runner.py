@@ -41,7 +41,7 @@ from streamproof.bench.throughput import bench_throughput
 from streamproof.bench.tuning import bench_tuning
 from streamproof.errors import ConfigError
 from streamproof.infra import KafkaBroker, PostgresServer
-from streamproof.jars import cached_jars, check_java
+from streamproof.jvm.jars import cached_jars, check_java
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": bench_throughput,

@@ -44,9 +44,9 @@ from streamproof.bench.common import (
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
+from streamproof.jvm.session import JIT_ENV
 from streamproof.kafka_client import client_config, topic_end_offsets
-from streamproof.session import JIT_ENV
-from streamproof.transform import parse_records, valid_records
+from streamproof.transform.records import parse_records, valid_records
 
 # Baseline (e): the code a user would write instead of streamproof (benchmarks/, not the package: it is not ours).
 NATIVE_DELTA_SINK = PIPELINES.parent / "native_delta_sink.py"

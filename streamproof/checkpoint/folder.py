@@ -29,8 +29,8 @@ from pathlib import Path
 
 from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
-from streamproof.faults import process_info
-from streamproof.storage import Location
+from streamproof.faults.points import process_info
+from streamproof.storage.location import Location
 
 
 class ProgressFile:

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from streamproof.errors import PipelineError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 Checkpoint = str | Path | Location  # a local folder or a URI (hdfs://, s3a://, ...)
 

@@ -27,7 +27,7 @@ from streamproof.sinks.base import Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import batches_back_to, latest_version
 from streamproof.sinks.python import PythonSink
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 # The session confs Spark records in each offset log entry (Spark 4.2), which it restores on restart so that
 # state written under them stays readable; a rebuilt entry carries the session's current values.

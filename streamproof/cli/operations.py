@@ -33,10 +33,10 @@ from streamproof.cli.base import (
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, StreamproofError
+from streamproof.jvm.session import build_session, local_session
 from streamproof.pipeline.query import run as run_pipeline
-from streamproof.session import build_session, local_session
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 @checkpoint_app.command("show")

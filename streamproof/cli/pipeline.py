@@ -16,7 +16,6 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from streamproof.avro import AvroContract, checked_schema, register_schema
 from streamproof.cli.base import (
     StateDir,
     app,
@@ -30,7 +29,7 @@ from streamproof.cli.base import (
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.demo import run_demo
 from streamproof.errors import ConfigError
-from streamproof.faults import POINTS
+from streamproof.faults.points import POINTS
 from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
 from streamproof.generator import generate as produce
 from streamproof.harness.cells import cells_not_as_expected
@@ -41,13 +40,14 @@ from streamproof.harness.proof import prove_pipeline
 from streamproof.harness.resume import PauseOnSignal, resumed
 from streamproof.harness.search import replay, search
 from streamproof.harness.sequence import parse_sequence
+from streamproof.jvm.session import build_session, local_session
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
 from streamproof.reconcile import reports_document, verify_pipeline
 from streamproof.reconcile.independent import verify_independently
 from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
 from streamproof.render import matrix_html, matrix_table, print_reports, report_html
-from streamproof.session import build_session, local_session
+from streamproof.transform.avro import AvroContract, checked_schema, register_schema
 
 
 class RecordFormat(StrEnum):

@@ -45,7 +45,7 @@ from streamproof.config.pipeline import PipelineSpec
 from streamproof.config.sinks import SINK_KINDS
 from streamproof.config.sources import SOURCE_KINDS
 from streamproof.errors import ConfigError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

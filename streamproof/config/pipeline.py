@@ -36,7 +36,7 @@ from streamproof.guarantees import (
     storage_refusal,
     wiring_for,
 )
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 class PipelineSpec(Strict):
@@ -201,7 +201,7 @@ class PipelineSpec(Strict):
     @model_validator(mode="after")
     def _sink_columns_are_schema_fields(self) -> PipelineSpec:
         if self.transform.user_code is not None:  # the columns your code makes are known once Spark applies it
-            return self  # (streamproof.your_code.check_at_start)
+            return self  # (streamproof.your_code.transform.check_at_start)
         laid_out = ("partition_by", "zorder_by")  # may also name derived columns, or a window row's columns
         if self.transform.aggregate is not None:  # window rows: the sinks name no record field
             for sink in self.sink_specs:

@@ -87,7 +87,7 @@ class Transform(Strict):
 
     format: Literal["json", "avro"] = "json"
     # format = "avro": the writer schema, from a file (records are bare Avro datums) or from a Confluent-compatible
-    # registry (records in Confluent's wire format; subject default "<topic>-value"). See streamproof/avro.py.
+    # registry (records in Confluent's wire format; subject default "<topic>-value"). See streamproof/transform/avro.py.
     avro_schema: str | None = None
     schema_registry: str | None = None
     schema_subject: str | None = None

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamproof import faults
+from streamproof.faults import points as faults
 from streamproof.guarantees import wiring_for
 from streamproof.harness.crashes import Crash, HarnessResult, TimelineEvent
 from streamproof.harness.evidence import evidence_text
@@ -63,8 +63,9 @@ def expected_damage(
 def fault_hits(where: str, sink: str, labels: Sequence[str]) -> bool:
     """Whether a fault armed at ``where`` hit ``sink``'s write, in a pipeline writing the sinks ``labels`` in that
     order: a point inside one sink's write (``mid-sink-write``, a fault of the machines) hits the sink it names
-    (``point:label``), or the first when it names none (as :func:`streamproof.faults.mid_write_armed` arms it); any
-    other (before the writes, after their commit, after the checkpoint's, a random kill) hits every sink of the batch.
+    (``point:label``), or the first when it names none (as :func:`streamproof.faults.points.mid_write_armed`
+    arms it); any other (before the writes, after their commit, after the checkpoint's, a random kill) hits every sink
+    of the batch.
 
     >>> [fault_hits(where, "pg", ["delta", "pg"]) for where in ("mid-sink-write", "mid-sink-write:pg",
     ...                                                         "after-sink-commit", "worker-loss:delta")]

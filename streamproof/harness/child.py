@@ -7,7 +7,7 @@ come as JSON lines through a pipe of their own, each recorded with its arrival t
 people) is copied to a file, its stderr (logs) goes to another. The child is over when both its event pipe and
 its stdout are closed: the JVM inherits the driver's stdout (not the event pipe), so that is when the driver
 and its JVM are both gone. A kill is a SIGKILL of the whole process tree
-(:func:`streamproof.faults.kill_process_tree`); :meth:`close` also removes the run's Spark scratch folder, which
+(:func:`streamproof.faults.points.kill_process_tree`); :meth:`close` also removes the run's Spark scratch folder, which
 a killed JVM cannot delete itself.
 
 Example::
@@ -31,10 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from streamproof.errors import PipelineError
-from streamproof.faults import CRASH_ENV, ArmedCrash, kill_process_tree
+from streamproof.faults.in_tasks import FAULT_DIR_ENV
+from streamproof.faults.points import CRASH_ENV, ArmedCrash, kill_process_tree
+from streamproof.jvm.session import JIT_ENV, UI_ENV
 from streamproof.pipeline.events import EVENTS_FD_ENV, BatchCommitted, Event, Notice, decode
-from streamproof.session import JIT_ENV, UI_ENV
-from streamproof.task_faults import FAULT_DIR_ENV
 
 RUN_TIMEOUT_S = 900.0
 

@@ -1,6 +1,6 @@
 """Faults of the machines under a pipeline on a cluster, and the evidence that they happened.
 
-The faults are met inside the write's tasks (:mod:`streamproof.task_faults`): an executor JVM or a Worker SIGKILLed
+The faults are met inside the write's tasks (:mod:`streamproof.faults.in_tasks`): an executor JVM or a Worker SIGKILLed
 from its own task halfway through the write, the first attempt of a task held until Spark speculates a copy of it.
 The harness does what a task cannot: it SIGKILLs the DataNode while a held task waits (and starts it again), and
 starts again a Worker a fault killed, once the faulted batch is committed.
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE, SPECULATION, WORKER_LOSS
+from streamproof.faults.in_tasks import HARNESS_WAIT_S, RELEASED
+from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE, SPECULATION, WORKER_LOSS
 from streamproof.infra import HdfsCluster, SparkCluster
 from streamproof.infra.common import wait_until
-from streamproof.task_faults import HARNESS_WAIT_S, RELEASED
 
 DATANODE_DOWN_S = 1.0  # the held task writes into the dead DataNode for this long before it is started again
 # Speculation tuned for a short write: a copy of a task still running after 1 s, once half of its stage is done.

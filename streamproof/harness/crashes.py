@@ -6,7 +6,7 @@ until one run drains the source and exits 0; the caller then reconciles with the
 ``streamproof verify``. Two ways to crash:
 
 * **named points** (:func:`run_with_crashes`): the child is armed with ``STREAMPROOF_CRASH_AT=point@batch``
-  for the second batch of its run and kills itself there (:mod:`streamproof.faults`). Right after the
+  for the second batch of its run and kills itself there (:mod:`streamproof.faults.points`). Right after the
   death, before any restart, the harness records on disk what the crash left (:mod:`streamproof.harness.evidence`):
   whether the offset log, Spark's commit log and the sink's log hold the batch, and which writes had begun; facts
   that do not fit the point make it a missed fault, and the proof fails.
@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamproof import faults
 from streamproof.checkpoint.log import next_batch_to_run
 from streamproof.config import PipelineSpec, PythonSinkSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError, log_tail
+from streamproof.faults import points as faults
 from streamproof.guarantees import wiring_for
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
 from streamproof.harness.cluster import (
@@ -46,9 +46,9 @@ from streamproof.harness.cluster import (
     write_attempts,
 )
 from streamproof.harness.evidence import crash_facts, crash_happened
+from streamproof.jvm.session import local_session
 from streamproof.pipeline.events import BatchCommitted, Event, WriteMoments, WriteStarted
-from streamproof.session import local_session
-from streamproof.your_steps import MOMENTS_CRASHED, landed
+from streamproof.your_code.steps import MOMENTS_CRASHED, landed
 
 Emit = Callable[[str], None]
 
@@ -101,9 +101,9 @@ class HarnessResult:
     process_groups: list[int] = field(default_factory=list)  # one per child run (pgid = child pid)
     missed: list[str] = field(default_factory=list)  # faults whose evidence is missing: a failure
     missed_at: list[str] = field(default_factory=list)  # where each of ``missed`` was armed (``point[:sink]``)
-    # Your own sinks, by label (streamproof.your_steps): the moments the last clean write of a fresh batch went through
-    # (where mid-sink-write#1..#n can crash it), those of every such write (a crash's landing must be one of them),
-    # and the durable steps they took in other threads, after which no crash can land.
+    # Your own sinks, by label (streamproof.your_code.steps): the moments the last clean write of a fresh batch went
+    # through (where mid-sink-write#1..#n can crash it), those of every such write (a crash's landing must be one of
+    # them), and the durable steps they took in other threads, after which no crash can land.
     moments: dict[str, list[str]] = field(default_factory=dict)
     seen_moments: dict[str, list[list[str]]] = field(default_factory=dict)
     unseen: dict[str, list[str]] = field(default_factory=dict)
@@ -471,7 +471,7 @@ def _survive_faults(
     drain: bool = False,
 ) -> bool:
     """One run through faults of the machines, the i-th of ``wheres`` in batch ``first_batch + i``, met inside the
-    write's tasks (:mod:`streamproof.task_faults`); for ``datanode-restart`` the harness breaks the DataNode while
+    write's tasks (:mod:`streamproof.faults.in_tasks`); for ``datanode-restart`` the harness breaks the DataNode while
     the task waits. The run is expected to survive them; it is stopped (SIGTERM) once the last faulted batch is
     committed, unless it is to ``drain`` the source (then True when it did), and a Worker a fault killed is started
     again. Spark's event log must show each fault happened, else it is recorded as missed in ``harness.result``

@@ -29,7 +29,7 @@ from streamproof.harness.cluster import ClusterFaults, cluster_faults
 from streamproof.infra import KafkaBroker, KafkaCluster, PostgresServer, S3Server
 from streamproof.infra.fault_proxy import FaultProxy
 from streamproof.sinks.delta_log import commits_on_disk, latest_version
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"
 

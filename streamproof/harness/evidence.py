@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamproof import faults
 from streamproof.checkpoint.log import batch_end_offsets
 from streamproof.config import PipelineSpec
+from streamproof.faults import points as faults
 from streamproof.sinks import open_sinks
 
 
@@ -126,6 +126,6 @@ def evidence_text(facts: dict[str, Any]) -> str:
         parts.append("every sink holds the batch" if facts.get("sink_has_batch") else "no sink holds the batch")
     parts.append("in the commit log" if facts.get("checkpoint_committed") else "not in the commit log")
     moment = facts.get("moment")
-    if moment:  # your own sink: where in its write the crash landed (streamproof.your_steps)
+    if moment:  # your own sink: where in its write the crash landed (streamproof.your_code.steps)
         parts.append(f"killed {moment['what']} ({moment['where']})")
     return "; ".join(parts)

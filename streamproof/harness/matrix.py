@@ -17,8 +17,6 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from streamproof import faults
-from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.config import (
     AnySinkSpec,
     DeltaSinkSpec,
@@ -31,6 +29,7 @@ from streamproof.config import (
     parse_pipeline,
 )
 from streamproof.errors import ConfigError
+from streamproof.faults import points as faults
 from streamproof.generator import generate
 from streamproof.guarantees import GUARANTEES, wiring_for
 from streamproof.harness.cells import (
@@ -46,9 +45,10 @@ from streamproof.harness.crashes import Emit, run_with_crashes
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.counts import check_for
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
-from streamproof.your_modules import importable_beside
-from streamproof.your_steps import MOMENTS_CRASHED
+from streamproof.storage.location import Location
+from streamproof.transform.avro import avro_contract, with_subject_pinned
+from streamproof.your_code.modules import importable_beside
+from streamproof.your_code.steps import MOMENTS_CRASHED
 
 
 def batches_of_cell(guarantee: str, faults_armed: int) -> int:
@@ -289,7 +289,7 @@ def moment_cells(
 ) -> list[tuple[str, str, list[str]]]:
     """The cells of the further moments of your own sinks' writes, once a cell armed at their first (``#1``) taught how
     many there are (``moments``, by sink label): cell ``mid-sink-write#k`` crashes each that has a k-th (a run each), up
-    to :data:`~streamproof.your_steps.MOMENTS_CRASHED`.
+    to :data:`~streamproof.your_code.steps.MOMENTS_CRASHED`.
 
     >>> learned = {"a": ["1", "2", "3"], "b": ["1", "2"]}
     >>> for cell in moment_cells("exactly-once", ["mid-sink-write:a#1", "mid-sink-write:b#1"], ["a", "b"], learned):

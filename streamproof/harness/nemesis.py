@@ -72,12 +72,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from streamproof.avro import avro_contract, with_subject_pinned
 from streamproof.checkpoint.folder import kept_aside
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, first_line, log_tail
-from streamproof.faults import DATANODE_RESTART, EXECUTOR_MID_WRITE
+from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import Emit, run_with_crashes
@@ -89,8 +88,9 @@ from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
-from streamproof.storage import Location
-from streamproof.your_modules import importable_beside
+from streamproof.storage.location import Location
+from streamproof.transform.avro import avro_contract, with_subject_pinned
+from streamproof.your_code.modules import importable_beside
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0

@@ -22,8 +22,8 @@ from streamproof.errors import ConfigError
 from streamproof.harness.cluster import ClusterFaults
 from streamproof.harness.crashes import Crash, Emit, HarnessResult, run_with_crashes
 from streamproof.harness.random_kills import run_with_random_kills
+from streamproof.jvm.session import local_session
 from streamproof.reconcile import Report, verify_pipeline
-from streamproof.session import local_session
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from streamproof import faults
 from streamproof.errors import PipelineError
+from streamproof.faults import points as faults
 from streamproof.harness.child import RUN_TIMEOUT_S
 from streamproof.harness.crashes import Crash, Emit, Harness, HarnessResult
 

@@ -39,7 +39,7 @@ from streamproof.harness.daemons import Daemons
 from streamproof.harness.nemesis import Nemesis
 from streamproof.harness.sequence import Sequence, parse_sequence
 from streamproof.kafka_client import topic_exists
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 STATE_FILE = "nemesis.json"
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from streamproof.errors import InfraError
-from streamproof.faults import process_cmdline, process_info
+from streamproof.faults.points import process_cmdline, process_info
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from streamproof.errors import InfraError, log_tail
 from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until, wiped
-from streamproof.jars import cached_jars, check_java
+from streamproof.jvm.jars import cached_jars, check_java
 
 NAMENODE = "org.apache.hadoop.hdfs.server.namenode.NameNode"
 DATANODE = "org.apache.hadoop.hdfs.server.datanode.DataNode"

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient
 
 from streamproof.errors import InfraError, log_tail
 from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wiped
-from streamproof.jars import check_java, kafka_broker_classpath
+from streamproof.jvm.jars import check_java, kafka_broker_classpath
 from streamproof.kafka_client import client_config
 
 DEFAULT_PORT = 9092

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from streamproof.errors import InfraError, log_tail
 from streamproof.infra.common import START_TIMEOUT_S, DaemonProcess, LocalDaemon, port_in_use, wait_until, wiped
-from streamproof.jars import check_java
+from streamproof.jvm.jars import check_java
 
 DEFAULT_MASTER_PORT = 7077
 DEFAULT_WEBUI_PORT = 8080

@@ -4,7 +4,7 @@
 2. crash point ``before-sink-write``;
 3. the parsed batch is cached, so Kafka is fetched and JSON parsed once for all the writes that follow;
    with dedup or windows on, the batch holds every record and, beside them, what the stateful operators let
-   through (:func:`streamproof.transform.stateful_stream`): the records dedup kept, or the closed windows;
+   through (:func:`streamproof.transform.records.stateful_stream`): the records dedup kept, or the closed windows;
    records older than the batch's late-event watermark are the ``late`` ones Spark's operators dropped;
 4. invalid records (and late ones, unless ``dedup.late = "drop"``) go to the quarantine Delta table (keyed
    on the batch like the sinks);
@@ -32,17 +32,17 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from streamproof import faults
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
 from streamproof.checkpoint.positions import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
+from streamproof.faults import points as faults
+from streamproof.faults.in_tasks import held_back
 from streamproof.guarantees import wiring_for
 from streamproof.pipeline.events import Event, WriteMoments, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
-from streamproof.task_faults import held_back
-from streamproof.transform import (
+from streamproof.transform.records import (
     ALL_RECORDS,
     BRANCH,
     LATE,
@@ -56,7 +56,7 @@ from streamproof.transform import (
     with_derived_columns,
     with_extra_columns,
 )
-from streamproof.your_code import LookupVersions, Offsets, YourCode, check_determinism, check_lineage
+from streamproof.your_code.transform import LookupVersions, Offsets, YourCode, check_determinism, check_lineage
 
 
 @dataclass

@@ -123,9 +123,9 @@ class WriteStarted:
 
 @dataclass(frozen=True)
 class WriteMoments:
-    """The moments your own sink's write of a batch went through (:mod:`streamproof.your_steps`), after it returned:
-    how many a crash can land at in the next batch. ``unseen``: durable steps it took in other threads, after which
-    no crash can land."""
+    """The moments your own sink's write of a batch went through (:mod:`streamproof.your_code.steps`), after it
+    returned: how many a crash can land at in the next batch. ``unseen``: durable steps it took in other threads, after
+    which no crash can land."""
 
     kind: ClassVar[str] = "moments"
     shown: ClassVar[bool] = False  # for programs: the crash harness learns a write's moments from it

@@ -25,7 +25,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from streamproof import faults, sources
+from streamproof import sources
 from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import (
     batch_end_offsets,
@@ -40,7 +40,9 @@ from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind,
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
+from streamproof.faults import points as faults
 from streamproof.guarantees import wiring_for
+from streamproof.jvm.session import NO_DATA_BATCHES, SPARK_LOG_ENV, build_session, ui_wanted
 from streamproof.metrics import PipelineMetrics
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.pipeline.events import (
@@ -58,11 +60,10 @@ from streamproof.pipeline.events import (
 from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
-from streamproof.session import NO_DATA_BATCHES, SPARK_LOG_ENV, build_session, ui_wanted
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
-from streamproof.transform import check_derived_columns, stateful_stream
-from streamproof.your_code import your_rows_schema
+from streamproof.storage.location import Location
+from streamproof.transform.records import check_derived_columns, stateful_stream
+from streamproof.your_code.transform import your_rows_schema
 
 
 def start_query(

@@ -29,10 +29,10 @@ from pyspark.sql import SparkSession
 from streamproof.checkpoint.folder import Holder, RunLock, process_state
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
-from streamproof.faults import process_info, process_table
+from streamproof.faults.points import process_info, process_table
+from streamproof.jvm.session import build_session, ui_wanted
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
 from streamproof.pipeline.warm_up import StartQuery, warm_up
-from streamproof.session import build_session, ui_wanted
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder
 NOTE_FAMILY_S = 1.0  # how often it notes the processes the holder started (long-lived: its JVM)

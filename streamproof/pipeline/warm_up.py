@@ -30,7 +30,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.streaming import StreamingQuery
 
-from streamproof import faults
 from streamproof.checkpoint.folder import Holder
 from streamproof.config import (
     AnySinkSpec,
@@ -43,10 +42,11 @@ from streamproof.config import (
     PipelineSpec,
 )
 from streamproof.errors import PipelineError, first_line
+from streamproof.faults import points as faults
 from streamproof.pipeline.batches import BatchWriter
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
-from streamproof.your_code import your_rows_schema
+from streamproof.storage.location import Location
+from streamproof.your_code.transform import your_rows_schema
 
 WARM_RECORDS = 25_000  # records per warm-up batch (fewer when the pipeline's own batches are smaller)
 WARM_BATCHES = 3  # two batches, then one more after a restart of the query (a run's first write, tables there)

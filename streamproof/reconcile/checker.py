@@ -49,7 +49,7 @@ from pyspark.sql import functions as F
 
 from streamproof.errors import ConfigError
 from streamproof.reconcile.counts import DROPPED, SAMPLES, VALID, Check, Counts
-from streamproof.transform import COORDINATES, EXACT_SUM, window_rows
+from streamproof.transform.records import COORDINATES, EXACT_SUM, window_rows
 
 
 def reconcile(
@@ -193,7 +193,7 @@ def reconcile_windows(
     """Exact counts for a sink of window rows (``[transform] aggregate``), every value compared.
 
     The windows are recomputed from the valid, not-late source records (one per dedup key when dedup is on)
-    with the pipeline's own :func:`streamproof.transform.window_rows`. A window whose end is at or before
+    with the pipeline's own :func:`streamproof.transform.records.window_rows`. A window whose end is at or before
     ``closed_through_ms`` (the watermark of the last committed batch) is closed and must be in the sink once,
     with equal sums and count; the others are still open and must not be there yet. ``lost``: a closed window
     missing or holding fewer records; ``duplicated``: a window written twice, or holding more records, or the
@@ -436,9 +436,9 @@ def compare(
 def compare_rows(
     check: Check, source: DataFrame, rows: DataFrame, sink: DataFrame | None, quarantine: DataFrame
 ) -> Counts:
-    """The checker for a pipeline with your own transform (:mod:`streamproof.your_code`): the sink is compared with
-    ``rows``, what the code makes of the valid source records (the oracle), in the sink's :class:`Check`; the
-    quarantine side and the identity stay on the source records (``transformed``: the valid records the code got).
+    """The checker for a pipeline with your own transform (:mod:`streamproof.your_code.transform`): the sink is
+    compared with ``rows``, what the code makes of the valid source records (the oracle), in the sink's :class:`Check`;
+    the quarantine side and the identity stay on the source records (``transformed``: the valid records the code got).
 
     * ``records``: a multiset of rows, every column both hold compared (lineage included): an expected row the sink
       holds fewer times is ``lost``, more times ``duplicated``, a row no expected row equals ``unexpected`` (a row

@@ -52,8 +52,8 @@ class Counts:
     # Source records past what the checkpoint and the sink have committed (a pipeline running, or stopped midway:
     # streamproof.reconcile.read_through): a term of the identity, never lost, never unexpected.
     not_yet_read: int = 0
-    # A pipeline with your own transform (streamproof.your_code): expected/lost/duplicated count its rows (or keys,
-    # groups), and ``transformed`` the valid records it was given: the identity's delivered term.
+    # A pipeline with your own transform (streamproof.your_code.transform): expected/lost/duplicated count its rows
+    # (or keys, groups), and ``transformed`` the valid records it was given: the identity's delivered term.
     your_code: bool = False
     transformed: int = 0
     # What was damaged, not only how many: up to SAMPLES rows each for "lost", "duplicated", "wrong_values" and

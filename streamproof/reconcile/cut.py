@@ -24,7 +24,7 @@ from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
 from streamproof.reconcile.counts import DROPPED, VALID
 from streamproof.reconcile.read_through import NOT_OFFSETS, Partition, ReadThrough, Unread
-from streamproof.transform import COORDINATES
+from streamproof.transform.records import COORDINATES
 
 
 def read_through(spec: PipelineSpec) -> ReadThrough:

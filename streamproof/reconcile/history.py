@@ -51,8 +51,8 @@ from streamproof.reconcile.cut import has_rows, read_through, sink_position, spl
 from streamproof.reconcile.read_through import ReadThrough, Unread, how_cut, judged_cut, shown, with_unread
 from streamproof.reconcile.report import RECOMPUTED, Report, unlogged_late_basis
 from streamproof.sinks import open_sinks
-from streamproof.storage import Location
-from streamproof.transform import (
+from streamproof.storage.location import Location
+from streamproof.transform.records import (
     COORDINATES,
     EXACT_SUM,
     LATE,
@@ -61,7 +61,7 @@ from streamproof.transform import (
     valid_records,
     with_derived_columns,
 )
-from streamproof.your_code import LookupVersions, YourCode, expected_rows, your_rows_schema
+from streamproof.your_code.transform import LookupVersions, YourCode, expected_rows, your_rows_schema
 
 
 def read_source(spark: SparkSession, spec: PipelineSpec, columns: list[str]) -> DataFrame:
@@ -78,7 +78,7 @@ def late_flags(spark: SparkSession, spec: PipelineSpec, source: DataFrame, quara
     Recomputed from the checkpoint's offset log: a record belongs to the batch whose offset range holds it,
     and is late when, against the watermark that batch judged late records by (the previous batch's, Spark's
     rule; :func:`streamproof.checkpoint.late_event_watermark_ms`), its event time (dedup) or its window's end
-    (windows without dedup) is at or before it (:func:`streamproof.transform.late_condition`). Records no logged
+    (windows without dedup) is at or before it (:func:`streamproof.transform.records.late_condition`). Records no logged
     batch has read yet are not late. When the log no longer starts at batch 0 (Spark keeps the last 100 batches;
     an at-most-once start wipes it), the batches after its first entry are recomputed all the same; the records of
     the batches before them (offsets below the first entry's end) are judged by that entry's own watermark, the
@@ -343,8 +343,8 @@ def _verify_your_code(
     spark: SparkSession, spec: PipelineSpec, code: YourCode, sinks: list[Any], manifest_dir: Path | None
 ) -> list[Report]:
     """Verification of a pipeline with your own transform: the oracle (your code over the source's valid records,
-    each batch with the lookup versions it read: :func:`streamproof.your_code.expected_rows`) against each sink, as
-    rows (:func:`streamproof.reconcile.checker.compare_rows`); the quarantine side as for any pipeline."""
+    each batch with the lookup versions it read: :func:`streamproof.your_code.transform.expected_rows`) against each
+    sink, as rows (:func:`streamproof.reconcile.checker.compare_rows`); the quarantine side as for any pipeline."""
     rows_schema = your_rows_schema(spark, spec, exactly_once=False)  # checks the code, and ships it to the workers
     cut = read_through(spec)  # before the source, so that the source holds at least what the checkpoint names
     parsed = sources.parsed_records(sources.read_batch(spark, spec), spec)

@@ -178,7 +178,7 @@ def maybe_late_resolved(
 def read_delta(table_folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]] | None:
     """The table's rows (these columns) with delta-rs; None when there is no table yet.
 
-    >>> from streamproof.storage import Location
+    >>> from streamproof.storage.location import Location
     >>> read_delta(StoredFolder.at(Location("/nonexistent"), "a table"), ["order_id"]) is None
     True
     """
@@ -221,7 +221,7 @@ def committed_parquet_files(folder: StoredFolder) -> list[str]:
     entry after it), never a file a killed write left behind. A folder without the log (unkeyed writes: plain
     Parquet appends) is read as Spark reads it: every data file not hidden by a leading ``_`` or ``.``.
 
-    >>> from streamproof.storage import Location
+    >>> from streamproof.storage.location import Location
     >>> committed_parquet_files(StoredFolder.at(Location("/nonexistent"), "a folder"))
     []
     """

@@ -1,5 +1,5 @@
 """The pipeline file's record contract, implemented a second time for the independent checker: no Spark, no
-``from_json``, none of :mod:`streamproof.transform`.
+``from_json``, none of :mod:`streamproof.transform.records`.
 
 A record is valid when its value is non-empty UTF-8 text holding one JSON object whose declared fields each have
 their declared type (missing or null is allowed), whose floating-point fields are finite, and whose ``required``
@@ -28,7 +28,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from streamproof.avro import AvroContract
+from streamproof.transform.avro import AvroContract
 
 # A window's summed column must stay below this magnitude, so that its exact sum cannot overflow
 # DECIMAL(38, 10) (docs/transforms.md).

@@ -24,13 +24,13 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from deltalake import DeltaTable
 
-from streamproof.avro import avro_contract
 from streamproof.config import COORDINATES, DeltaSource, KafkaSource, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.kafka_client import source_client_config, watermarks
 from streamproof.reconcile.own_schema import AvroReader, RecordSchema
 from streamproof.reconcile.pure import SourceRecord
 from streamproof.reconcile.stored import StoredFolder
+from streamproof.transform.avro import avro_contract
 
 # Columns of a Delta source that are not the record's data: its coordinates and the change feed's bookkeeping.
 _NOT_DATA = {*COORDINATES, "_src_timestamp", "_change_type", "_commit_version", "_commit_timestamp"}

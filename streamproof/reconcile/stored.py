@@ -1,7 +1,7 @@
 """The files the independent checker reads (checkpoint logs, Delta tables, Parquet folders), local, on HDFS or on S3,
 without a JVM: HDFS is reached with ``hdfs-native`` (a Rust client of the NameNode's and DataNodes' own protocol,
 the one delta-rs uses), S3 with Arrow's own S3 client (C++) and delta-rs's (Rust), never through Hadoop's FileSystem
-that Spark and :mod:`streamproof.storage` use. Where S3 is and who reads it comes from the pipeline's own
+that Spark and :mod:`streamproof.storage.location` use. Where S3 is and who reads it comes from the pipeline's own
 ``spark.hadoop.fs.s3a.*`` settings (endpoint, region, path style, keys), else from the AWS defaults (environment,
 profile), as delta-rs and Arrow find them.
 
@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from hdfs_native.fsspec import HdfsFileSystem
 
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 @dataclass(frozen=True)

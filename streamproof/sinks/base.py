@@ -88,7 +88,7 @@ class SinkWrite:
 
     rows_out: int
     replay_skipped: bool = False  # a replayed batch the sink already held: nothing was written
-    # Your own sink: the moments its write went through (streamproof.your_steps), and the durable steps it took in
+    # Your own sink: the moments its write went through (streamproof.your_code.steps), and the durable steps it took in
     # other threads, which no crash can land after; None for the sinks streamproof writes itself.
     moments: tuple[str, ...] | None = None
     unseen: tuple[str, ...] = ()
@@ -128,8 +128,8 @@ class Sink(ABC):
         self.pipeline = pipeline
         self.spec = spec
         self._held: HeldBatches | None = None  # what the sink holds from this run's first batch on (carried)
-        # The schema of the rows a pipeline with your own transform writes (streamproof.your_code), known once Spark
-        # applied it; None: the record schema (with its derived columns) says.
+        # The schema of the rows a pipeline with your own transform writes (streamproof.your_code.transform), known once
+        # Spark applied it; None: the record schema (with its derived columns) says.
         self.rows_schema: StructType | None = None
 
     def replay_check(self, batch: Batch) -> bool:

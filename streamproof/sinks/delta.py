@@ -57,7 +57,7 @@ from streamproof.sinks.delta_log import (
     newest_commit,
     other_writers,
 )
-from streamproof.transform import recency, record_schema, struct_type, with_derived_columns
+from streamproof.transform.records import recency, record_schema, struct_type, with_derived_columns
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
 # whether the pipeline wrote the table at all (:meth:`DeltaSink.last_commit`).
@@ -185,7 +185,7 @@ def txn_version(txn: Any, pipeline: str) -> int:
 
 
 def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:
-    """One row per ``key``: the latest (:func:`streamproof.transform.recency`).
+    """One row per ``key``: the latest (:func:`streamproof.transform.records.recency`).
 
     Deterministic for a given set of rows, so a replayed batch reduces to the same rows.
     """
@@ -212,7 +212,7 @@ def partitions_of(rows: DataFrame, partition_by: Sequence[str], target: str = "t
 
 
 def newer_than(source: str, target: str, order_by: str) -> Column:
-    """``source`` row is newer than ``target`` row (:func:`streamproof.transform.recency`)."""
+    """``source`` row is newer than ``target`` row (:func:`streamproof.transform.records.recency`)."""
     return recency(order_by, source) > recency(order_by, target)
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from streamproof.errors import PipelineError
 from streamproof.sinks.base import SinkCommit
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 _COMMIT = re.compile(r"(\d{20})\.json")
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d+)\.(\d+))?(?:\.[0-9a-fA-F-]{36})?\.(?:parquet|json)")

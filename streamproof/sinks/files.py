@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import FilesSinkSpec
 from streamproof.sinks.base import OFFSETS_KEPT, Batch, FolderSink, SinkCommit, SinkWrite
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 METADATA_DIR = "_spark_metadata"
 BATCHES_DIR = "_streamproof_batches"  # each keyed batch's commit record (Parquet readers skip "_" folders)

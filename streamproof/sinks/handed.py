@@ -4,7 +4,7 @@ called: ``<checkpoint>.streamproof/handed/<sink label>/<batch id>.json`` (:attr:
 Your sink (``kind = "python"``) keeps no record streamproof can read, so a lost, restored or recovered checkpoint
 would hand it batch ids it was handed before, with other offsets, and a ledger keyed on the id would skip new records
 or write old ones twice. The record beside the checkpoint survives all three: it holds the batch's id, its start and
-end offsets and its key (:attr:`streamproof.your_steps.YourBatch.key`), and, once your write returned, says so. The
+end offsets and its key (:attr:`streamproof.your_code.steps.YourBatch.key`), and, once your write returned, says so. The
 start checks read it as they read a sink's own commits (:class:`streamproof.sinks.python.PythonSink`): an empty
 checkpoint while batches were handed out is refused, a batch id handed out with other offsets is refused, the batches
 handed out beyond a restored checkpoint are replayed with their offsets, and ``checkpoint recover`` rebuilds from
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamproof.errors import PipelineError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 Offsets = dict[str, dict[str, int]]
 KEPT = 100  # the newest batches whose hand-outs are kept, per sink (Spark's offset log keeps as many)

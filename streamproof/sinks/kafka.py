@@ -46,6 +46,7 @@ from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
+from streamproof.faults.in_tasks import TaskFault, task_fault
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import (
     client_config,
@@ -71,8 +72,7 @@ from streamproof.sinks.shares import (
     peek_source_key,
     refuse_other_splits,
 )
-from streamproof.task_faults import TaskFault, task_fault
-from streamproof.transform import COORDINATES, SOURCE_COLUMNS, record_schema
+from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, record_schema
 
 TRANSACTION_TIMEOUT_MS = "60000"
 

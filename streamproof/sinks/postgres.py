@@ -47,6 +47,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
+from streamproof.faults.in_tasks import TaskFault, task_fault
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
@@ -55,8 +56,7 @@ from streamproof.sinks.shares import (
     peek_source_key,
     refuse_other_splits,
 )
-from streamproof.task_faults import TaskFault, task_fault
-from streamproof.transform import COORDINATES, SOURCE_COLUMNS, struct_type
+from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, struct_type
 
 EXACT_NUMERIC = "numeric(38, 10)"
 
@@ -246,7 +246,7 @@ class PartitionWriter:
 
 
 def newer_than(source: str, target: str, order: str) -> str:
-    """SQL: the ``source`` row is newer than ``target``, by :func:`streamproof.transform.recency`'s rule: by
+    """SQL: the ``source`` row is newer than ``target``, by :func:`streamproof.transform.records.recency`'s rule: by
     ``order`` (null oldest), then coordinates (topic compared bytewise, as Spark does). SQL's row comparison
     yields null where a value is null, hence the cases."""
     same_order = f"{source}.{order} IS NOT DISTINCT FROM {target}.{order}"

@@ -13,7 +13,7 @@ streamproof calls it as Spark does, for every batch, replays after a crash inclu
 What streamproof knows of the batch beside the id is :func:`streamproof.this_batch` (offsets, a ``key`` that
 survives any checkpoint). It keeps no record of its own in your sink: whether a replay writes twice is your code's
 decision, which is the question ``prove --matrix`` answers for it, at every moment of your write it finds by itself
-(:mod:`streamproof.your_steps`). ``read`` returns what the sink holds, with the ``_src_*`` lineage columns, for
+(:mod:`streamproof.your_code.steps`). ``read`` returns what the sink holds, with the ``_src_*`` lineage columns, for
 verification. An exception in your code stops the run with one line naming the function, the batch and the
 exception; its traceback goes to a file beside the checkpoint (:attr:`PipelineSpec.state_dir`), named in that line.
 
@@ -36,14 +36,15 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from streamproof import faults, your_steps
 from streamproof.config import PipelineSpec, PythonSinkSpec
 from streamproof.errors import ConfigError, PipelineError
+from streamproof.faults import points as faults
+from streamproof.faults.in_tasks import fault_folder
 from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
 from streamproof.sinks.handed import HandedOut, HandOut
-from streamproof.task_faults import fault_folder
-from streamproof.your_modules import importable_beside, load_attribute, ship_module
-from streamproof.your_steps import WriteSteps, YourBatch
+from streamproof.your_code import steps as your_steps
+from streamproof.your_code.modules import importable_beside, load_attribute, ship_module
+from streamproof.your_code.steps import WriteSteps, YourBatch
 
 FOREACH_METHODS = ("open", "process", "close")
 

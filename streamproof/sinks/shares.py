@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from streamproof.errors import PipelineError
-from streamproof.transform import COORDINATES
+from streamproof.transform.records import COORDINATES
 
 BATCH_COMPLETE = "*"  # the source key of the record a per-partition sink writes once every partition committed
 

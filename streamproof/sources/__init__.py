@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, SparkSession
 
-from streamproof.avro import avro_contract
 from streamproof.config import DeltaSource, FilesSource, PipelineSpec
 from streamproof.kafka_client import require_topic
 from streamproof.sources import delta, files, kafka
-from streamproof.transform import check_avro_fields, parse_records
+from streamproof.transform.avro import avro_contract
+from streamproof.transform.records import check_avro_fields, parse_records
 
 
 def require_available(spec: PipelineSpec) -> None:
@@ -49,8 +49,8 @@ def read_batch(spark: SparkSession, spec: PipelineSpec) -> DataFrame:
 
 
 def parsed_records(records: DataFrame, spec: PipelineSpec) -> DataFrame:
-    """:func:`streamproof.transform.parse_records` of the pipeline's records: Avro ones with the writer schema of
-    their file or registry (asked now: each start reads the subject's latest version), checked against the declared
+    """:func:`streamproof.transform.records.parse_records` of the pipeline's records: Avro ones with the writer schema
+    of their file or registry (asked now: each start reads the subject's latest version), checked against the declared
     fields first. The pipeline and ``streamproof verify`` both parse through this.
 
     >>> parsed_records(read_stream(spark, spec), spec).columns[-1]                             # doctest: +SKIP

@@ -35,8 +35,8 @@ from pyspark.sql.streaming import DataStreamReader
 
 from streamproof.config import DeltaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.storage import Location
-from streamproof.transform import COORDINATES, SOURCE_COLUMNS, SOURCE_REASON
+from streamproof.storage.location import Location
+from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, SOURCE_REASON
 
 CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
 FEED_COLUMNS = (CHANGE_TYPE, COMMIT_VERSION, COMMIT_TIMESTAMP)

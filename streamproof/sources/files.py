@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from streamproof.config import FilesSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.storage import Location
+from streamproof.storage.location import Location
 
 
 def folder(spec: PipelineSpec) -> Location:

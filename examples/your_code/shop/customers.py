@@ -31,7 +31,7 @@ def write_customers(spark: SparkSession, path: str, *, regraded: bool = False) -
 
 if __name__ == "__main__":
     from streamproof.config import SparkSettings
-    from streamproof.session import build_session
+    from streamproof.jvm.session import build_session
 
     session = build_session(SparkSettings(), app_name="shop-customers")
     write_customers(session, sys.argv[1], regraded="--regrade" in sys.argv[2:])

@@ -1,5 +1,5 @@
 """Faults met inside a sink's write tasks, where Spark runs them (PySpark workers on the executors): what the write
-of a batch armed with a point of a write (:data:`streamproof.faults.WRITE_POINTS`) does at its mid-write point.
+of a batch armed with a point of a write (:data:`streamproof.faults.points.WRITE_POINTS`) does at its mid-write point.
 
 The last partition of the write is the one affected. A sink writing from Python tasks (PostgreSQL, Kafka) calls
 ``reached`` at its own mid-write point (rows written, nothing committed); in front of a JVM writer (Delta, Parquet)
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamproof.faults import (
+from streamproof.faults.points import (
     DATANODE_RESTART,
     EXECUTOR_MID_WRITE,
     MID_SINK_WRITE,

@@ -1,5 +1,5 @@
 """The calls that make something durable, watched while your own sink's write runs: each one that returns is a step
-of the write (:mod:`streamproof.your_steps` numbers them into the moments a proof crashes at).
+of the write (:mod:`streamproof.your_code.steps` numbers them into the moments a proof crashes at).
 
 * a Spark write: ``DataFrameWriter.save`` / ``saveAsTable`` / ``insertInto`` / ``jdbc`` / ``parquet`` / ``orc`` /
   ``json`` / ``csv`` / ``text`` / ``xml``, ``DataFrameWriterV2.append`` / ``overwrite`` / ``create`` / ...,

@@ -2,7 +2,7 @@
 
 One short session runs through the code paths a pipeline uses (parse, quarantine, keyed Delta appends and a
 MERGE, Spark's file sink, the Kafka connector's classes, a streaming query with ``foreachBatch``), and the JVM
-writes the classes it loaded to :func:`streamproof.session.startup_archive` when it exits: every later JVM start
+writes the classes it loaded to :func:`streamproof.jvm.session.startup_archive` when it exits: every later JVM start
 is ~4 s faster. Idempotent: an existing archive is kept.
 
 An archive holds for one pyspark install (its key holds the install's path), so each clone makes its own, 200 MB
@@ -11,7 +11,7 @@ whose install is gone (:func:`prune_archives`), and those made before that file 
 
 Example::
 
-    $ python -m streamproof.jvm_archive
+    $ python -m streamproof.jvm.archive
     JVM start-up archive: /root/.cache/streamproof/jvm/spark-578d67b679e97af4.jsa
 """
 
@@ -26,10 +26,10 @@ from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import Transform, parse_pipeline
 from streamproof.errors import SetupError
-from streamproof.session import build_session, startup_archive
+from streamproof.jvm.session import build_session, startup_archive
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Batch
-from streamproof.transform import parse_records, quarantined_records, valid_records
+from streamproof.transform.records import parse_records, quarantined_records, valid_records
 
 
 def prepare_startup_archive() -> Path:

@@ -1,6 +1,6 @@
 """Your modules: a function named ``package.module:function`` in a pipeline file (a transform, a sink's write or
 read), imported by name, and its package shipped to Spark's Python workers so that its UDFs and task functions
-import there too (:mod:`streamproof.your_code`, :mod:`streamproof.sinks.python`).
+import there too (:mod:`streamproof.your_code.transform`, :mod:`streamproof.sinks.python`).
 
 Example::
 

@@ -16,8 +16,8 @@ nothing is downloaded while a pipeline runs (:func:`cached_jars` never calls Mav
 
 Example::
 
-    $ python -m streamproof.jars          # set-up: resolve both sets (network, once)
-    >>> from streamproof.jars import cached_jars
+    $ python -m streamproof.jvm.jars          # set-up: resolve both sets (network, once)
+    >>> from streamproof.jvm.jars import cached_jars
     >>> [p.name for p in cached_jars("spark") if p.name.startswith("delta-spark")]
     ['delta-spark_4.2_2.13-4.4.0.jar']
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 
 from streamproof.errors import SetupError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 JVM_DIR = REPO_ROOT / "jvm"
 MAVEN_SETTINGS = JVM_DIR / "settings.xml"
 JAR_SETS = ("spark", "kafka", "hdfs")
@@ -134,7 +134,8 @@ def cached_jars(name: str) -> list[Path]:
     folder = jar_set(name).folder()
     if not (folder / ".complete").exists():
         raise SetupError(
-            f"the {name} JVM jars are not resolved yet (no {folder}): run `make setup` or `python -m streamproof.jars`"
+            f"the {name} JVM jars are not resolved yet (no {folder}): "
+            "run `make setup` or `python -m streamproof.jvm.jars`"
         )
     return sorted(folder.glob("*.jar"))
 

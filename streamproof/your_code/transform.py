@@ -39,15 +39,15 @@ from pyspark.sql.types import StructType
 
 from streamproof.config import PipelineSpec, replay_unsafe
 from streamproof.errors import ConfigError, PipelineError
-from streamproof.storage import Location
-from streamproof.transform import (
+from streamproof.storage.location import Location
+from streamproof.transform.records import (
     SOURCE_COLUMNS,
     record_schema,
     struct_type,
     users_analysis_errors,
     with_derived_columns,
 )
-from streamproof.your_modules import importable_beside, load_function, ship_module
+from streamproof.your_code.modules import importable_beside, load_function, ship_module
 
 RECORDS_VIEW = "records"  # the view a [transform] sql query reads the batch's valid records from
 DETERMINISM_SAMPLE = 500  # records of a run's first batch the function is applied to twice

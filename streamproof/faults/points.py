@@ -12,14 +12,14 @@ Points (DESIGN.md):
 * ``before-sink-write``: the offset log holds the batch, nothing of it is written;
 * ``mid-sink-write``: while the sink's write job runs (data files partly written, no commit); in a
   fan-out, ``mid-sink-write:<sink label>`` picks the sink (default: the first). In your own sink (``kind =
-  "python"``) it is a moment of your write, found while it runs (:mod:`streamproof.your_steps`):
+  "python"``) it is a moment of your write, found while it runs (:mod:`streamproof.your_code.steps`):
   ``mid-sink-write#k`` (``mid-sink-write:<label>#k``) crashes after its k-th durable step (default: the first);
 * ``after-sink-commit``: the sink transaction is durable, Spark's ``commits/<batch>`` is not written;
 * ``after-checkpoint-commit``: Spark wrote ``commits/<batch>``, and the next batch has written nothing;
 * ``random``: killed from outside at a uniformly random moment (the harness does it; no hook).
 
 On a cluster (``[spark] master = "spark://..."``, and HDFS for the DataNode), faults of the machines rather than
-of the driver, met inside the write's tasks (:mod:`streamproof.task_faults`, once per batch, first attempt only);
+of the driver, met inside the write's tasks (:mod:`streamproof.faults.in_tasks`, once per batch, first attempt only);
 the run is expected to survive them, exactly-once, and several may be armed for one run, a batch each
 (``STREAMPROOF_CRASH_AT=executor-mid-write@2,worker-loss@3``):
 

@@ -4,16 +4,16 @@ marker in it.
 Your ``foreachBatch`` function (``[sink] kind = "python"``) is code streamproof did not write, so where it can break
 is where it makes something durable: between two of those steps a crash leaves the first done and the second not.
 For the length of your call, streamproof counts each call that makes something durable and returns
-(:mod:`streamproof.your_calls`: a Spark or Delta write, a DB-API or JDBC commit, a Kafka transaction, a job running
+(:mod:`streamproof.your_code.calls`: a Spark or Delta write, a DB-API or JDBC commit, a Kafka transaction, a job running
 your code in tasks, whose tasks count their own commits), and ``this_batch().step("...")`` where you mark a moment
 yourself (optional).
 
 The moments of a write (:func:`moments`) are: after each step in the driver; and, for a job whose tasks committed,
 after the j-th commit of a task (the first task to reach it: the others may or may not have committed theirs), for
-the first :data:`TASK_MOMENTS` commits of a task. ``mid-sink-write#k`` (:mod:`streamproof.faults`) SIGKILLs the whole
-run at the k-th moment; a clean batch tells how many there are. A write in which none of these is seen has no moment:
-a proof says "not exercised", never "clean"; a moment the armed batch does not reach is killed when the write returns,
-and says so.
+the first :data:`TASK_MOMENTS` commits of a task. ``mid-sink-write#k`` (:mod:`streamproof.faults.points`) SIGKILLs the
+whole run at the k-th moment; a clean batch tells how many there are. A write in which none of these is seen has no
+moment: a proof says "not exercised", never "clean"; a moment the armed batch does not reach is killed when the write
+returns, and says so.
 
 Example::
 
@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamproof import faults, your_calls
-from streamproof.task_faults import fault_folder
+from streamproof.faults import points as faults
+from streamproof.faults.in_tasks import fault_folder
+from streamproof.your_code import calls
 
 EVIDENCE_PREFIX = "moment-"  # <fault folder>/moment-<batch>-<sink>.json: the moment a crash landed at, for the harness
 TASK_MOMENTS = 3  # the commits of a task that are moments: its first three (a task committing per row has hundreds)
@@ -211,7 +212,7 @@ def this_batch() -> YourBatch:
     ...
     RuntimeError: this_batch() is only known inside a write streamproof hands a batch to (a python sink's write)
     """
-    steps = your_calls.current()
+    steps = calls.current()
     if steps is None or steps.batch is None:
         raise RuntimeError(
             "this_batch() is only known inside a write streamproof hands a batch to (a python sink's write)"
@@ -222,8 +223,8 @@ def this_batch() -> YourBatch:
 @contextlib.contextmanager
 def counting(steps: WriteSteps | TaskSteps) -> Iterator[WriteSteps | TaskSteps]:
     """Count ``steps`` in this thread for the length of the block (your write, or one of its tasks)."""
-    your_calls.install(_task_job)
-    with your_calls.counting_in_this_thread(steps):
+    calls.install(_task_job)
+    with calls.counting_in_this_thread(steps):
         yield steps
 
 
@@ -286,7 +287,7 @@ def _task_job(method: Callable[..., Any], name: str, each_partition: Callable[..
 
     @functools.wraps(method)
     def job(rdd: Any, function: Callable[..., Any]) -> Any:
-        if not isinstance(your_calls.active(), WriteSteps):
+        if not isinstance(calls.active(), WriteSteps):
             return method(rdd, function)
         per_partition = function if name == "foreachPartition" else functools.partial(_each_row, function)
         with task_job(name, rdd.context) as tasks:
@@ -321,7 +322,7 @@ def task_steps(active: WriteSteps, context: Any, job: str) -> TaskSteps:
 def task_job(job: str, rdd_context: Any) -> Iterator[TaskSteps | None]:
     """A job of your write that streamproof runs itself (a ``ForeachWriter``'s partitions): its tasks count their
     commits through the :class:`TaskSteps` yielded (None outside a counted write), and it is a step once it returns."""
-    active = your_calls.active()
+    active = calls.active()
     if not isinstance(active, WriteSteps):
         yield None
         return
@@ -337,6 +338,6 @@ def task_job(job: str, rdd_context: Any) -> Iterator[TaskSteps | None]:
 
 def mark(name: str) -> None:
     """``this_batch().step(name)``: a moment you mark yourself, counted as a step where it is reached."""
-    active = your_calls.active()
+    active = calls.active()
     if active is not None:
         active.took(f"step {name!r}")

@@ -17,7 +17,7 @@ Reasons, checked in this order:
 * ``missing_required:<field>``: a required field is absent, null or blank.
 
 Avro records (``format = "avro"``) have ``avro`` instead of ``not_utf8``, ``invalid_json`` and ``schema``: a
-record that is not one datum of the writer schema, or lacks its Confluent header (:mod:`streamproof.avro`).
+record that is not one datum of the writer schema, or lacks its Confluent header (:mod:`streamproof.transform.avro`).
 
 The classification depends only on the record's bytes, so a replayed batch classifies identically.
 
@@ -111,10 +111,10 @@ def parse_records(
 
     Works on streaming and batch DataFrames alike. Avro records (``format = "avro"``) need their writer schema,
     ``avro_schema`` (JSON), and the header each record starts with (Confluent's wire format; see
-    :mod:`streamproof.avro`).
+    :mod:`streamproof.transform.avro`).
     """
     if transform.format == "avro":
-        assert avro_schema is not None, "Avro records are read with their writer schema (streamproof.avro)"
+        assert avro_schema is not None, "Avro records are read with their writer schema (streamproof.transform.avro)"
         return _parse_avro(kafka_records, transform, avro_schema, avro_header)
     fields = schema_field_names(transform.schema_)
     schema_with_corrupt = f"{transform.schema_}, {_CORRUPT} STRING"

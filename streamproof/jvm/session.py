@@ -1,11 +1,11 @@
 """The SparkSession a pipeline runs in: cached jars, Delta extensions, defaults sized for a laptop.
 
 Nothing here downloads anything: the jars come from the cache that ``make setup`` filled
-(:mod:`streamproof.jars`). On a cluster, ``[spark] master`` and ``[spark.conf]`` override the defaults.
+(:mod:`streamproof.jvm.jars`). On a cluster, ``[spark] master`` and ``[spark.conf]`` override the defaults.
 
 Example::
 
-    >>> from streamproof.session import build_session
+    >>> from streamproof.jvm.session import build_session
     >>> spark = build_session()                       # local[2], Delta + Kafka connector loaded
     >>> spark.range(3).write.format("delta").save("/tmp/t")  # doctest: +SKIP
 """
@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.config import SparkSettings
 from streamproof.errors import ConfigError
-from streamproof.jars import cache_root, cached_jars, check_java, jar_set
+from streamproof.jvm.jars import cache_root, cached_jars, check_java, jar_set
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 # The file Spark's driver log goes to whole (log4j2.properties): set by a pipeline run before its JVM starts.
@@ -203,7 +203,7 @@ def ship_package(spark: SparkSession) -> Path:
     """The streamproof package, zipped once per content into the cache, added to the executors' Python path:
     a cluster's executors run the sinks' tasks (PostgreSQL, Kafka) with the driver's code, not an installed
     copy (their Python needs streamproof's dependencies, as the driver's does)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # streamproof/, of which this is jvm/session.py
     sources = sorted(path for path in package.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
     digest = hashlib.sha256()
     for path in sources:
