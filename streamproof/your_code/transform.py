@@ -129,7 +129,7 @@ class YourCode:
     def latest_versions(self, spark: SparkSession) -> dict[str, int]:
         """The newest version of each lookup table."""
         return {
-            lookup.name: latest_version(spark, self.spec.resolve_path(lookup.path), lookup.name)
+            lookup.name: lookup_version_now(spark, self.spec.resolve_path(lookup.path), lookup.name)
             for lookup in self.spec.lookups
         }
 
@@ -269,7 +269,7 @@ def _short(row: dict[str, Any]) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def latest_version(spark: SparkSession, path: Location, name: str) -> int:
+def lookup_version_now(spark: SparkSession, path: Location, name: str) -> int:
     """The newest version of the Delta table at ``path`` (a lookup), or a one-line error when it is not one."""
     from delta.tables import DeltaTable
 
