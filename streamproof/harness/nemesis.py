@@ -440,7 +440,9 @@ class Nemesis:
             return
         line = child.error_line()
         if self._put_back_if_too_old(step, code, line):
-            self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
+            # What the refused run was to read, read now as the drain step does (judged again: no second way back);
+            # written out here because the judgement stands below the steps and calls none.
+            self._ended(step, self._start(), "drained")
             return
         raise NemesisFailure(
             f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
