@@ -522,6 +522,10 @@ class Nemesis:
     def finish(self) -> list[str]:
         """Drain, then both checkers on every sink: the problems found (empty: every sink 0/0/0, checkers agree)."""
         self.apply(Step("drain"))
+        return self._verdict()
+
+    def _verdict(self) -> list[str]:
+        """Both checkers on every sink, and the end line said: the problems found (empty: all 0/0/0, they agree)."""
         reports = verify_pipeline(self.spark, self.spec)
         problems = [
             f"{report.sink}: lost {report.lost}, duplicated {report.duplicated}, unexpected "
