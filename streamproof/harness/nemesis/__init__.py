@@ -62,26 +62,20 @@ Example::
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import kept_aside
 from streamproof.checkpoint.log import committed_batches
-from streamproof.config import DeltaSinkSpec, KafkaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
-from streamproof.errors import ConfigError, first_line, log_tail
+from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
+from streamproof.errors import first_line, log_tail
 from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
-from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
-from streamproof.harness.crashes import Emit, run_with_crashes
-from streamproof.harness.daemons import Daemons, KafkaFaults, maintain_delta_tables, restore_behind
-from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
+from streamproof.harness.crashes import run_with_crashes
+from streamproof.harness.daemons import KafkaFaults, maintain_delta_tables, restore_behind
+from streamproof.harness.matrix import cluster_points
+from streamproof.harness.nemesis.runs import NemesisFailure, NemesisRuns
 from streamproof.harness.sequence import RUNS, Step, state_allows
 from streamproof.pipeline.events import STANDBY
 from streamproof.reconcile import verify_pipeline
@@ -89,8 +83,8 @@ from streamproof.reconcile.independent import disagreements, verify_independentl
 from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
 from streamproof.storage.location import Location
-from streamproof.transform.avro import avro_contract, with_subject_pinned
-from streamproof.your_code.modules import importable_beside
+
+__all__ = ["Nemesis", "NemesisFailure"]
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
@@ -99,53 +93,9 @@ PAUSE_S = 9.0  # a paused Kafka node: longer than the cluster's broker.session.t
 REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
 
 
-class NemesisFailure(AssertionError):
-    """A sequence ended in damage, a refusal the docs do not list for the state it met, or a failed run."""
-
-
-@dataclass
-class Nemesis:
+class Nemesis(NemesisRuns):
     """Runs steps on one pipeline of its own (exactly-once, its own topic, checkpoint and sinks under ``workdir``,
     as a matrix cell), and judges the end. ``history`` holds what each step really did."""
-
-    pipeline_file: Path
-    workdir: Path
-    spark: SparkSession
-    daemons: Daemons
-    data_seed: int
-    emit: Emit = print
-    label: str = "r"  # tells apart the topics of the sequences of one search
-    records_per_step: int = 4_000
-    batch: int = 1_000
-    history: list[str] = field(default_factory=list)
-    backups: list[Location] = field(default_factory=list)
-    replaced: Location | None = None  # the checkpoint the last restore replaced (restore keeps it aside)
-    runs: int = 0
-    produced: int = 0
-    steps_applied: int = 0
-    stamp: str = ""  # names its topic (and its folder on distributed storage); a resumed nemesis keeps its own
-    _children: list[PipelineChild] = field(default_factory=list)  # the runs of the step in progress
-
-    def __post_init__(self) -> None:
-        spec = load_pipeline(self.pipeline_file)
-        importable_beside(spec)  # your code beside the pipeline file: the sequences' files are elsewhere
-        if spec.source.kind != "kafka":
-            raise ConfigError(
-                f"--nemesis produces its records into Kafka and needs a kafka source, not {spec.source.kind}"
-            )
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.stamp = stamp = self.stamp or f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
-        self.topic = f"{spec.source.topic}-nemesis-{stamp}"
-        # On distributed storage the sequence's files live there, as the pipeline's do (its faults are that store's).
-        parent = spec.checkpoint_dir.parent
-        self.storage = parent / f"nemesis-{stamp}" if spec.on_distributed_storage else Location(self.workdir)
-        cell = cell_spec(spec, "exactly-once", self.topic, self.storage, self.batch)
-        self.spec = self.daemons.through_proxy(cell)
-        self.cell_file = self.workdir / "pipeline.toml"
-        self.cell_file.write_text(dump_pipeline(self.spec))
-        self.shares = upstream_shares(spec, None, None)
-        self.avro = avro_contract(with_subject_pinned(spec))
-        self.checkpoint = self.spec.checkpoint_dir
 
     # ------------------------------------------------------------------------------------------ the steps
 
@@ -396,39 +346,6 @@ class Nemesis:
 
     # ------------------------------------------------------------------------------------------ the runs
 
-    def _produce(self) -> None:
-        self.produced += 1
-        assert isinstance(self.spec.source, KafkaSource)
-        generate(
-            self.spec.source.bootstrap_servers,
-            self.topic,
-            self.records_per_step,
-            partitions=4,
-            malformed=0.005,
-            seed=self.data_seed * 1000 + self.produced,
-            avro=self.avro,
-            duplicates=self.shares["duplicates"],
-            late=self.shares["late"],
-        )
-
-    def _start(self, *, available_now: bool = True) -> PipelineChild:
-        self.runs += 1
-        child = PipelineChild(
-            self.cell_file, self.workdir / "logs", name=f"run-{self.runs}", available_now=available_now
-        )
-        self._children.append(child)
-        return child
-
-    @staticmethod
-    def _after_batches(child: PipelineChild, count: int) -> bool:
-        """Wait for the run's ``count``-th batch; False when the run ended first."""
-        deadline = time.monotonic() + 600
-        while len(child.batches()) < count:
-            if child.process.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
     def _ended(self, step: Step, child: PipelineChild, what: str) -> None:
         code = child.wait(900)
         child.close()
@@ -460,13 +377,6 @@ class Nemesis:
         self.replaced = None
         return True
 
-    def _run_to_its_end(self) -> tuple[PipelineChild, int, str]:
-        """A run to its end: the child, its exit code and its error line ("" when none)."""
-        child = self._start()
-        code = child.wait(900)
-        child.close()
-        return child, code, child.error_line() or ""
-
     def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
         """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
         repair it names is then applied and must succeed. A too-old restore of an earlier step that no run has met
@@ -487,35 +397,9 @@ class Nemesis:
         self._say(step, f"refused ({line[:100]}...); {repair}")
         self._cli(step, *repair.split(), str(self.cell_file))
 
-    def _cli(self, step: Step, *args: str) -> None:
-        # A session of its own, as the runs have: a Ctrl-C meant to pause the nemesis must not cut a repair short.
-        done = subprocess.run(
-            [sys.executable, "-m", "streamproof", *args],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            start_new_session=True,
-        )
-        if done.returncode != 0:
-            raise NemesisFailure(
-                f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()[-600:]}"
-            )
-
     def _delta_sink(self) -> Location | None:
         tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
         return tables[0] if tables else None
-
-    def _failed(self, failure: NemesisFailure) -> None:
-        """Said when it happens: a long search then shrinks for minutes before it prints the failure it found."""
-        line = f"step {self.steps_applied} FAILED: {failure}"
-        self.history.append(line)
-        self.emit(line)
-
-    def _say(self, step: Step, what: str) -> None:
-        line = f"step {self.steps_applied} {step.encode()}: {what}"
-        self.history.append(line)
-        self.emit(line)
 
     # ------------------------------------------------------------------------------------------ the end
 
