@@ -1,7 +1,6 @@
-"""The nemesis: a sequence of composed faults and operator actions on a live stream, then both checkers on every
-sink (``streamproof prove PIPELINE --nemesis STEPS``; the sequences come from :mod:`streamproof.harness.search`).
-
-Each step is one thing a user or the world does (Jepsen's nemesis, on streamproof's own commands):
+"""The steps of a nemesis (:mod:`streamproof.harness.nemesis`). Each is one thing a user or the world does (Jepsen's
+nemesis, on streamproof's own commands), and a method of :class:`NemesisSteps` named after it (``lose-commits``:
+``_lose_commits``), which :meth:`~streamproof.harness.nemesis.Nemesis.apply` finds by that name:
 
 =================  ==============================================================================================
 ``kill@A:P``       a run SIGKILLed (its whole process tree) ``P`` of a batch's duration after its ``A``-th batch
@@ -39,115 +38,39 @@ Each step is one thing a user or the world does (Jepsen's nemesis, on streamproo
                    second later; the run survives it and drains
 =================  ==============================================================================================
 
-On S3 (``infra up --s3``) the sequence's checkpoint and tables live in the pipeline's bucket, and its runs reach the
-store through a fault proxy (:mod:`streamproof.harness.daemons`).
-
-Every step that runs the pipeline first produces new records into the topic (a live stream). After each step the
-pipeline has carried on, or refused with a line the docs list for the state the step left (a lost checkpoint:
-``checkpoint recover``; a sink behind: ``checkpoint rewind``), and the nemesis applies that repair; any other
-refusal, or a run that fails, ends the sequence as a failure. At the end the topic is drained and every sink must be
-0 lost / 0 duplicated / 0 unexpected by Spark's checker and by the independent one, which must agree.
-
-A sequence (:mod:`streamproof.harness.sequence`: its steps, its text ``data=7,kill@2:0.41,backup,drain``, its plan
-from a seed) is replayed exactly (``--nemesis-replay``); the moment of a kill within a batch stays approximate, and
-each step prints what really happened.
-
-Example::
-
-    >>> from streamproof.harness.sequence import parse_sequence
-    >>> parse_sequence("data=7,kill@2:0.41,restore:0").steps
-    [Step(action='kill', after=2, phase=0.41, index=0), Step(action='restore', after=1, phase=0.0, index=0)]
+A step runs the pipeline (:mod:`~streamproof.harness.nemesis.runs`) and has each run's exit judged
+(:mod:`~streamproof.harness.nemesis.judgement`). Whether it applies: :meth:`NemesisSteps.supports` (this set-up has
+what it acts on) and :meth:`NemesisSteps.can` (and the live state allows it now).
 """
 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import kept_aside
 from streamproof.checkpoint.log import committed_batches
-from streamproof.config import DeltaSinkSpec, KafkaSinkSpec, KafkaSource, dump_pipeline, load_pipeline
-from streamproof.errors import ConfigError, first_line, log_tail
+from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
 from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
-from streamproof.generator import generate
 from streamproof.harness.child import PipelineChild
-from streamproof.harness.crashes import Emit, run_with_crashes
-from streamproof.harness.daemons import Daemons, KafkaFaults, maintain_delta_tables, restore_behind
-from streamproof.harness.matrix import cell_spec, cluster_points, upstream_shares
-from streamproof.harness.sequence import RUNS, Step, state_allows
+from streamproof.harness.crashes import run_with_crashes
+from streamproof.harness.daemons import KafkaFaults, maintain_delta_tables, restore_behind
+from streamproof.harness.matrix import cluster_points
+from streamproof.harness.nemesis.judgement import NemesisJudgement
+from streamproof.harness.sequence import Step, state_allows
 from streamproof.pipeline.events import STANDBY
-from streamproof.reconcile import verify_pipeline
-from streamproof.reconcile.independent import disagreements, verify_independently
-from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
 from streamproof.storage.location import Location
-from streamproof.transform.avro import avro_contract, with_subject_pinned
-from streamproof.your_code.modules import importable_beside
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
 PAUSE_S = 9.0  # a paused Kafka node: longer than the cluster's broker.session.timeout.ms (6 s)
-# The refusals the docs list, by the damage a step left, and the command that repairs each.
-REPAIRS = {"checkpoint-lost": "checkpoint recover", "sink-behind": "checkpoint rewind"}
 
 
-class NemesisFailure(AssertionError):
-    """A sequence ended in damage, a refusal the docs do not list for the state it met, or a failed run."""
-
-
-@dataclass
-class Nemesis:
-    """Runs steps on one pipeline of its own (exactly-once, its own topic, checkpoint and sinks under ``workdir``,
-    as a matrix cell), and judges the end. ``history`` holds what each step really did."""
-
-    pipeline_file: Path
-    workdir: Path
-    spark: SparkSession
-    daemons: Daemons
-    data_seed: int
-    emit: Emit = print
-    label: str = "r"  # tells apart the topics of the sequences of one search
-    records_per_step: int = 4_000
-    batch: int = 1_000
-    history: list[str] = field(default_factory=list)
-    backups: list[Location] = field(default_factory=list)
-    replaced: Location | None = None  # the checkpoint the last restore replaced (restore keeps it aside)
-    runs: int = 0
-    produced: int = 0
-    steps_applied: int = 0
-    stamp: str = ""  # names its topic (and its folder on distributed storage); a resumed nemesis keeps its own
-    _children: list[PipelineChild] = field(default_factory=list)  # the runs of the step in progress
-
-    def __post_init__(self) -> None:
-        spec = load_pipeline(self.pipeline_file)
-        importable_beside(spec)  # your code beside the pipeline file: the sequences' files are elsewhere
-        if spec.source.kind != "kafka":
-            raise ConfigError(
-                f"--nemesis produces its records into Kafka and needs a kafka source, not {spec.source.kind}"
-            )
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.stamp = stamp = self.stamp or f"{time.strftime('%Y%m%dT%H%M%S')}-{self.label}-{self.data_seed}"
-        self.topic = f"{spec.source.topic}-nemesis-{stamp}"
-        # On distributed storage the sequence's files live there, as the pipeline's do (its faults are that store's).
-        parent = spec.checkpoint_dir.parent
-        self.storage = parent / f"nemesis-{stamp}" if spec.on_distributed_storage else Location(self.workdir)
-        cell = cell_spec(spec, "exactly-once", self.topic, self.storage, self.batch)
-        self.spec = self.daemons.through_proxy(cell)
-        self.cell_file = self.workdir / "pipeline.toml"
-        self.cell_file.write_text(dump_pipeline(self.spec))
-        self.shares = upstream_shares(spec, None, None)
-        self.avro = avro_contract(with_subject_pinned(spec))
-        self.checkpoint = self.spec.checkpoint_dir
-
-    # ------------------------------------------------------------------------------------------ the steps
+class NemesisSteps(NemesisJudgement):
+    """Every step of the table, and whether it applies."""
 
     def supports(self, action: str) -> bool:
         """Whether this set-up has what ``action`` acts on (its server, a Delta sink, a cluster), whatever the state."""
@@ -173,28 +96,6 @@ class Nemesis:
         batches, a restore a backup: :func:`streamproof.harness.sequence.state_allows`)."""
         has_batches = bool(committed_batches(self.spec.checkpoint_dir))
         return self.supports(action) and state_allows(action, has_batches=has_batches, backups=len(self.backups))
-
-    def apply(self, step: Step) -> None:
-        """Run one step to its end (repairs included); :class:`NemesisFailure` when the pipeline misbehaved."""
-        self.steps_applied += 1
-        if not self.can(step.action):
-            self._say(step, "not applicable now: skipped")
-            return
-        try:
-            if step.action in RUNS:
-                self._produce()
-            getattr(self, "_" + step.action.replace("-", "_"))(step)
-        except NemesisFailure as failure:
-            self._failed(failure)
-            raise
-        except Exception as error:  # noqa: BLE001 - whatever broke, the sequence failed and is to be replayed
-            broke = NemesisFailure(f"{step.encode()}: {type(error).__name__}: {first_line(error)}")
-            self._failed(broke)
-            raise broke from error
-        finally:
-            for child in self._children:  # a step that failed midway leaves no process behind, nor its scratch
-                child.close()
-            self._children.clear()
 
     def _kill(self, step: Step) -> None:
         child = self._start()
@@ -394,143 +295,6 @@ class Nemesis:
         if restored:
             self._expect_refusal(step, "sink-behind", carry_on_allowed=True)
 
-    # ------------------------------------------------------------------------------------------ the runs
-
-    def _produce(self) -> None:
-        self.produced += 1
-        assert isinstance(self.spec.source, KafkaSource)
-        generate(
-            self.spec.source.bootstrap_servers,
-            self.topic,
-            self.records_per_step,
-            partitions=4,
-            malformed=0.005,
-            seed=self.data_seed * 1000 + self.produced,
-            avro=self.avro,
-            duplicates=self.shares["duplicates"],
-            late=self.shares["late"],
-        )
-
-    def _start(self, *, available_now: bool = True) -> PipelineChild:
-        self.runs += 1
-        child = PipelineChild(
-            self.cell_file, self.workdir / "logs", name=f"run-{self.runs}", available_now=available_now
-        )
-        self._children.append(child)
-        return child
-
-    @staticmethod
-    def _after_batches(child: PipelineChild, count: int) -> bool:
-        """Wait for the run's ``count``-th batch; False when the run ended first."""
-        deadline = time.monotonic() + 600
-        while len(child.batches()) < count:
-            if child.process.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-        return True
-
-    def _ended(self, step: Step, child: PipelineChild, what: str) -> None:
-        code = child.wait(900)
-        child.close()
-        self._say(step, f"{what}: {len(child.batches())} batches, exit {code} (run {self.runs})")
-        self._judge_exit(step, child, code)
-
-    def _judge_exit(self, step: Step, child: PipelineChild, code: int) -> None:
-        if code == 0:
-            return
-        line = child.error_line()
-        if self._put_back_if_too_old(step, code, line):
-            self._drain(step)  # what the refused run was to read, read now (judged again: no second way back)
-            return
-        raise NemesisFailure(
-            f"{step.encode()}: run {self.runs} exited {code} in a state the docs give no refusal "
-            f"for: {line or log_tail(child.log_path)}"
-        )
-
-    def _put_back_if_too_old(self, step: Step, code: int, line: str | None) -> bool:
-        """A backup restored further behind a sink than the offsets it keeps is refused, as the docs list; the operator
-        puts back the checkpoint the restore replaced. True when that was the refusal, and it is repaired."""
-        if code != 2 or line is None or TOO_OLD_REPAIR not in line or self.replaced is None:
-            return False
-        self._say(step, f"refused ({line[:100]}...); checkpoint restore of the checkpoint it replaced")
-        self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.replaced))
-        self.replaced.delete(recursive=True)
-        self.replaced = None
-        return True
-
-    def _run_to_its_end(self) -> tuple[PipelineChild, int, str]:
-        """A run to its end: the child, its exit code and its error line ("" when none)."""
-        child = self._start()
-        code = child.wait(900)
-        child.close()
-        return child, code, child.error_line() or ""
-
-    def _expect_refusal(self, step: Step, damage: str, carry_on_allowed: bool = False) -> None:
-        """The next run must refuse with the line the docs list for ``damage`` (or, where allowed, carry on); the
-        repair it names is then applied and must succeed. A too-old restore of an earlier step that no run has met
-        yet is refused first (found at step 99 of a 200-step run): its repair is applied, then ``damage``'s is
-        expected."""
-        child, code, line = self._run_to_its_end()
-        if self._put_back_if_too_old(step, code, line):
-            child, code, line = self._run_to_its_end()
-        repair = REPAIRS[damage]
-        if code == 0 and carry_on_allowed:
-            self._say(step, f"run {self.runs} carried on (replayed what the sink lost): exit 0")
-            return
-        if code != 2 or f"streamproof {repair}" not in line:
-            raise NemesisFailure(
-                f"{step.encode()}: after {damage}, run {self.runs} exited {code} without the refusal "
-                f"naming `{repair}`: {line or log_tail(child.log_path)}"
-            )
-        self._say(step, f"refused ({line[:100]}...); {repair}")
-        self._cli(step, *repair.split(), str(self.cell_file))
-
-    def _cli(self, step: Step, *args: str) -> None:
-        # A session of its own, as the runs have: a Ctrl-C meant to pause the nemesis must not cut a repair short.
-        done = subprocess.run(
-            [sys.executable, "-m", "streamproof", *args],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-            start_new_session=True,
-        )
-        if done.returncode != 0:
-            raise NemesisFailure(
-                f"{step.encode()}: `streamproof {' '.join(args[:2])}` exited {done.returncode}: "
-                f"{(done.stderr or done.stdout).strip()[-600:]}"
-            )
-
     def _delta_sink(self) -> Location | None:
         tables = [Location(str(sink.path)) for sink in self.spec.sink_specs if isinstance(sink, DeltaSinkSpec)]
         return tables[0] if tables else None
-
-    def _failed(self, failure: NemesisFailure) -> None:
-        """Said when it happens: a long search then shrinks for minutes before it prints the failure it found."""
-        line = f"step {self.steps_applied} FAILED: {failure}"
-        self.history.append(line)
-        self.emit(line)
-
-    def _say(self, step: Step, what: str) -> None:
-        line = f"step {self.steps_applied} {step.encode()}: {what}"
-        self.history.append(line)
-        self.emit(line)
-
-    # ------------------------------------------------------------------------------------------ the end
-
-    def finish(self) -> list[str]:
-        """Drain, then both checkers on every sink: the problems found (empty: every sink 0/0/0, checkers agree)."""
-        self.apply(Step("drain"))
-        reports = verify_pipeline(self.spark, self.spec)
-        problems = [
-            f"{report.sink}: lost {report.lost}, duplicated {report.duplicated}, unexpected "
-            f"{report.unexpected} ({report.verdict})"
-            for report in reports
-            if not report.ok
-        ]
-        problems += disagreements(reports, verify_independently(self.spec))
-        totals = ", ".join(f"{report.sink} {report.sink_records:,} rows" for report in reports)
-        self.emit(
-            f"end: {self.produced * self.records_per_step:,} records produced; {totals}; "
-            + ("every sink 0/0/0, both checkers agree" if not problems else "; ".join(problems))
-        )
-        return problems
