@@ -110,11 +110,14 @@ def watermarks(consumer: Consumer, partition: TopicPartition, timeout_s: float =
         time.sleep(0.3)
 
 
-def _watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout_s: float) -> dict[int, tuple[int, int]]:
+Watermarks = dict[int, tuple[int, int]]  # a topic's {partition: (low, high)}
+
+
+def _watermarks(consumer: Consumer, topic: str, partitions: list[int], timeout_s: float) -> Watermarks:
     return {p: watermarks(consumer, TopicPartition(topic, p), timeout_s) for p in sorted(partitions)}
 
 
-def require_topic(source: KafkaSource) -> dict[int, tuple[int, int]]:
+def require_topic(source: KafkaSource) -> Watermarks:
     """Check the broker answers and the topic exists; return ``{partition: (low, high)}`` watermarks.
 
     Raises :class:`PipelineError` with what to do when the broker is down or the topic is missing,

@@ -39,6 +39,7 @@ from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover
+from streamproof.checkpoint.start import starting_point
 from streamproof.config import PipelineSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults import points as faults
@@ -49,6 +50,7 @@ from streamproof.kafka_client import topic_end_offsets
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
+from streamproof.sources import require_available
 from streamproof.storage.location import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -171,7 +173,8 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert message.startswith(f"error: sink delta ({tmp_path / 'orders'}) is behind the checkpoint: it holds batches "
                               "up to"), message  # fmt: skip
     assert "streamproof checkpoint rewind" in message and "source offsets from" in message and "\n" not in message
-    behind = {lag.sink.name: lag.holds_through for lag in sinks_behind(None, spec, open_sinks(spec))}
+    lags = sinks_behind(None, spec, open_sinks(spec), starting_point(spec))
+    behind = {lag.sink.name: lag.holds_through for lag in lags}
     assert set(behind) == {"delta", "pg", "quarantine"}, behind
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
     assert rewound.returncode == 0, rewound.stderr[-2000:]
@@ -187,7 +190,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     # The whole quarantine table lost: the checkpoint's mark says which batch it last received.
     (tmp_path / "quarantine").rename(tmp_path / "quarantine-aside")
     with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts
-        refuse_if_sink_behind(None, spec, open_sinks(spec))
+        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
     assert str(refusal.value).startswith(f"the quarantine table ({tmp_path / 'quarantine'}) is behind the checkpoint: "
                                          "it holds no batch"), str(refusal.value)  # fmt: skip
     (tmp_path / "quarantine-aside").rename(tmp_path / "quarantine")
@@ -202,7 +205,8 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     for version in (newest, newest - 1):
         for name in (f"{version:020d}.json", f".{version:020d}.json.crc"):
             (log / name).unlink(missing_ok=True)
-    (behind,) = [lag for lag in sinks_behind(None, spec, open_sinks(spec)) if lag.sink.name == "delta"]
+    lags = sinks_behind(None, spec, open_sinks(spec), starting_point(spec))
+    (behind,) = [lag for lag in lags if lag.sink.name == "delta"]
     assert behind.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
     assert rewound.returncode == 0, rewound.stderr[-2000:]
@@ -228,7 +232,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     for future in admin.delete_records([TopicPartition("recovery", 0, end)]).values():
         future.result(timeout=30)
     with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts (a process start saved)
-        refuse_if_source_behind(spec)
+        refuse_if_source_behind(spec, starting_point(spec), require_available(spec))
     assert str(refusal.value) == (
         f"topic recovery deleted records before this pipeline read them (retention): partition 0: offsets "
         f"{read}-{end - 1} ({end - read:,} records); exactly-once cannot continue past a gap in the source: raise the "
@@ -243,7 +247,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
         time.sleep(0.5)
     generate(kafka_broker.bootstrap_servers, "recovery", 100, partitions=4, malformed=0.0, seed=10)
     with pytest.raises(PipelineError) as refusal:
-        refuse_if_source_behind(spec)
+        refuse_if_source_behind(spec, starting_point(spec), require_available(spec))
     message = str(refusal.value)
     assert message.startswith(f"topic recovery is behind the checkpoint {checkpoint}: partition 0 ends at "
                               "offset "), message  # fmt: skip
@@ -299,7 +303,7 @@ def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Pat
     assert mark.read() == 0 and not list((tmp_path / "checkpoint").glob("._streamproof_quarantine*"))
     mark.path.write_text("")  # torn: truncated, never written
     with pytest.raises(PipelineError) as refusal:
-        refuse_if_sink_behind(None, spec, open_sinks(spec))
+        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
     message = str(refusal.value)
     assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
 
@@ -324,14 +328,14 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     for batch_id in range(2):
         (tmp_path / "checkpoint" / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
     with pytest.raises(PipelineError) as refusal:
-        refuse_if_sink_behind(None, spec, open_sinks(spec))
+        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
     message = str(refusal.value)
     assert message.startswith(f"sink delta ({tmp_path / 'orders'}) has files of versions past its last commit "
                               "(version 1) in its log: ") and "checkpoint rewind" in message, message  # fmt: skip
     done = rewind(spec, lambda _: None)
     assert done.startswith(f"every sink holds every batch {tmp_path / 'checkpoint'} committed; set aside 2 file(s)")
     assert sorted(path.name for path in log.iterdir()) == [f"{0:020d}.json", f"{1:020d}.json"]
-    refuse_if_sink_behind(None, spec, open_sinks(spec))  # readable again: nothing to refuse
+    refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))  # readable again: nothing to refuse
 
 
 def test_recover_refuses_a_pipeline_whose_state_only_the_checkpoint_holds(tmp_path: Path) -> None:
@@ -408,7 +412,7 @@ def test_a_sink_that_goes_backwards_while_the_pipeline_runs_stops_it(
     assert "stopped before batch" in message and "streamproof checkpoint rewind" in message
     spec = load_pipeline(pipeline_file)
     with pytest.raises(PipelineError, match=r"^sink delta \(.*\) is behind the checkpoint: it holds batches up to"):
-        refuse_if_sink_behind(None, spec, open_sinks(spec))
+        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
     # The stopped run had logged its next batch (the 500 new records) without running it: the rewind replays the
     # lost batch, then that one, each with its logged offsets.
     assert logged_batches(spec.checkpoint_dir)[-1] == committed_batches(spec.checkpoint_dir)[-1] + 1

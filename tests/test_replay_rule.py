@@ -17,6 +17,7 @@ import pytest
 
 from streamproof.checkpoint.log import rebuild
 from streamproof.checkpoint.positions import held_beyond
+from streamproof.checkpoint.start import starting_point
 from streamproof.config import parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.sinks import open_sinks
@@ -116,7 +117,7 @@ def test_a_restored_checkpoint_passes_by_the_batches_every_sink_holds_with_nothi
     tmp_path: Path,
 ) -> None:
     spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 3: 0, 4: 2, 5: 0}, committed_through=1)
-    beyond = held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+    beyond = held_beyond(spec, open_sinks(spec), starting_point(spec))  # type: ignore[arg-type]
     assert list(beyond.offsets) == [2, 3, 4, 5] and beyond.offsets[4] == _ends(40)
     # Batch 4 had 2 records for the quarantine table, which does not hold it: from there on the batches run.
     assert beyond.everywhere == (2, 3)
@@ -125,7 +126,7 @@ def test_a_restored_checkpoint_passes_by_the_batches_every_sink_holds_with_nothi
 def test_a_batch_beyond_the_checkpoint_that_no_sink_records_is_refused_in_one_line(tmp_path: Path) -> None:
     spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 3: None, 4: 0}, committed_through=1)
     with pytest.raises(PipelineError) as refusal:
-        held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+        held_beyond(spec, open_sinks(spec), starting_point(spec))  # type: ignore[arg-type]
     message = str(refusal.value)
     # The folder lists batch 3 in its log, but its offsets record is gone (a backup restored more than 100 batches
     # behind it, found by `prove --nemesis`): refused naming why, and the ways back the nemesis knows.
@@ -142,8 +143,8 @@ def test_a_batch_no_sink_holds_ends_where_the_batch_after_it_recorded_its_start(
     spec = _folder_pipeline(tmp_path, {0: 0, 1: 0, 2: 0, 4: 0}, committed_through=1)
     record = json.loads((tmp_path / "files" / BATCHES_DIR / "4.json").read_text())
     (tmp_path / "files" / BATCHES_DIR / "4.json").write_text(json.dumps({**record, "start_offsets": _ends(30)}))
-    beyond = held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+    beyond = held_beyond(spec, open_sinks(spec), starting_point(spec))  # type: ignore[arg-type]
     assert beyond.offsets == {2: _ends(20), 3: _ends(30), 4: _ends(40)}
     (tmp_path / "files" / BATCHES_DIR / "4.json").write_text(json.dumps(record))  # a record of before: refused
     with pytest.raises(PipelineError, match=r"hold batch\(es\) \[3\] beyond the checkpoint's last committed batch 1"):
-        held_beyond(spec, open_sinks(spec))  # type: ignore[arg-type]
+        held_beyond(spec, open_sinks(spec), starting_point(spec))  # type: ignore[arg-type]

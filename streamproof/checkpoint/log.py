@@ -20,12 +20,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from streamproof.errors import PipelineError
 from streamproof.storage.location import Location
 
 Checkpoint = str | Path | Location  # a local folder or a URI (hdfs://, s3a://, ...)
+
+
+def _at(checkpoint: Checkpoint) -> Location:
+    return checkpoint if isinstance(checkpoint, Location) else Location(checkpoint)
 
 
 def _batch_files(folder: Location) -> list[int]:
@@ -35,12 +40,30 @@ def _batch_files(folder: Location) -> list[int]:
 
 def logged_batches(checkpoint: Checkpoint) -> list[int]:
     """Batch ids present in the offset log."""
-    return _batch_files(Location(checkpoint) / "offsets")
+    return _batch_files(_at(checkpoint) / "offsets")
 
 
 def committed_batches(checkpoint: Checkpoint) -> list[int]:
     """Batch ids present in the commit log."""
-    return _batch_files(Location(checkpoint) / "commits")
+    return _batch_files(_at(checkpoint) / "commits")
+
+
+@dataclass(frozen=True)
+class Logs:
+    """The batch ids in the offset log and in the commit log, each listed once (:func:`read_logs`)."""
+
+    logged: list[int]
+    committed: list[int]
+
+
+def read_logs(checkpoint: Checkpoint) -> Logs:
+    """Both logs' batch ids, listed once.
+
+    >>> read_logs("/nonexistent")
+    Logs(logged=[], committed=[])
+    """
+    folder = _at(checkpoint)
+    return Logs(_batch_files(folder / "offsets"), _batch_files(folder / "commits"))
 
 
 def is_empty(checkpoint: Checkpoint) -> bool:
@@ -57,7 +80,7 @@ def batch_end_offsets(checkpoint: Checkpoint, batch_id: int) -> dict[str, dict[s
 
     The file is ``v1``, one line of batch metadata, then one JSON line per source.
     """
-    path = Location(checkpoint) / "offsets" / str(batch_id)
+    path = _at(checkpoint) / "offsets" / str(batch_id)
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -92,7 +115,7 @@ def batch_start_offsets(checkpoint: Checkpoint, batch_id: int) -> dict[str, dict
 
 def batch_watermark_ms(checkpoint: Checkpoint, batch_id: int) -> int:
     """The event-time watermark Spark logged for a batch (``batchWatermarkMs``, 0 before any watermark)."""
-    path = Location(checkpoint) / "offsets" / str(batch_id)
+    path = _at(checkpoint) / "offsets" / str(batch_id)
     try:
         metadata_line = path.read_text().splitlines()[1]
         return int(json.loads(metadata_line).get("batchWatermarkMs", 0))
@@ -125,13 +148,15 @@ def next_batch_to_run(checkpoint: Checkpoint) -> int:
     return committed[-1] + 1 if committed else 0
 
 
-def check_readable(checkpoint: Checkpoint, recover_hint: str) -> None:
+def check_readable(checkpoint: Checkpoint, recover_hint: str, logs: Logs | None = None) -> None:
     """Fail with one clear line when the last offset or commit log entry is damaged (truncated, not JSON).
 
-    Spark would stop on it with a JVM stack trace; this names the file and the way out.
+    Spark would stop on it with a JVM stack trace; this names the file and the way out. ``logs``: the logs as
+    listed already (a run's start lists them once), else listed now.
     """
-    folder = Location(checkpoint)
-    logged, committed = logged_batches(folder), committed_batches(folder)
+    folder = _at(checkpoint)
+    logs = logs or read_logs(folder)
+    logged, committed = logs.logged, logs.committed
     for log in ("offsets", "commits"):
         names = set((folder / log).names()) if (folder / log).exists() else set()
         strays = sorted(
@@ -185,7 +210,7 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
     >>> next_batch_to_run(checkpoint), batch_end_offsets(checkpoint, 1)
     (1, {'orders': {'0': 25}})
     """
-    folder = Location(checkpoint)
+    folder = _at(checkpoint)
     before = batch_id - 1
     if before not in committed_batches(folder) or batch_id in logged_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be planned only right after batch {before} committed")
@@ -217,7 +242,7 @@ def offsets_entry(checkpoint: Checkpoint, end_offsets: dict[str, dict[str, int]]
     >>> offsets_entry(checkpoint, {"orders": {"0": 40}}, like=5).splitlines()[-1]
     '{"orders":{"0":40}}'
     """
-    header, metadata_line, *source_lines = (Location(checkpoint) / "offsets" / str(like)).read_text().splitlines()
+    header, metadata_line, *source_lines = (_at(checkpoint) / "offsets" / str(like)).read_text().splitlines()
     sources = "\n".join([json.dumps(end_offsets, separators=(",", ":"))] * len(source_lines))
     return f"{header}\n{metadata_line}\n{sources}"
 
@@ -234,7 +259,7 @@ def commit_batch(checkpoint: Checkpoint, batch_id: int) -> None:
     >>> next_batch_to_run(checkpoint)
     2
     """
-    folder = Location(checkpoint)
+    folder = _at(checkpoint)
     if batch_id not in logged_batches(folder) or batch_id in committed_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be marked done only once it is logged, and once")
     (folder / "commits" / str(batch_id)).replace_with_text('v1\n{"nextBatchWatermarkMs":0}')

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
-from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches, offsets_entry
-from streamproof.config import DeltaSinkSpec, KafkaSource, PipelineSpec
+from streamproof.checkpoint.log import batch_end_offsets, logged_batches, offsets_entry
+from streamproof.checkpoint.start import StartingPoint, quarantine_table, starting_point
+from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
-from streamproof.kafka_client import require_topic
+from streamproof.kafka_client import Watermarks, require_topic
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
-
-QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
 
 @dataclass(frozen=True)
@@ -54,15 +53,18 @@ class Behind:
         return f"batch {first}" if first == last else f"batches {first}-{last}"
 
 
-def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[Behind]:
+def sinks_behind(
+    spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink], start: StartingPoint
+) -> list[Behind]:
     """The keyed sinks that hold fewer batches than the checkpoint committed (those needing Spark to read their
     log are skipped without a session).
 
-    >>> [(lag.sink.name, lag.missing) for lag in sinks_behind(None, spec, open_sinks(spec))]  # doctest: +SKIP
+    >>> [(lag.sink.name, lag.missing) for lag in sinks_behind(None, spec, open_sinks(spec), starting_point(spec))]
+    ... # doctest: +SKIP
     [('delta', 'batch 10')]
     """
-    committed = committed_batches(spec.checkpoint_dir)
-    if not committed or not wiring_for(spec.guarantee).idempotent_sink:
+    committed = start.logs.committed
+    if not committed or not start.wiring.idempotent_sink:
         return []
     behind = []
     for sink in recording(sinks):
@@ -72,7 +74,7 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
         holds = head.batch_id if head is not None else -1
         if holds < committed[-1]:
             behind.append(Behind(sink, holds, committed[-1]))
-    quarantine = quarantine_table(spec)
+    quarantine = start.quarantine
     if spark is not None or not quarantine.needs_spark_for_commits():
         # A batch without invalid records writes no quarantine commit: the table is behind only when it lacks a
         # batch the checkpoint's mark says it received.
@@ -84,15 +86,6 @@ def sinks_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sin
     return behind
 
 
-def quarantine_table(spec: PipelineSpec) -> DeltaSink:
-    """The quarantine table, read as the keyed Delta append it is (its commits carry the batch like a sink's).
-
-    >>> quarantine_table(spec).location                          # doctest: +SKIP
-    '/data/orders_quarantine'
-    """
-    return DeltaSink(spec, DeltaSinkSpec(kind="delta", label=QUARANTINE, path=str(spec.quarantine_path)))
-
-
 def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
     try:
         return json.dumps(batch_end_offsets(spec.checkpoint_dir, batch_id))
@@ -100,30 +93,32 @@ def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
         return "(no longer in the offset log)"
 
 
-def refuse_if_sink_behind(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> None:
+def refuse_if_sink_behind(
+    spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink], start: StartingPoint
+) -> None:
     """Refuse to start while a sink is behind the checkpoint: one line naming the sink, the batches it misses with
     their source offsets, and the repair.
 
-    >>> refuse_if_sink_behind(None, spec, open_sinks(spec))    # doctest: +SKIP
+    >>> refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))    # doctest: +SKIP
     """
-    if committed_batches(spec.checkpoint_dir) and wiring_for(spec.guarantee).idempotent_sink:
+    if start.logs.committed and start.wiring.idempotent_sink:
         for sink in sinks:
             lost = None if spark is None and sink.needs_spark_for_commits() else sink.storage_lost()
             if lost is not None:
                 raise PipelineError(f"sink {sink.name} ({sink.location}) {lost}")
-    for lag in sinks_behind(spark, spec, sinks):
-        start = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
+    for lag in sinks_behind(spark, spec, sinks, start):
+        begins = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
         quarantine = lag.sink.location == str(spec.quarantine_path)
         what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
         why = lag.sink.why_behind() or "its storage lost commits, or was restored from an older backup"
         raise PipelineError(
             f"{what} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
-            f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {start} to "
+            f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {begins} to "
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it ({why}); replay them with "
             f"`streamproof checkpoint rewind {spec._source_name}`"
         )
-    for table in _stranded_logs(spark, spec, sinks):
+    for table in _stranded_logs(spark, sinks, start):
         shown = ", ".join(table.past.stranded[:3]) + (
             f" and {len(table.past.stranded) - 3} more" if len(table.past.stranded) > 3 else ""
         )
@@ -144,9 +139,9 @@ class StrandedLog:
     past: LogPastItsCommits
 
 
-def _stranded_logs(spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink]) -> list[StrandedLog]:
+def _stranded_logs(spark: SparkSession | None, sinks: list[Sink], start: StartingPoint) -> list[StrandedLog]:
     tables = [(sink, f"sink {sink.name}") for sink in sinks if isinstance(sink, DeltaSink)]
-    tables.append((quarantine_table(spec), "the quarantine table"))
+    tables.append((start.quarantine, "the quarantine table"))
     return [
         StrandedLog(sink, what, past)
         for sink, what in tables
@@ -170,7 +165,7 @@ class HeldBeyond:
     everywhere: tuple[int, ...] = ()
 
 
-def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
+def held_beyond(spec: PipelineSpec, sinks: list[Sink], start: StartingPoint) -> HeldBeyond:
     """The batches after the checkpoint's last committed one that the sinks (or the quarantine table) hold, with the
     end offsets they recorded: what a run replays with those offsets, one batch at a time
     (:func:`streamproof.checkpoint.log.log_batch`), before Spark plans anything itself. Without that, a checkpoint
@@ -181,15 +176,15 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink]) -> HeldBeyond:
     Exactly-once pipelines on a Kafka source only (a file or Delta source's position is its own log in the
     checkpoint, which a restored backup lacks for those batches: there the replay rule refuses what differs).
 
-    >>> held_beyond(load_pipeline("orders.toml"), open_sinks(spec)).offsets           # doctest: +SKIP
+    >>> held_beyond(spec, open_sinks(spec), starting_point(spec)).offsets           # doctest: +SKIP
     {2: {'orders': {'0': 5012, '1': 4988}}, 3: {'orders': {'0': 7490, '1': 7510}}}
     """
-    committed = committed_batches(spec.checkpoint_dir)
-    if not committed or not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
+    committed = start.logs.committed
+    if not committed or not isinstance(spec.source, KafkaSource) or not start.wiring.idempotent_sink:
         return HeldBeyond({})
     last = committed[-1]
     by_sink = [sink.held_from(last) for sink in recording(sinks)]
-    quarantine = quarantine_table(spec).held_from(last + 1)
+    quarantine = start.quarantine.held_from(last + 1)
     # A batch some sink holds completely takes its offsets; one held only in part (some PostgreSQL or Kafka shares
     # committed before a kill) takes those its shares recorded: either way it runs with the range it was written with.
     offsets = _recorded_offsets([*by_sink, quarantine], lambda batch_id: batch_id > last, held_in_part=True)
@@ -247,24 +242,25 @@ def _offsets_or_none(spec: PipelineSpec, batch_id: int) -> Offsets | None:
         return None
 
 
-def refuse_if_source_behind(spec: PipelineSpec) -> None:
+def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks: Watermarks | None) -> None:
     """Refuse to start when the Kafka topic no longer holds what the checkpoint says comes next: it ends before
     what was read (deleted and recreated, or truncated), or retention deleted records before they were read.
     Spark would skip such a gap (or fail with a stack trace, by ``failOnDataLoss``); under exactly-once it is
     stopped here with the numbers, whatever that option says.
 
-    >>> refuse_if_source_behind(load_pipeline("orders.toml"))   # doctest: +SKIP
+    ``watermarks``: the topic's, as :func:`streamproof.sources.require_available` read them at this start.
+
+    >>> refuse_if_source_behind(spec, starting_point(spec), require_topic(spec.source))   # doctest: +SKIP
     """
     checkpoint = spec.checkpoint_dir
-    if not isinstance(spec.source, KafkaSource) or not wiring_for(spec.guarantee).idempotent_sink:
+    if not isinstance(spec.source, KafkaSource) or not start.wiring.idempotent_sink:
         return
-    committed, logged = committed_batches(checkpoint), logged_batches(checkpoint)
-    if not logged:
+    committed, logged = start.logs.committed, start.logs.logged
+    if not logged or watermarks is None:
         return
     topic = spec.source.topic
     read = _topic_offsets(spec, committed[-1]) if committed else {}  # read and committed: must not be past the end
     to_read = _topic_offsets(spec, logged[-1])  # an in-flight batch is replayed from ``read`` to here
-    watermarks = require_topic(spec.source)
     ends_early = []
     for partition, end in sorted(to_read.items()):
         now = f"ends at offset {watermarks[partition][1]}" if partition in watermarks else "is gone"
@@ -314,9 +310,10 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     checkpoint = spec.checkpoint_dir
     refuse_while_running(checkpoint, "rewind")
     sinks = open_sinks(spec)
-    lags = sinks_behind(spark, spec, sinks)
+    start = starting_point(spec)
+    lags = sinks_behind(spark, spec, sinks, start)
     if not lags:
-        readable = [table for table in _stranded_logs(spark, spec, sinks) if not table.past.needs]
+        readable = [table for table in _stranded_logs(spark, sinks, start) if not table.past.needs]
         when = time.strftime("%Y%m%dT%H%M%S")
         put_aside = [
             path

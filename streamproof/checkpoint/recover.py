@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import aside, refuse_while_running
 from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
-from streamproof.checkpoint.positions import quarantine_table
+from streamproof.checkpoint.start import StartingPoint
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.guarantees import wiring_for
@@ -165,17 +165,19 @@ def _is_readable(checkpoint: Location) -> bool:
     return True
 
 
-def refuse_if_checkpoint_lost(spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink]) -> None:
+def refuse_if_checkpoint_lost(
+    spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink], start: StartingPoint
+) -> None:
     """Refuse to start an exactly-once pipeline whose checkpoint is empty while a sink holds its batches.
 
     A fresh checkpoint numbers batches from 0 again: keyed sinks would skip them as already written
     (silent loss), and Delta's own streaming sink, keyed on the checkpoint's query id, would write them
     again (silent duplicates). Neither is acceptable, so the start is refused, naming what the sink holds.
     """
-    if not wiring_for(pipeline.guarantee).idempotent_sink or not is_empty(pipeline.checkpoint_dir):
+    if not start.wiring.idempotent_sink or start.logs.logged:
         return
     # Your own sinks by the batches handed to them, and the quarantine table, which a batch writes before the sinks.
-    for sink in [*recording(sinks), quarantine_table(pipeline)]:
+    for sink in [*recording(sinks), start.quarantine]:
         if spark is None and sink.needs_spark_for_commits():
             continue  # checked again once the session runs
         last = sink.last_record(spark)

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
-from streamproof.checkpoint.positions import quarantine_table
+from streamproof.checkpoint.start import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
 from streamproof.faults import points as faults
@@ -56,7 +56,14 @@ from streamproof.transform.records import (
     with_derived_columns,
     with_extra_columns,
 )
-from streamproof.your_code.transform import LookupVersions, Offsets, YourCode, check_determinism, check_lineage
+from streamproof.your_code.transform import (
+    LookupVersions,
+    Offsets,
+    YourCode,
+    check_determinism,
+    check_lineage,
+    your_rows_schema,
+)
 
 
 @dataclass
@@ -329,3 +336,27 @@ class BatchWriter:
                     flush=True,
                 )
                 time.sleep(retry.backoff_s)
+
+
+def open_batch_path(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    sinks: list[Sink],
+    publish: Callable[[Event], None] | None = None,
+    *,
+    exactly_once: bool,
+) -> BatchWriter:
+    """What a run, and its warm-up on scratch copies, assemble before their query starts: the schema of your
+    transform's rows, checked now (:func:`streamproof.your_code.transform.your_rows_schema`), given to every sink;
+    each sink prepared (its table created if missing, so: after every refusal of the start); the batch writer over
+    them.
+
+    >>> writer = open_batch_path(spark, spec, open_sinks(spec), exactly_once=True)    # doctest: +SKIP
+    >>> [sink.name for sink in writer.sinks]                                          # doctest: +SKIP
+    ['delta']
+    """
+    rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
+    for sink in sinks:
+        sink.rows_schema = rows_schema
+        sink.prepare(spark)
+    return BatchWriter(spec, sinks, publish)

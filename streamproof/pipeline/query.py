@@ -38,13 +38,13 @@ from streamproof.checkpoint.log import (
 )
 from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
+from streamproof.checkpoint.start import starting_point
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.faults import points as faults
-from streamproof.guarantees import wiring_for
 from streamproof.jvm.session import NO_DATA_BATCHES, SPARK_LOG_ENV, build_session, ui_wanted
 from streamproof.metrics import PipelineMetrics
-from streamproof.pipeline.batches import BatchWriter
+from streamproof.pipeline.batches import BatchWriter, open_batch_path
 from streamproof.pipeline.events import (
     METRICS,
     READY,
@@ -63,7 +63,6 @@ from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.sinks import open_sinks
 from streamproof.storage.location import Location
 from streamproof.transform.records import check_derived_columns, stateful_stream
-from streamproof.your_code.transform import your_rows_schema
 
 
 def start_query(
@@ -75,7 +74,8 @@ def start_query(
         batches.progress.wipe_spark_logs()
         starting_offsets = batches.progress.starting_offsets()
     stream = sources.read_stream(spark, spec, starting_offsets=starting_offsets)
-    parsed = stateful_stream(sources.parsed_records(stream, spec), spec.transform)
+    records = sources.parsed_records(stream, spec)
+    parsed = stateful_stream(records, spec.transform)
     # A window is written by the first batch after the watermark passes its end: with no new data, only a batch
     # without data (Spark's no-data batch) writes it, and at the end of an available-now run only that one.
     spark.conf.set(NO_DATA_BATCHES, str(spec.transform.aggregate is not None).lower())
@@ -168,14 +168,15 @@ def _run_locked(
     once: bool = False,
     warm_up: bool = False,
 ) -> RunSummary:
-    wiring = wiring_for(spec.guarantee)
+    start = starting_point(spec)
+    wiring = start.wiring
     if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
-        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`")
-    sources.require_available(spec)
-    refuse_if_source_behind(spec)
+        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
+    watermarks = sources.require_available(spec)
+    refuse_if_source_behind(spec, start, watermarks)
     sinks = open_sinks(spec)
-    refuse_if_checkpoint_lost(spark, spec, sinks)  # without a JVM: for the sinks readable without it
-    refuse_if_sink_behind(spark, spec, sinks)
+    refuse_if_checkpoint_lost(spark, spec, sinks, start)  # without a JVM: for the sinks readable without it
+    refuse_if_sink_behind(spark, spec, sinks, start)
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
     publish(
         Notice(
@@ -188,19 +189,15 @@ def _run_locked(
     address = spark.sparkContext.uiWebUrl
     if address:
         publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
+    if any(sink.needs_spark_for_commits() for sink in sinks):  # the checks above skipped these without a session
+        refuse_if_checkpoint_lost(spark, spec, sinks, start)
+        refuse_if_sink_behind(spark, spec, sinks, start)
     check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
-    rows_schema = your_rows_schema(spark, spec, exactly_once=wiring.idempotent_sink)
-    for sink in sinks:
-        sink.rows_schema = rows_schema
-    if any(sink.needs_spark_for_commits() for sink in sinks):
-        refuse_if_checkpoint_lost(spark, spec, sinks)
-        refuse_if_sink_behind(spark, spec, sinks)
-    for sink in sinks:
-        sink.prepare(spark)
-    writer = BatchWriter(spec, sinks, publish)
+    writer = open_batch_path(spark, spec, sinks, publish, exactly_once=wiring.idempotent_sink)
     stop = StopRequest()
+    runs = RunCounter(spec.checkpoint_dir).count_start()
     metrics = PipelineMetrics(spec.name)
-    metrics.observe_runs(RunCounter(spec.checkpoint_dir).count_start())
+    metrics.observe_runs(runs)
     if spec.metrics.port is not None:
         metrics.serve(spec.metrics.port, spec.metrics.host)
         address = f"http://{spec.metrics.host}:{spec.metrics.port}/metrics"
@@ -255,7 +252,7 @@ def _replay_what_the_sinks_hold(
     Planned by Spark instead, with more records in the source by then, those batches would cover other ranges.
     Those of a stateless pipeline that every sink holds are logged and marked done without running (each sink would
     only skip them): a restore far back costs no query per batch. Proven by ``tests/test_replay_through.py``."""
-    held = held_beyond(spec, writer.sinks)
+    held = held_beyond(spec, writer.sinks, starting_point(spec))  # read again, not carried: right whatever ran since
     if not held.offsets:
         return
     checkpoint = spec.checkpoint_dir

@@ -14,20 +14,22 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 
 from streamproof.config import DeltaSource, FilesSource, PipelineSpec
-from streamproof.kafka_client import require_topic
+from streamproof.kafka_client import Watermarks, require_topic
 from streamproof.sources import delta, files, kafka
 from streamproof.transform.avro import avro_contract
 from streamproof.transform.records import check_avro_fields, parse_records
 
 
-def require_available(spec: PipelineSpec) -> None:
-    """Fail in one line when the source is not there (no topic, no folder, no table)."""
+def require_available(spec: PipelineSpec) -> Watermarks | None:
+    """Fail in one line when the source is not there (no topic, no folder, no table); a topic's watermarks, read
+    to check it, are returned (the start's check of the checkpoint against the topic uses them)."""
     if isinstance(spec.source, FilesSource):
         files.require_folder(spec)
     elif isinstance(spec.source, DeltaSource):
         delta.require_table(spec)
     else:
-        require_topic(spec.source)
+        return require_topic(spec.source)
+    return None
 
 
 def read_stream(spark: SparkSession, spec: PipelineSpec, *, starting_offsets: str | None = None) -> DataFrame:
