@@ -426,8 +426,8 @@ def share_decision(
             f"{json.dumps(ranges)}, not below batch {record.batch_id}'s {json.dumps(later)} of the same source "
             "partition: the checkpoint does not belong to this topic"
         )
-    # None: the record does not say what the share wrote (a ledger row of a version that did not record it, or one
-    # gone since the task found it): trusted, as the share's key was found committed.
+    # None: the record says nothing of the share's rows (a ledger row without them, or gone since the task's claim
+    # found it): trusted, the share's key having been found committed.
     if record.source_ranges is None or record.source_ranges == ranges:
         return True
     raise PipelineError(

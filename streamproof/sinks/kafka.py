@@ -56,13 +56,14 @@ from streamproof.kafka_client import (
     topic_exists,
     watermarks,
 )
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite, share_decision
 from streamproof.sinks.markers import (  # noqa: F401 - find_marker, wait_until_decided: the sink's, its tests use
     batch_shares,
     find_marker,
     marker_key,
     read_markers,
     share_markers,
+    share_record,
     wait_until_decided,
 )
 from streamproof.sinks.shares import (
@@ -122,11 +123,11 @@ class TransactionalWriter:
         producer.init_transactions(60)  # fences a zombie with this id and aborts its open transaction
         committed, siblings = share_markers(self.spec, self.pipeline, self.batch_id, source_key)
         ranges = SourceRanges(self.columns)
-        if committed is not None:
+        if committed is not None:  # its marker, or a later batch's of its source partition: held, or refused
             for row in rows:
                 ranges.add(row)
-            self._check_replay(source_key, committed, ranges)
-            yield index, 0, True
+            where = f"marker topic {self.spec.markers}"
+            yield index, 0, share_decision(share_record(committed), self.batch_id, source_key, ranges.as_json(), where)
             return
         producer.begin_transaction()
         try:
@@ -169,27 +170,6 @@ class TransactionalWriter:
             except BufferError:
                 producer.poll(0.05)
         producer.poll(0)
-
-    def _check_replay(self, source_key: str, marker: dict[str, Any], ranges: SourceRanges) -> None:
-        """The replayed share holds what its marker says; or, its marker compacted away (``marker`` is a later batch's
-        of the same source partition: :func:`find_marker`), its rows lie below that batch's."""
-        if int(marker["batch_id"]) != self.batch_id:
-            held, later = ranges.as_json(), marker.get("source_ranges") or {}
-            if all(part in later and low_high[1] < later[part][0] for part, low_high in held.items()):
-                return
-            raise PipelineError(
-                f"marker topic {self.spec.markers}: the marker of batch {self.batch_id} {source_key} is compacted "
-                f"away, and the replay holds {json.dumps(held)}, not below batch {marker['batch_id']}'s "
-                f"{json.dumps(later)} of the same source partition: the checkpoint does not belong to this topic"
-            )
-        if marker.get("source_ranges") == ranges.as_json():
-            return
-        raise PipelineError(
-            f"marker topic {self.spec.markers}: batch {self.batch_id} {source_key} was committed with source ranges "
-            f"{json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this topic, the transform changed since the batch was written, or the batch "
-            "is split otherwise (`min_partitions` changed since)"
-        )
 
 
 class KafkaSink(Sink):

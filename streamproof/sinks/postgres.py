@@ -48,7 +48,7 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
 from streamproof.faults.in_tasks import TaskFault, task_fault
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.base import Batch, ShareRecord, Sink, SinkCommit, SinkWrite, share_decision
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
     SourceRanges,
@@ -114,6 +114,11 @@ class PartitionWriter:
     def ledger(self) -> str:
         return quoted(self.spec.db_schema, self.spec.ledger_table)
 
+    @property
+    def where(self) -> str:
+        """The table, in a refusal's first words (no secret)."""
+        return f"{self.spec.redacted()}/{self.spec.table}"
+
     def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
         """Write partition ``index``; yield ``(index, rows written, skipped as a replay)``."""
         source_key, rows = peek_source_key(rows, self.columns)
@@ -122,7 +127,7 @@ class PartitionWriter:
             return
         with psycopg.connect(self.spec.conninfo(self.password)) as connection:  # commit, or roll back on error
             cursor = connection.cursor()
-            if self.keyed and not self._claim(cursor, source_key):
+            if self.keyed and not self._claim(cursor, source_key):  # its ledger row is there: held, or refused
                 recorded = cursor.execute(
                     f"SELECT source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
                     "AND batch_id = %s AND source_key = %s",
@@ -132,8 +137,8 @@ class PartitionWriter:
                 ranges = SourceRanges(self.columns)
                 for row in rows:
                     ranges.add(row)
-                self._check_replay(source_key, recorded[0] if recorded else None, ranges)
-                yield index, 0, True
+                record = ShareRecord(self.batch_id, recorded[0] if recorded else None)
+                yield index, 0, share_decision(record, self.batch_id, source_key, ranges.as_json(), self.where)
                 return
             ranges = self._stage(cursor, rows)
             ranges.single_source()
@@ -174,21 +179,9 @@ class PartitionWriter:
             "AND batch_id = %s AND starts_with(source_key, %s)",
             (self.pipeline, self.spec.table, self.batch_id, ranges.single_source() + "@"),
         ).fetchall()
-        refusal = overlap_refusal(
-            f"{self.spec.redacted()}/{self.spec.table}", self.batch_id, source_key, ranges, siblings
-        )
+        refusal = overlap_refusal(self.where, self.batch_id, source_key, ranges, siblings)
         if refusal is not None:
             raise PipelineError(refusal)
-
-    def _check_replay(self, source_key: str, recorded: Any, ranges: SourceRanges) -> None:
-        if recorded is None or recorded == ranges.as_json():
-            return
-        raise PipelineError(
-            f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} {source_key} records "
-            f"source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this table, the transform changed since the batch was written, or the batch "
-            "is split otherwise (`min_partitions` changed since)"
-        )
 
     def _stage(self, cursor: Any, rows: Iterable[tuple[Any, ...]]) -> SourceRanges:
         stage_columns = ", ".join(quoted(column) for column in self.columns)
