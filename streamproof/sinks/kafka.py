@@ -46,7 +46,7 @@ from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.faults.in_tasks import TaskFault, task_fault
+from streamproof.faults.in_tasks import TaskFault
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import (
     client_config,
@@ -56,7 +56,7 @@ from streamproof.kafka_client import (
     topic_exists,
     watermarks,
 )
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite, share_decision
+from streamproof.sinks.base import Batch, SinkCommit, SinkWrite, share_decision
 from streamproof.sinks.markers import (  # noqa: F401 - find_marker, wait_until_decided: the sink's, its tests use
     batch_shares,
     find_marker,
@@ -68,10 +68,12 @@ from streamproof.sinks.markers import (  # noqa: F401 - find_marker, wait_until_
 )
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
+    Shares,
+    ShareSink,
+    ShareWriter,
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    refuse_other_splits,
 )
 from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, record_schema
 
@@ -172,7 +174,7 @@ class TransactionalWriter:
         producer.poll(0)
 
 
-class KafkaSink(Sink):
+class KafkaSink(ShareSink):
     """Valid records, as JSON, to a Kafka topic (see the module docstring)."""
 
     kind = "kafka"
@@ -208,41 +210,35 @@ class KafkaSink(Sink):
         )
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        records = _as_records(rows, self.spec.key)
-        if not batch.keyed:
-            spark_writer = records.select("key", "value").write.format("kafka")
-            for name, value in {
-                "kafka.bootstrap.servers": self.spec.bootstrap_servers,
-                "topic": self.spec.topic,
-                **self.spec.kafka_options,
-            }.items():
-                spark_writer = spark_writer.option(name, value)
-            spark_writer.save()
-            return SinkWrite(batch.rows)
-        # The replay rule on the marker topic's batches: a foreign checkpoint is refused before any share is written,
-        # and a batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new,
-        # and a compacted marker topic keeps one marker of a source partition's splits). One held in part runs its
-        # tasks: each finds its share's marker and checks its rows against it.
-        if self.replay_check(batch):
-            return SinkWrite(0, replay_skipped=True)
-        partitions = records.rdd.map(tuple)
-        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
-            shares = batch_shares(self.spec, batch.pipeline, batch.batch_id)
-            refuse_other_splits(
-                f"kafka topic {self.spec.topic}", batch.batch_id, shares, partitions, tuple(records.columns)
-            )
-        count = partitions.getNumPartitions()
-        if not self._fenced:
-            self._fence_zombies(count)
-        fault = task_fault(batch.task_fault, count, batch.batch_id)
-        writer = TransactionalWriter(
-            self.spec, batch.pipeline, tuple(records.columns), batch.batch_id, batch.end_offsets, fault
-        )
-        results = partitions.mapPartitionsWithIndex(writer).collect()
-        self._record_batch_complete(batch)
-        self.note_written(batch)
-        written = sum(count for _, count, _ in results)
-        return SinkWrite(written, replay_skipped=any(skip for _, _, skip in results) and written == 0)
+        """Keyed: share by share, each task's share keyed by its marker (:meth:`ShareSink.write`; a batch held whole
+        is skipped on the driver, also because a compacted marker topic keeps one marker of a source partition's
+        splits). Unkeyed: Spark's own Kafka writer."""
+        if batch.keyed:
+            return super().write(rows, batch)
+        spark_writer = _as_records(rows, self.spec.key).select("key", "value").write.format("kafka")
+        for name, value in {
+            "kafka.bootstrap.servers": self.spec.bootstrap_servers,
+            "topic": self.spec.topic,
+            **self.spec.kafka_options,
+        }.items():
+            spark_writer = spark_writer.option(name, value)
+        spark_writer.save()
+        return SinkWrite(batch.rows)
+
+    @property
+    def shares_where(self) -> str:
+        return f"kafka topic {self.spec.topic}"
+
+    def _share_rows(self, rows: DataFrame) -> DataFrame:
+        return _as_records(rows, self.spec.key)
+
+    def _recorded_shares(self, batch: Batch) -> Shares:
+        return batch_shares(self.spec, batch.pipeline, batch.batch_id)
+
+    def _share_writer(self, batch: Batch, columns: tuple[str, ...], tasks: int, fault: TaskFault | None) -> ShareWriter:
+        if not self._fenced:  # the first batch of a run: no task then waits on a zombie's open transaction
+            self._fence_zombies(tasks)
+        return TransactionalWriter(self.spec, batch.pipeline, columns, batch.batch_id, batch.end_offsets, fault)
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the marker topic (a batch without it is partial)."""

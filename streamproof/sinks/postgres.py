@@ -47,14 +47,16 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
-from streamproof.faults.in_tasks import TaskFault, task_fault
-from streamproof.sinks.base import Batch, ShareRecord, Sink, SinkCommit, SinkWrite, share_decision
+from streamproof.faults.in_tasks import TaskFault
+from streamproof.sinks.base import Batch, ShareRecord, SinkCommit, share_decision
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
+    Shares,
+    ShareSink,
+    ShareWriter,
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    refuse_other_splits,
 )
 from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, struct_type
 
@@ -253,8 +255,9 @@ def newer_than(source: str, target: str, order: str) -> str:
     )
 
 
-class PostgresSink(Sink):
-    """Valid records to a PostgreSQL table (see the module docstring)."""
+class PostgresSink(ShareSink):
+    """Valid records to a PostgreSQL table, written share by share (:meth:`ShareSink.write`), each share keyed by its
+    ledger row (see the module docstring); unkeyed, the same statements without the ledger."""
 
     kind = "postgres"
     partial_writes_visible = True  # unkeyed, each partition commits on its own
@@ -325,26 +328,25 @@ class PostgresSink(Sink):
         }
         return {**schema_types, **coordinates}
 
-    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        # The replay rule on the ledger's batches: a foreign checkpoint is refused before any share is written, and a
-        # batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new). One
-        # held in part runs its tasks: each finds its share's ledger row and checks its rows against it.
-        if self.replay_check(batch):
-            return SinkWrite(0, replay_skipped=True)
-        text_rows = _as_copy_text(self._rows_for_mode(rows))
-        columns = tuple(text_rows.columns)
-        partitions = text_rows.rdd.map(tuple)
-        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
-            with self._connect() as connection:
-                recorded = connection.execute(
-                    f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
-                    "AND batch_id = %s",
-                    (batch.pipeline, self.spec.table, batch.batch_id),
-                ).fetchall()
-            refuse_other_splits(
-                f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, partitions, columns
-            )
-        writer = PartitionWriter(
+    @property
+    def shares_where(self) -> str:
+        return f"{self.spec.redacted()}/{self.spec.table}"
+
+    def _share_rows(self, rows: DataFrame) -> DataFrame:
+        return _as_copy_text(self._rows_for_mode(rows))
+
+    def _recorded_shares(self, batch: Batch) -> Shares:
+        """The ledger rows of ``batch``: their source keys and source ranges."""
+        with self._connect() as connection:
+            recorded: Shares = connection.execute(
+                f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+                "AND batch_id = %s",
+                (batch.pipeline, self.spec.table, batch.batch_id),
+            ).fetchall()
+        return recorded
+
+    def _share_writer(self, batch: Batch, columns: tuple[str, ...], tasks: int, fault: TaskFault | None) -> ShareWriter:
+        return PartitionWriter(
             self.spec,
             batch.pipeline,
             columns,
@@ -352,16 +354,9 @@ class PostgresSink(Sink):
             batch.batch_id,
             json.dumps(batch.end_offsets),
             batch.keyed,
-            task_fault(batch.task_fault, partitions.getNumPartitions(), batch.batch_id),
+            fault,
             self.spec.password(),
         )
-        results = partitions.mapPartitionsWithIndex(writer).collect()
-        if batch.keyed:
-            self._record_batch_complete(batch)
-            self.note_written(batch)
-        written = sum(count for _, count, _ in results)
-        skipped = any(skip for _, _, skip in results) and written == 0
-        return SinkWrite(written, replay_skipped=skipped)
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the ledger (a batch without this row is partial)."""
