@@ -1,20 +1,24 @@
 """Kafka -> Kafka sink: a transactional producer per task, with a commit marker in the same transaction.
 
-Idempotency rule, stated once: under exactly-once, task ``i`` of a batch writes through a producer with the
-deterministic ``transactional.id`` ``streamproof.<pipeline>.<topic>.<i>``. Its ``init_transactions`` fences
-any earlier producer with that id (a zombie of a killed run) and aborts the zombie's open transaction. In
-one transaction it writes its share of the batch to the output topic and a commit marker
-``{pipeline, topic, batch_id, source, source_key, end_offsets, source_ranges, rows}`` to the marker topic
-(keyed per source partition, compacted). The share is named by what it holds (``source_key``:
-:func:`streamproof.sinks.base.peek_source_key`), not by the task number, which a replay may not repeat.
-Before writing, the task looks for the committed marker of its share with ``read_committed``:
+Idempotency, the mechanism (the rule, for batches and for shares, is :mod:`streamproof.sinks.base`'s; the keyed
+write both per-task sinks follow is :class:`streamproof.sinks.shares.ShareSink`'s): under exactly-once, task ``i``
+of a batch writes through a producer with the deterministic ``transactional.id``
+``streamproof.<pipeline>.<topic>.<i>``. Its ``init_transactions`` fences any earlier producer with that id (a zombie
+of a killed run) and aborts the zombie's open transaction. In one transaction it writes its share of the batch to
+the output topic and a commit marker
+``{pipeline, topic, batch_id, source, source_key, end_offsets, source_ranges, rows}`` to the marker topic (keyed per
+source partition, compacted). The share is named by what it holds (``source_key``:
+:func:`streamproof.sinks.shares.peek_source_key`), not by the task number, which a replay may not repeat. Before
+writing, the task looks for the committed marker of its share with ``read_committed``:
 
 * first write: no marker: the records and the marker commit together;
 * replay: a batch held whole (its batch-complete record) is skipped on the driver; in one held in part, a share
-  whose marker is there writes nothing;
-* inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise
-  error; so is a replay of a batch held in part whose splits are not the shares written (``min_partitions``
-  changed: :func:`~streamproof.sinks.shares.split_refusal`, on the driver before any task writes).
+  whose marker is there writes nothing, nor one whose marker the topic's compaction removed when a later batch's
+  marker of its source partition lies above its rows (:func:`~streamproof.sinks.base.share_decision`);
+* inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise error, and
+  so is a later batch's marker not above them; so is a replay of a batch held in part whose splits are not the
+  shares written (``min_partitions`` changed: :func:`~streamproof.sinks.shares.split_refusal`, on the driver before
+  any task writes).
 
 Once every task succeeded, a batch-complete record follows in the marker topic. Markers are trusted only
 once every transaction open on the marker topic when the task started has been decided (its last stable

@@ -1,16 +1,18 @@
 """PostgreSQL sink: one database transaction per task of a batch, keyed on what it writes by a ledger row.
 
-Idempotency rule, stated once: under exactly-once, each task's share of a batch (one Kafka split: source
-partition and first offset, see :func:`streamproof.sinks.base.peek_source_key`) is written in one
-transaction that inserts the ledger row ``(pipeline, sink_table, batch_id, source_key)``, COPYs the rows
-into a temporary table and moves them into the target, then records in the ledger row the batch's end
-offsets and the source ranges it wrote; the transaction commits all of it or nothing. Once every task
-succeeded, a ``*`` ledger row marks the batch complete (a batch without it is partial: some shares are in).
+Idempotency, the mechanism (the rule, for batches and for shares, is :mod:`streamproof.sinks.base`'s; the write both
+per-task sinks follow is :class:`streamproof.sinks.shares.ShareSink`'s): under exactly-once, each task's share of a
+batch (one Kafka split: source partition and first offset, see :func:`streamproof.sinks.shares.peek_source_key`) is
+written in one transaction that inserts the ledger row ``(pipeline, sink_table, batch_id, source_key)``, COPYs the
+rows into a temporary table and moves them into the target, then records in the ledger row the batch's end offsets
+and the source ranges it wrote; the transaction commits all of it or nothing. Once every task succeeded, a ``*``
+ledger row marks the batch complete (a batch without it is partial: some shares are in).
 
 * first write: the ledger insert succeeds and the rows follow it;
 * replay (Spark re-runs a batch after a crash): a batch held whole (its ``*`` row) is skipped on the driver;
   in one held in part, the ledger insert finds the row (a concurrent zombie attempt waits on it, then finds
-  it) and that share writes nothing; the others write;
+  it) and that share writes nothing, its rows being the ones the row records
+  (:func:`~streamproof.sinks.base.share_decision`); the others write;
 * inconsistency: a ledger row whose recorded source ranges differ from the replayed share's is a precise
   error (the checkpoint is not this table's, or the transform changed), never a silent skip; so is a replay
   of a batch held in part whose splits are not the shares written (``min_partitions`` changed:

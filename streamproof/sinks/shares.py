@@ -205,7 +205,8 @@ class ShareSink(Sink):
         otherwise, and a new split's key would be new). A batch held in part is checked on the driver against its
         shares (:func:`refuse_other_splits`). Then each task writes its share, or finds it recorded and skips or
         refuses it (:func:`streamproof.sinks.base.share_decision`); once all succeeded, the batch is recorded complete.
-        Unkeyed, the same tasks write without a record."""
+        Unkeyed, the tasks write without looking for or leaving a record (PostgreSQL; the Kafka sink gives an unkeyed
+        batch to Spark's own writer instead)."""
         if self.replay_check(batch):
             return SinkWrite(0, replay_skipped=True)
         shares = self._share_rows(rows)
