@@ -20,7 +20,8 @@ from confluent_kafka import Producer
 from streamproof.errors import PipelineError
 from streamproof.infra import KafkaBroker
 from streamproof.kafka_client import ensure_topic
-from streamproof.sinks.kafka import TransactionalWriter, find_marker, marker_key
+from streamproof.sinks.base import share_decision
+from streamproof.sinks.kafka import find_marker, marker_key, share_record
 from streamproof.sinks.shares import SourceRanges
 
 pytestmark = pytest.mark.integration
@@ -70,17 +71,19 @@ topic = "out"
     assert find_marker(sink, "shop", 4, "orders/1@40") is None  # partition 1's newest is older: not written
     assert find_marker(sink, "shop", 6, "orders/0@60") is None  # newer than every marker: not written
 
-    writer = TransactionalWriter(sink, "shop", COLUMNS, 4, {"orders": {"0": 50}})
+    # The decision the sink's task takes on what it found (TransactionalWriter): the rule for a share, on the marker.
+    where = f"marker topic {sink.markers}"
     below = SourceRanges(COLUMNS)
     for offset in range(40, 50):
         below.add(("k", "v", "orders", 0, offset))
-    writer._check_replay("orders/0@40", later, below)  # its rows lie below batch 5's: held, nothing produced
+    # Its rows lie below batch 5's: held, nothing produced.
+    assert share_decision(share_record(later), 4, "orders/0@40", below.as_json(), where) is True
     overlapping = SourceRanges(COLUMNS)
     for offset in range(45, 55):
         overlapping.add(("k", "v", "orders", 0, offset))
     with pytest.raises(PipelineError, match=r"the marker of batch 4 orders/0@45 is compacted away, and the replay "
                                             r"holds .* not below batch 5's"):  # fmt: skip
-        writer._check_replay("orders/0@45", later, overlapping)
+        share_decision(share_record(later), 4, "orders/0@45", overlapping.as_json(), where)
 
 
 def _marker_keys_of_batch(bootstrap: str, markers: str, batch_id: int) -> list[str]:

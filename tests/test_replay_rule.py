@@ -3,7 +3,10 @@
 
 Cases of the rule: a held batch with the checkpoint's offsets is skipped; with other offsets, or another start, it is
 refused; a batch below the sink's newest that it never held is refused; below what a sink can still vouch for (Kafka's
-compacted markers) it is refused; a new batch, or one held only in part, is written. Cases of `held_beyond`: the
+compacted markers) it is refused; a new batch, or one held only in part, is written. Cases of the rule for a share of a
+batch held in part (`share_decision`): a share without a record is written; one whose record is this batch's, with the
+replay's source ranges or none, is skipped, with other ranges refused; one whose record is a later batch's (its own
+compacted away) is skipped when its rows lie below that batch's, and refused otherwise. Cases of `held_beyond`: the
 batches every sink holds whose quarantine records are done (held, or none) are passed by without running; one that
 had records for the quarantine table that it does not hold stops that; a batch no sink records is refused in one line.
 """
@@ -21,7 +24,15 @@ from streamproof.checkpoint.start import starting_point
 from streamproof.config import parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import TOO_OLD_REPAIR, Batch, HeldBatches, SinkCommit, replay_decision
+from streamproof.sinks.base import (
+    TOO_OLD_REPAIR,
+    Batch,
+    HeldBatches,
+    ShareRecord,
+    SinkCommit,
+    replay_decision,
+    share_decision,
+)
 from streamproof.sinks.files import BATCHES_DIR, METADATA_DIR
 from streamproof.sinks.kafka import KafkaSink
 from streamproof.storage.location import Location
@@ -57,6 +68,39 @@ def test_the_rule_skips_what_the_sink_holds_writes_what_it_does_not_and_refuses_
     unkeyed = _held(1)
     unkeyed.add(SinkCommit(2, _ends(20), keyed=False))
     assert unkeyed.through == 1 and 2 not in unkeyed.commits
+
+
+SHARE = {"t/0": [40, 59, 20]}  # a share of batch 4: offsets 40-59 of source partition t/0, 20 records
+
+
+def test_a_share_without_a_record_is_written_and_one_recorded_with_its_rows_or_none_is_skipped() -> None:
+    assert share_decision(None, 4, "t/0@40", SHARE, "sink") is False
+    assert share_decision(ShareRecord(4, {"t/0": [40, 59, 20]}), 4, "t/0@40", SHARE, "sink") is True
+    assert share_decision(ShareRecord(4, None), 4, "t/0@40", SHARE, "sink") is True  # a record that does not say
+
+
+def test_a_share_recorded_with_other_rows_is_refused_naming_both() -> None:
+    for recorded in ({"t/0": [40, 49, 10]}, {"t/0": [40, 59, 20], "t/1": [0, 9, 10]}, {}):
+        with pytest.raises(PipelineError) as refused:
+            share_decision(ShareRecord(4, recorded), 4, "t/0@40", SHARE, "sink")
+        assert str(refused.value) == (
+            f"sink: batch 4's share t/0@40 was committed with source ranges {json.dumps(recorded)} but the replay "
+            'holds {"t/0": [40, 59, 20]}: the checkpoint does not belong to this sink, the transform changed since '
+            "the batch was written, or the batch is split otherwise (`min_partitions` changed since)"
+        )
+
+
+def test_a_share_whose_record_is_compacted_away_is_held_by_a_later_batch_of_its_partition_above_its_rows() -> None:
+    assert share_decision(ShareRecord(5, {"t/0": [60, 79, 20]}), 4, "t/0@40", SHARE, "markers") is True
+    not_below = [{"t/0": [59, 79, 21]}, {"t/0": [50, 79, 30]}, {"t/1": [60, 79, 20]}, {}, None]
+    for later in not_below:
+        with pytest.raises(PipelineError) as refused:
+            share_decision(ShareRecord(5, later), 4, "t/0@40", SHARE, "markers")
+        assert str(refused.value) == (
+            'markers: the marker of batch 4 t/0@40 is compacted away, and the replay holds {"t/0": [40, 59, 20]}, '
+            f"not below batch 5's {json.dumps(later or {})} of the same source partition: the checkpoint does not "
+            "belong to this topic"
+        )
 
 
 def test_a_compacted_marker_topic_vouches_only_for_its_unbroken_newest_batches() -> None:

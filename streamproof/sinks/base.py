@@ -17,6 +17,16 @@ the run's first one), then carries it batch by batch (:meth:`Sink.note_written`)
 * a batch below one the sink holds but not held itself: a precise error (the first run of that batch did not
   write here, so this one differs from it).
 
+A batch held in part by a sink that commits per task (PostgreSQL, Kafka: :mod:`streamproof.sinks.shares`) is
+written share by share, and each share is decided in its task by the same rule for shares (:func:`share_decision`),
+on the record the sink keeps of it (:class:`ShareRecord`: a ledger row, a commit marker):
+
+* no record of the share: written (its record committed with it);
+* this batch's record of the share, with the replay's source ranges (or none recorded): a replay, skipped;
+* this batch's record of the share with other source ranges: a precise error, never a write;
+* a later batch's record of the same source partition (a compacted marker topic keeps only the newest): skipped
+  when the share's rows lie below that batch's, a precise error otherwise.
+
 A lost checkpoint is detected instead of silently replayed
 (:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`). Proven by
 ``tests/test_sink_idempotency.py`` (the three cases per sink, and the rule's cases without Spark) and
@@ -314,8 +324,8 @@ class HeldBatches:
 def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
     """The replay rule (module docstring): True when ``held`` holds ``batch`` completely with the same offsets (a
     replay: write nothing); False when the batch is to be written (new, or held only in part by a sink that commits
-    per task, whose task keys skip the parts it holds); :class:`PipelineError` when writing or skipping it would mix
-    two histories.
+    per task, whose tasks decide each share by :func:`share_decision`); :class:`PipelineError` when writing or
+    skipping it would mix two histories.
 
     >>> held = HeldBatches({4: SinkCommit(4, {"t": {"0": 40}}, True), 5: SinkCommit(5, {"t": {"0": 50}}, True)})
     >>> replay_decision(held, Batch("p", 5, {"t": {"0": 50}}, True, start_offsets={"t": {"0": 40}}), "/data/t")
@@ -367,6 +377,65 @@ def replay_decision(held: HeldBatches, batch: Batch, where: str) -> bool:
             f"differs from it (the checkpoint, the transform or the data changed since){_REPAIR}"
         )
     return commit is not None and commit.complete
+
+
+@dataclass(frozen=True)
+class ShareRecord:
+    """What a sink that commits per task records of a share of a batch it holds (a PostgreSQL ledger row, a Kafka
+    commit marker): the batch it was written in, and the source ranges it wrote (per source topic-partition: lowest
+    offset, highest offset, count; None: the record does not say).
+
+    >>> ShareRecord(4, {"t/0": [0, 38, 20]}).source_ranges["t/0"]
+    [0, 38, 20]
+    """
+
+    batch_id: int
+    source_ranges: dict[str, list[int]] | None
+
+
+def share_decision(
+    record: ShareRecord | None, batch_id: int, source_key: str, ranges: dict[str, list[int]], where: str
+) -> bool:
+    """The replay rule for one share of a batch (module docstring), decided in the task that holds its rows: False when
+    no ``record`` of the share is found (write it); True when ``record`` holds it (a replay: write nothing), being
+    this batch's record with the replay's source ``ranges`` (or none recorded), or a later batch's record of the same
+    source partition whose rows lie above the replay's (a compacted marker topic keeps only the newest marker of a
+    source partition, and a later batch of a partition is written only once every earlier one was);
+    :class:`PipelineError` naming ``where``, the share and both ranges otherwise.
+
+    >>> share_decision(None, 4, "t/0@0", {"t/0": [0, 38, 20]}, "pg")
+    False
+    >>> share_decision(ShareRecord(4, {"t/0": [0, 38, 20]}), 4, "t/0@0", {"t/0": [0, 38, 20]}, "pg")
+    True
+    >>> share_decision(ShareRecord(6, {"t/0": [60, 78, 10]}), 4, "t/0@0", {"t/0": [0, 38, 20]}, "marker topic m")
+    True
+    >>> try:
+    ...     share_decision(ShareRecord(4, {"t/0": [0, 18, 10]}), 4, "t/0@0", {"t/0": [0, 38, 20]}, "pg")
+    ... except PipelineError as refused:
+    ...     print(str(refused)[:87])
+    pg: batch 4's share t/0@0 was committed with source ranges {"t/0": [0, 18, 10]} but the
+    """
+    if record is None:
+        return False
+    if record.batch_id != batch_id:  # a later batch's: the share's own record is compacted away
+        later = record.source_ranges or {}
+        if all(part in later and low_high[1] < later[part][0] for part, low_high in ranges.items()):
+            return True
+        raise PipelineError(
+            f"{where}: the marker of batch {batch_id} {source_key} is compacted away, and the replay holds "
+            f"{json.dumps(ranges)}, not below batch {record.batch_id}'s {json.dumps(later)} of the same source "
+            "partition: the checkpoint does not belong to this topic"
+        )
+    # None: the record says nothing of the share's rows (a ledger row without them, or gone since the task's claim
+    # found it): trusted, the share's key having been found committed.
+    if record.source_ranges is None or record.source_ranges == ranges:
+        return True
+    raise PipelineError(
+        f"{where}: batch {batch_id}'s share {source_key} was committed with source ranges "
+        f"{json.dumps(record.source_ranges)} but the replay holds {json.dumps(ranges)}: the checkpoint does not belong "
+        "to this sink, the transform changed since the batch was written, or the batch is split otherwise "
+        "(`min_partitions` changed since)"
+    )
 
 
 OFFSETS_KEPT = 100  # the newest batches whose offsets a sink without its own log of them keeps (Parquet)

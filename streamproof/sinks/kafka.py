@@ -1,20 +1,24 @@
 """Kafka -> Kafka sink: a transactional producer per task, with a commit marker in the same transaction.
 
-Idempotency rule, stated once: under exactly-once, task ``i`` of a batch writes through a producer with the
-deterministic ``transactional.id`` ``streamproof.<pipeline>.<topic>.<i>``. Its ``init_transactions`` fences
-any earlier producer with that id (a zombie of a killed run) and aborts the zombie's open transaction. In
-one transaction it writes its share of the batch to the output topic and a commit marker
-``{pipeline, topic, batch_id, source, source_key, end_offsets, source_ranges, rows}`` to the marker topic
-(keyed per source partition, compacted). The share is named by what it holds (``source_key``:
-:func:`streamproof.sinks.base.peek_source_key`), not by the task number, which a replay may not repeat.
-Before writing, the task looks for the committed marker of its share with ``read_committed``:
+Idempotency, the mechanism (the rule, for batches and for shares, is :mod:`streamproof.sinks.base`'s; the keyed
+write both per-task sinks follow is :class:`streamproof.sinks.shares.ShareSink`'s): under exactly-once, task ``i``
+of a batch writes through a producer with the deterministic ``transactional.id``
+``streamproof.<pipeline>.<topic>.<i>``. Its ``init_transactions`` fences any earlier producer with that id (a zombie
+of a killed run) and aborts the zombie's open transaction. In one transaction it writes its share of the batch to
+the output topic and a commit marker
+``{pipeline, topic, batch_id, source, source_key, end_offsets, source_ranges, rows}`` to the marker topic (keyed per
+source partition, compacted). The share is named by what it holds (``source_key``:
+:func:`streamproof.sinks.shares.peek_source_key`), not by the task number, which a replay may not repeat. Before
+writing, the task looks for the committed marker of its share with ``read_committed``:
 
 * first write: no marker: the records and the marker commit together;
 * replay: a batch held whole (its batch-complete record) is skipped on the driver; in one held in part, a share
-  whose marker is there writes nothing;
-* inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise
-  error; so is a replay of a batch held in part whose splits are not the shares written (``min_partitions``
-  changed: :func:`~streamproof.sinks.shares.split_refusal`, on the driver before any task writes).
+  whose marker is there writes nothing, nor one whose marker the topic's compaction removed when a later batch's
+  marker of its source partition lies above its rows (:func:`~streamproof.sinks.base.share_decision`);
+* inconsistency: a marker of this share whose source ranges differ from the replayed share's is a precise error, and
+  so is a later batch's marker not above them; so is a replay of a batch held in part whose splits are not the
+  shares written (``min_partitions`` changed: :func:`~streamproof.sinks.shares.split_refusal`, on the driver before
+  any task writes).
 
 Once every task succeeded, a batch-complete record follows in the marker topic. Markers are trusted only
 once every transaction open on the marker topic when the task started has been decided (its last stable
@@ -46,7 +50,7 @@ from pyspark.sql import functions as F
 
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.faults.in_tasks import TaskFault, task_fault
+from streamproof.faults.in_tasks import TaskFault
 from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import (
     client_config,
@@ -56,21 +60,24 @@ from streamproof.kafka_client import (
     topic_exists,
     watermarks,
 )
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.sinks.base import Batch, SinkCommit, SinkWrite, share_decision
 from streamproof.sinks.markers import (  # noqa: F401 - find_marker, wait_until_decided: the sink's, its tests use
     batch_shares,
     find_marker,
     marker_key,
     read_markers,
     share_markers,
+    share_record,
     wait_until_decided,
 )
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
+    Shares,
+    ShareSink,
+    ShareWriter,
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    refuse_other_splits,
 )
 from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, record_schema
 
@@ -122,11 +129,11 @@ class TransactionalWriter:
         producer.init_transactions(60)  # fences a zombie with this id and aborts its open transaction
         committed, siblings = share_markers(self.spec, self.pipeline, self.batch_id, source_key)
         ranges = SourceRanges(self.columns)
-        if committed is not None:
+        if committed is not None:  # its marker, or a later batch's of its source partition: held, or refused
             for row in rows:
                 ranges.add(row)
-            self._check_replay(source_key, committed, ranges)
-            yield index, 0, True
+            where = f"marker topic {self.spec.markers}"
+            yield index, 0, share_decision(share_record(committed), self.batch_id, source_key, ranges.as_json(), where)
             return
         producer.begin_transaction()
         try:
@@ -170,29 +177,8 @@ class TransactionalWriter:
                 producer.poll(0.05)
         producer.poll(0)
 
-    def _check_replay(self, source_key: str, marker: dict[str, Any], ranges: SourceRanges) -> None:
-        """The replayed share holds what its marker says; or, its marker compacted away (``marker`` is a later batch's
-        of the same source partition: :func:`find_marker`), its rows lie below that batch's."""
-        if int(marker["batch_id"]) != self.batch_id:
-            held, later = ranges.as_json(), marker.get("source_ranges") or {}
-            if all(part in later and low_high[1] < later[part][0] for part, low_high in held.items()):
-                return
-            raise PipelineError(
-                f"marker topic {self.spec.markers}: the marker of batch {self.batch_id} {source_key} is compacted "
-                f"away, and the replay holds {json.dumps(held)}, not below batch {marker['batch_id']}'s "
-                f"{json.dumps(later)} of the same source partition: the checkpoint does not belong to this topic"
-            )
-        if marker.get("source_ranges") == ranges.as_json():
-            return
-        raise PipelineError(
-            f"marker topic {self.spec.markers}: batch {self.batch_id} {source_key} was committed with source ranges "
-            f"{json.dumps(marker.get('source_ranges'))} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this topic, the transform changed since the batch was written, or the batch "
-            "is split otherwise (`min_partitions` changed since)"
-        )
 
-
-class KafkaSink(Sink):
+class KafkaSink(ShareSink):
     """Valid records, as JSON, to a Kafka topic (see the module docstring)."""
 
     kind = "kafka"
@@ -228,41 +214,35 @@ class KafkaSink(Sink):
         )
 
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        records = _as_records(rows, self.spec.key)
-        if not batch.keyed:
-            spark_writer = records.select("key", "value").write.format("kafka")
-            for name, value in {
-                "kafka.bootstrap.servers": self.spec.bootstrap_servers,
-                "topic": self.spec.topic,
-                **self.spec.kafka_options,
-            }.items():
-                spark_writer = spark_writer.option(name, value)
-            spark_writer.save()
-            return SinkWrite(batch.rows)
-        # The replay rule on the marker topic's batches: a foreign checkpoint is refused before any share is written,
-        # and a batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new,
-        # and a compacted marker topic keeps one marker of a source partition's splits). One held in part runs its
-        # tasks: each finds its share's marker and checks its rows against it.
-        if self.replay_check(batch):
-            return SinkWrite(0, replay_skipped=True)
-        partitions = records.rdd.map(tuple)
-        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
-            shares = batch_shares(self.spec, batch.pipeline, batch.batch_id)
-            refuse_other_splits(
-                f"kafka topic {self.spec.topic}", batch.batch_id, shares, partitions, tuple(records.columns)
-            )
-        count = partitions.getNumPartitions()
-        if not self._fenced:
-            self._fence_zombies(count)
-        fault = task_fault(batch.task_fault, count, batch.batch_id)
-        writer = TransactionalWriter(
-            self.spec, batch.pipeline, tuple(records.columns), batch.batch_id, batch.end_offsets, fault
-        )
-        results = partitions.mapPartitionsWithIndex(writer).collect()
-        self._record_batch_complete(batch)
-        self.note_written(batch)
-        written = sum(count for _, count, _ in results)
-        return SinkWrite(written, replay_skipped=any(skip for _, _, skip in results) and written == 0)
+        """Keyed: share by share, each task's share keyed by its marker (:meth:`ShareSink.write`; a batch held whole
+        is skipped on the driver, also because a compacted marker topic keeps one marker of a source partition's
+        splits). Unkeyed: Spark's own Kafka writer."""
+        if batch.keyed:
+            return super().write(rows, batch)
+        spark_writer = _as_records(rows, self.spec.key).select("key", "value").write.format("kafka")
+        for name, value in {
+            "kafka.bootstrap.servers": self.spec.bootstrap_servers,
+            "topic": self.spec.topic,
+            **self.spec.kafka_options,
+        }.items():
+            spark_writer = spark_writer.option(name, value)
+        spark_writer.save()
+        return SinkWrite(batch.rows)
+
+    @property
+    def shares_where(self) -> str:
+        return f"kafka topic {self.spec.topic}"
+
+    def _share_rows(self, rows: DataFrame) -> DataFrame:
+        return _as_records(rows, self.spec.key)
+
+    def _recorded_shares(self, batch: Batch) -> Shares:
+        return batch_shares(self.spec, batch.pipeline, batch.batch_id)
+
+    def _share_writer(self, batch: Batch, columns: tuple[str, ...], tasks: int, fault: TaskFault | None) -> ShareWriter:
+        if not self._fenced:  # the first batch of a run: no task then waits on a zombie's open transaction
+            self._fence_zombies(tasks)
+        return TransactionalWriter(self.spec, batch.pipeline, columns, batch.batch_id, batch.end_offsets, fault)
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the marker topic (a batch without it is partial)."""

@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from streamproof.config import KafkaSinkSpec
 from streamproof.errors import PipelineError
 from streamproof.kafka_client import client_config, leader_moved
+from streamproof.sinks.base import ShareRecord
 from streamproof.sinks.shares import BATCH_COMPLETE
 
 DECIDED_TIMEOUT_S = 120.0
@@ -134,8 +135,8 @@ def share_markers(
     the search stops at that partition's first marker of an earlier batch. The marker topic is compacted (the newest
     marker per source partition kept): when this share's marker is gone and a later batch's marker of the same source
     partition is there, that one is returned. A later batch of a source partition is written only once every earlier
-    batch was, so it proves this share written (or that it had no rows); :meth:`TransactionalWriter._check_replay`
-    checks that the share's rows lie below the later batch's.
+    batch was, so it proves this share written (or that it had no rows);
+    :func:`~streamproof.sinks.base.share_decision` checks that the share's rows lie below the later batch's.
     """
     source = source_key.rsplit("@", 1)[0]
     end = wait_until_decided(spec)
@@ -162,6 +163,17 @@ def share_markers(
         if start == 0:
             return later, siblings
         end, start = start, max(0, start - 2 * (end - start))
+
+
+def share_record(marker: dict[str, Any]) -> ShareRecord:
+    """What a commit marker found by :func:`share_markers` records of its share, for
+    :func:`~streamproof.sinks.base.share_decision`. A marker without source ranges records none (``{}``), which no
+    replay's rows match: unlike a PostgreSQL ledger row without them, it is not trusted.
+
+    >>> share_record({"batch_id": 5, "source_key": "t/0@50", "source_ranges": {"t/0": [50, 59, 10]}})
+    ShareRecord(batch_id=5, source_ranges={'t/0': [50, 59, 10]})
+    """
+    return ShareRecord(int(marker["batch_id"]), marker.get("source_ranges") or {})
 
 
 def batch_shares(spec: KafkaSinkSpec, pipeline: str, batch_id: int) -> list[tuple[str, dict[str, list[int]] | None]]:

@@ -1,16 +1,18 @@
 """PostgreSQL sink: one database transaction per task of a batch, keyed on what it writes by a ledger row.
 
-Idempotency rule, stated once: under exactly-once, each task's share of a batch (one Kafka split: source
-partition and first offset, see :func:`streamproof.sinks.base.peek_source_key`) is written in one
-transaction that inserts the ledger row ``(pipeline, sink_table, batch_id, source_key)``, COPYs the rows
-into a temporary table and moves them into the target, then records in the ledger row the batch's end
-offsets and the source ranges it wrote; the transaction commits all of it or nothing. Once every task
-succeeded, a ``*`` ledger row marks the batch complete (a batch without it is partial: some shares are in).
+Idempotency, the mechanism (the rule, for batches and for shares, is :mod:`streamproof.sinks.base`'s; the write both
+per-task sinks follow is :class:`streamproof.sinks.shares.ShareSink`'s): under exactly-once, each task's share of a
+batch (one Kafka split: source partition and first offset, see :func:`streamproof.sinks.shares.peek_source_key`) is
+written in one transaction that inserts the ledger row ``(pipeline, sink_table, batch_id, source_key)``, COPYs the
+rows into a temporary table and moves them into the target, then records in the ledger row the batch's end offsets
+and the source ranges it wrote; the transaction commits all of it or nothing. Once every task succeeded, a ``*``
+ledger row marks the batch complete (a batch without it is partial: some shares are in).
 
 * first write: the ledger insert succeeds and the rows follow it;
 * replay (Spark re-runs a batch after a crash): a batch held whole (its ``*`` row) is skipped on the driver;
   in one held in part, the ledger insert finds the row (a concurrent zombie attempt waits on it, then finds
-  it) and that share writes nothing; the others write;
+  it) and that share writes nothing, its rows being the ones the row records
+  (:func:`~streamproof.sinks.base.share_decision`); the others write;
 * inconsistency: a ledger row whose recorded source ranges differ from the replayed share's is a precise
   error (the checkpoint is not this table's, or the transform changed), never a silent skip; so is a replay
   of a batch held in part whose splits are not the shares written (``min_partitions`` changed:
@@ -47,14 +49,16 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, MapType, StructTy
 
 from streamproof.config import PipelineSpec, PostgresSinkSpec
 from streamproof.errors import PipelineError
-from streamproof.faults.in_tasks import TaskFault, task_fault
-from streamproof.sinks.base import Batch, Sink, SinkCommit, SinkWrite
+from streamproof.faults.in_tasks import TaskFault
+from streamproof.sinks.base import Batch, ShareRecord, SinkCommit, share_decision
 from streamproof.sinks.shares import (
     BATCH_COMPLETE,
+    Shares,
+    ShareSink,
+    ShareWriter,
     SourceRanges,
     overlap_refusal,
     peek_source_key,
-    refuse_other_splits,
 )
 from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, struct_type
 
@@ -114,6 +118,11 @@ class PartitionWriter:
     def ledger(self) -> str:
         return quoted(self.spec.db_schema, self.spec.ledger_table)
 
+    @property
+    def where(self) -> str:
+        """The table, in a refusal's first words (no secret)."""
+        return f"{self.spec.redacted()}/{self.spec.table}"
+
     def __call__(self, index: int, rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[int, int, bool]]:
         """Write partition ``index``; yield ``(index, rows written, skipped as a replay)``."""
         source_key, rows = peek_source_key(rows, self.columns)
@@ -122,7 +131,7 @@ class PartitionWriter:
             return
         with psycopg.connect(self.spec.conninfo(self.password)) as connection:  # commit, or roll back on error
             cursor = connection.cursor()
-            if self.keyed and not self._claim(cursor, source_key):
+            if self.keyed and not self._claim(cursor, source_key):  # its ledger row is there: held, or refused
                 recorded = cursor.execute(
                     f"SELECT source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
                     "AND batch_id = %s AND source_key = %s",
@@ -132,8 +141,8 @@ class PartitionWriter:
                 ranges = SourceRanges(self.columns)
                 for row in rows:
                     ranges.add(row)
-                self._check_replay(source_key, recorded[0] if recorded else None, ranges)
-                yield index, 0, True
+                record = ShareRecord(self.batch_id, recorded[0] if recorded else None)
+                yield index, 0, share_decision(record, self.batch_id, source_key, ranges.as_json(), self.where)
                 return
             ranges = self._stage(cursor, rows)
             ranges.single_source()
@@ -174,21 +183,9 @@ class PartitionWriter:
             "AND batch_id = %s AND starts_with(source_key, %s)",
             (self.pipeline, self.spec.table, self.batch_id, ranges.single_source() + "@"),
         ).fetchall()
-        refusal = overlap_refusal(
-            f"{self.spec.redacted()}/{self.spec.table}", self.batch_id, source_key, ranges, siblings
-        )
+        refusal = overlap_refusal(self.where, self.batch_id, source_key, ranges, siblings)
         if refusal is not None:
             raise PipelineError(refusal)
-
-    def _check_replay(self, source_key: str, recorded: Any, ranges: SourceRanges) -> None:
-        if recorded is None or recorded == ranges.as_json():
-            return
-        raise PipelineError(
-            f"{self.spec.redacted()}/{self.spec.table}: ledger row of batch {self.batch_id} {source_key} records "
-            f"source ranges {json.dumps(recorded)} but the replay holds {json.dumps(ranges.as_json())}: the "
-            "checkpoint does not belong to this table, the transform changed since the batch was written, or the batch "
-            "is split otherwise (`min_partitions` changed since)"
-        )
 
     def _stage(self, cursor: Any, rows: Iterable[tuple[Any, ...]]) -> SourceRanges:
         stage_columns = ", ".join(quoted(column) for column in self.columns)
@@ -260,8 +257,9 @@ def newer_than(source: str, target: str, order: str) -> str:
     )
 
 
-class PostgresSink(Sink):
-    """Valid records to a PostgreSQL table (see the module docstring)."""
+class PostgresSink(ShareSink):
+    """Valid records to a PostgreSQL table, written share by share (:meth:`ShareSink.write`), each share keyed by its
+    ledger row (see the module docstring); unkeyed, the same statements without the ledger."""
 
     kind = "postgres"
     partial_writes_visible = True  # unkeyed, each partition commits on its own
@@ -332,26 +330,25 @@ class PostgresSink(Sink):
         }
         return {**schema_types, **coordinates}
 
-    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
-        # The replay rule on the ledger's batches: a foreign checkpoint is refused before any share is written, and a
-        # batch held whole is skipped (its shares may be split otherwise now: a new split's key would be new). One
-        # held in part runs its tasks: each finds its share's ledger row and checks its rows against it.
-        if self.replay_check(batch):
-            return SinkWrite(0, replay_skipped=True)
-        text_rows = _as_copy_text(self._rows_for_mode(rows))
-        columns = tuple(text_rows.columns)
-        partitions = text_rows.rdd.map(tuple)
-        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
-            with self._connect() as connection:
-                recorded = connection.execute(
-                    f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
-                    "AND batch_id = %s",
-                    (batch.pipeline, self.spec.table, batch.batch_id),
-                ).fetchall()
-            refuse_other_splits(
-                f"{self.spec.redacted()}/{self.spec.table}", batch.batch_id, recorded, partitions, columns
-            )
-        writer = PartitionWriter(
+    @property
+    def shares_where(self) -> str:
+        return f"{self.spec.redacted()}/{self.spec.table}"
+
+    def _share_rows(self, rows: DataFrame) -> DataFrame:
+        return _as_copy_text(self._rows_for_mode(rows))
+
+    def _recorded_shares(self, batch: Batch) -> Shares:
+        """The ledger rows of ``batch``: their source keys and source ranges."""
+        with self._connect() as connection:
+            recorded: Shares = connection.execute(
+                f"SELECT source_key, source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
+                "AND batch_id = %s",
+                (batch.pipeline, self.spec.table, batch.batch_id),
+            ).fetchall()
+        return recorded
+
+    def _share_writer(self, batch: Batch, columns: tuple[str, ...], tasks: int, fault: TaskFault | None) -> ShareWriter:
+        return PartitionWriter(
             self.spec,
             batch.pipeline,
             columns,
@@ -359,16 +356,9 @@ class PostgresSink(Sink):
             batch.batch_id,
             json.dumps(batch.end_offsets),
             batch.keyed,
-            task_fault(batch.task_fault, partitions.getNumPartitions(), batch.batch_id),
+            fault,
             self.spec.password(),
         )
-        results = partitions.mapPartitionsWithIndex(writer).collect()
-        if batch.keyed:
-            self._record_batch_complete(batch)
-            self.note_written(batch)
-        written = sum(count for _, count, _ in results)
-        skipped = any(skip for _, _, skip in results) and written == 0
-        return SinkWrite(written, replay_skipped=skipped)
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the ledger (a batch without this row is partial)."""

@@ -1,9 +1,10 @@
-"""A task's share of a batch, for the sinks that commit per task (PostgreSQL, Kafka).
+"""A task's share of a batch, for the sinks that commit per task (PostgreSQL, Kafka: :class:`ShareSink`).
 
 Spark numbers a batch's partitions in an order that need not be the same when the batch is replayed (after a
 rebuilt checkpoint it was not), so a per-task commit is keyed on what the task writes (:func:`peek_source_key`),
 never on its number; :class:`SourceRanges` records what it wrote, so a replay holding other records is a
-precise error; and once every share of a batch committed, a :data:`BATCH_COMPLETE` record says so.
+precise error (:func:`streamproof.sinks.base.share_decision`); and once every share of a batch committed, a
+:data:`BATCH_COMPLETE` record says so.
 
 Example::
 
@@ -17,10 +18,15 @@ Example::
 from __future__ import annotations
 
 import itertools
+from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pyspark.sql import DataFrame
+
 from streamproof.errors import PipelineError
+from streamproof.faults.in_tasks import TaskFault, task_fault
+from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.transform.records import COORDINATES
 
 BATCH_COMPLETE = "*"  # the source key of the record a per-partition sink writes once every partition committed
@@ -177,3 +183,64 @@ def split_ranges(
         yield key, ranges.as_json()
 
     return ranges_of
+
+
+# What a task of a per-share sink runs on its partition: (index, rows) -> (index, rows written, skipped as a replay).
+ShareWriter = Callable[[int, Iterable[tuple[Any, ...]]], Iterator[tuple[int, int, bool]]]
+
+
+class ShareSink(Sink):
+    """A sink that commits a batch share by share, one transaction per task (PostgreSQL, Kafka), and the keyed write
+    both follow (:meth:`write`). A subclass says how its rows reach the tasks (:meth:`_share_rows`), which shares of a
+    batch it records (:meth:`_recorded_shares`), what its tasks run (:meth:`_share_writer`) and how it marks a batch
+    complete (:meth:`_record_batch_complete`).
+
+    >>> sink.write(valid_rows, Batch("orders", 4, offsets, keyed=True))               # doctest: +SKIP
+    SinkWrite(rows_out=16583, replay_skipped=False)
+    """
+
+    def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
+        """The replay rule on the batches the sink holds first (:meth:`replay_check`): a foreign checkpoint is
+        refused before any share is written, and a batch held whole is skipped on the driver (its replay may be split
+        otherwise, and a new split's key would be new). A batch held in part is checked on the driver against its
+        shares (:func:`refuse_other_splits`). Then each task writes its share, or finds it recorded and skips or
+        refuses it (:func:`streamproof.sinks.base.share_decision`); once all succeeded, the batch is recorded complete.
+        Unkeyed, the tasks write without looking for or leaving a record (PostgreSQL; the Kafka sink gives an unkeyed
+        batch to Spark's own writer instead)."""
+        if self.replay_check(batch):
+            return SinkWrite(0, replay_skipped=True)
+        shares = self._share_rows(rows)
+        columns = tuple(shares.columns)
+        partitions = shares.rdd.map(tuple)
+        if self.held_in_part(batch):  # its splits must be the shares written, or new: decided before any task writes
+            refuse_other_splits(self.shares_where, batch.batch_id, self._recorded_shares(batch), partitions, columns)
+        tasks = partitions.getNumPartitions()
+        writer = self._share_writer(batch, columns, tasks, task_fault(batch.task_fault, tasks, batch.batch_id))
+        results = partitions.mapPartitionsWithIndex(writer).collect()
+        if batch.keyed:
+            self._record_batch_complete(batch)
+            self.note_written(batch)
+        written = sum(count for _, count, _ in results)
+        return SinkWrite(written, replay_skipped=any(skip for _, _, skip in results) and written == 0)
+
+    @property
+    @abstractmethod
+    def shares_where(self) -> str:
+        """The sink, as a refusal of a batch's splits names it (no secret)."""
+
+    @abstractmethod
+    def _share_rows(self, rows: DataFrame) -> DataFrame:
+        """The batch's valid rows as the tasks write them (the coordinates among the columns)."""
+
+    @abstractmethod
+    def _recorded_shares(self, batch: Batch) -> Shares:
+        """The shares of ``batch`` the sink records (a batch held in part), read from the sink."""
+
+    @abstractmethod
+    def _share_writer(self, batch: Batch, columns: tuple[str, ...], tasks: int, fault: TaskFault | None) -> ShareWriter:
+        """What each of the batch's ``tasks`` tasks runs on its rows (``columns``), with the ``fault`` the crash harness
+        armed (None: none); asked once per batch written, on the driver, before any task runs."""
+
+    @abstractmethod
+    def _record_batch_complete(self, batch: Batch) -> None:
+        """Every share of the batch committed: say so in the sink (a batch without that record is partial)."""
