@@ -29,7 +29,8 @@ on the record the sink keeps of it (:class:`ShareRecord`: a ledger row, a commit
 
 A lost checkpoint is detected instead of silently replayed
 (:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`). Proven by
-``tests/test_sink_idempotency.py`` (the three cases per sink, and the rule's cases without Spark) and
+``tests/test_sink_idempotency.py`` (the three cases per sink), ``tests/test_replay_rule.py`` (the rule's cases
+without Spark) and
 ``tests/test_replay_through.py`` (an older checkpoint backup restored, as an operator does it).
 
 Example (a sink used from your own ``foreachBatch``)::
