@@ -26,6 +26,9 @@ CLI_TIMEOUT_S = 600
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
 SLOW_TIER = {
+    "tests/test_s3.py::test_a_quarantine_table_on_s3_behind_a_local_checkpoint_is_refused_at_start_then_rewound":
+        "tests/test_s3.py::test_checkpoint_commands_and_maintenance_work_on_s3 (a table on S3 that lost its newest "
+        "commit refused at start in one line, `checkpoint rewind`, both checkers 0/0/0)",
     "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"
     "nothing[controller]":
         "tests/test_kafka_cluster.py::test_a_transaction_through_a_broker_fault_commits_once_and_its_replay_writes_"

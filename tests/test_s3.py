@@ -319,6 +319,45 @@ def test_checkpoint_commands_and_maintenance_work_on_s3(
     assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
 
 
+def test_a_quarantine_table_on_s3_behind_a_local_checkpoint_is_refused_at_start_then_rewound(
+    kafka_broker: KafkaBroker, s3_server: S3Server, s3_spark: Any, tmp_path: Path
+) -> None:
+    """The checkpoint and the Delta sink on local disk, the quarantine table on s3a:// (`transform.quarantine`): the
+    start's first checks skip it (its log is read through Spark's JVM), and the pass with the session must read it.
+    The store loses the quarantine's newest commit: the next run is refused in one line naming the quarantine table,
+    `checkpoint rewind` replays what it lost, and both checkers count 0/0/0, quarantined records included. Before,
+    that pass looked at the sinks alone: the run went on, and the quarantined records of that batch were gone."""
+    topic = "quarantine-on-s3"
+    generate(kafka_broker.bootstrap_servers, topic, 3_000, partitions=2, malformed=0.02, seed=43)
+    local = write_pipeline(tmp_path, name="quarantine-on-s3", topic=topic, bootstrap=kafka_broker.bootstrap_servers,
+                           max_offsets=1_000)  # fmt: skip
+    spec = load_pipeline(local)
+    quarantine = f"s3a://{S3_BUCKET}/quarantine-{free_port()}"
+    pipeline = tmp_path / "quarantine_on_s3.toml"
+    pipeline.write_text(dump_pipeline(spec.model_copy(update={
+        "transform": spec.transform.model_copy(update={"quarantine": quarantine}),
+        "spark": spec.spark.model_copy(update={"conf": {**spec.spark.conf, **s3_server.spark_conf()}}),
+    })))  # fmt: skip
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    assert not load_pipeline(pipeline).checkpoint_dir.is_remote
+    log = Location(f"{quarantine}/_delta_log")
+    newest = max(int(name.split(".")[0]) for name in log.names() if name.endswith(".json"))
+    (log / f"{newest:020d}.json").delete()
+    generate(kafka_broker.bootstrap_servers, topic, 1_000, partitions=2, malformed=0.02, seed=44)
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert f"the quarantine table ({quarantine}) is behind the checkpoint" in refused.stderr, refused.stderr[-2000:]
+    rewound = run_cli("checkpoint", "rewind", str(pipeline), timeout=600)
+    assert rewound.returncode == 0 and "replayed batches" in rewound.stdout, rewound.stdout + rewound.stderr[-2000:]
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-2000:]
+    (report,) = verify_pipeline(s3_spark, load_pipeline(pipeline))
+    figures = (report.source_records, report.lost, report.duplicated, report.unexpected)
+    assert figures == (4_000, 0, 0, 0) and report.quarantined > 0 and report.identity_holds, report.to_json()
+    assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
+
+
 def _exists(spark: Any, uri: str) -> bool:
     path = spark._jvm.org.apache.hadoop.fs.Path(uri)
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))

@@ -13,7 +13,7 @@ checkpoint is copied aside first, never lost.
 
 Example::
 
-    >>> refuse_if_sink_behind(None, load_pipeline("orders.toml"), sinks)          # doctest: +SKIP
+    >>> refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))    # doctest: +SKIP
     PipelineError: sink delta (...) is behind the checkpoint: it holds batches up to 6, the checkpoint ...
 """
 
@@ -248,7 +248,8 @@ def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks
     Spark would skip such a gap (or fail with a stack trace, by ``failOnDataLoss``); under exactly-once it is
     stopped here with the numbers, whatever that option says.
 
-    ``watermarks``: the topic's, as :func:`streamproof.sources.require_available` read them at this start.
+    ``watermarks``: the topic's, as :func:`streamproof.sources.require_available` read them at this start (None:
+    read now).
 
     >>> refuse_if_source_behind(spec, starting_point(spec), require_topic(spec.source))   # doctest: +SKIP
     """
@@ -256,8 +257,9 @@ def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks
     if not isinstance(spec.source, KafkaSource) or not start.wiring.idempotent_sink:
         return
     committed, logged = start.logs.committed, start.logs.logged
-    if not logged or watermarks is None:
+    if not logged:
         return
+    watermarks = watermarks if watermarks is not None else require_topic(spec.source)
     topic = spec.source.topic
     read = _topic_offsets(spec, committed[-1]) if committed else {}  # read and committed: must not be past the end
     to_read = _topic_offsets(spec, logged[-1])  # an in-flight batch is replayed from ``read`` to here

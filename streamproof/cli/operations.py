@@ -21,6 +21,7 @@ from streamproof.checkpoint.folder import backup, restore
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
 from streamproof.checkpoint.positions import rewind
 from streamproof.checkpoint.recover import recover
+from streamproof.checkpoint.start import quarantine_table
 from streamproof.cli.base import (
     PipelineFile,
     StateDir,
@@ -133,7 +134,7 @@ def checkpoint_rewind(pipeline: PipelineFile) -> None:
     and every batch after it runs again with its original id and offsets; the other sinks skip them."""
     spec = load_pipeline(pipeline)
     spark = None
-    if any(sink.needs_spark_for_commits() for sink in open_sinks(spec)):
+    if any(sink.needs_spark_for_commits() for sink in [*open_sinks(spec), quarantine_table(spec)]):
         spark = build_session(spec.spark, app_name=f"streamproof-rewind:{spec.name}")
 
     def replay(spec: PipelineSpec) -> None:

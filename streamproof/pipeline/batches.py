@@ -31,6 +31,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
@@ -62,7 +63,6 @@ from streamproof.your_code.transform import (
     YourCode,
     check_determinism,
     check_lineage,
-    your_rows_schema,
 )
 
 
@@ -342,20 +342,19 @@ def open_batch_path(
     spark: SparkSession,
     spec: PipelineSpec,
     sinks: list[Sink],
+    rows_schema: StructType | None,
     publish: Callable[[Event], None] | None = None,
-    *,
-    exactly_once: bool,
 ) -> BatchWriter:
     """What a run, and its warm-up on scratch copies, assemble before their query starts: the schema of your
-    transform's rows, checked now (:func:`streamproof.your_code.transform.your_rows_schema`), given to every sink;
-    each sink prepared (its table created if missing, so: after every refusal of the start); the batch writer over
-    them.
+    transform's rows (:func:`streamproof.your_code.transform.your_rows_schema`, checked before: None without your
+    transform) given to every sink; each sink prepared (its table created if missing, so: after every refusal of the
+    start); the batch writer over them.
 
-    >>> writer = open_batch_path(spark, spec, open_sinks(spec), exactly_once=True)    # doctest: +SKIP
-    >>> [sink.name for sink in writer.sinks]                                          # doctest: +SKIP
+    >>> rows_schema = your_rows_schema(spark, spec, exactly_once=True)                  # doctest: +SKIP
+    >>> writer = open_batch_path(spark, spec, open_sinks(spec), rows_schema)            # doctest: +SKIP
+    >>> [sink.name for sink in writer.sinks]                                            # doctest: +SKIP
     ['delta']
     """
-    rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
     for sink in sinks:
         sink.rows_schema = rows_schema
         sink.prepare(spark)

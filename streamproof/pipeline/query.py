@@ -63,6 +63,7 @@ from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.sinks import open_sinks
 from streamproof.storage.location import Location
 from streamproof.transform.records import check_derived_columns, stateful_stream
+from streamproof.your_code.transform import your_rows_schema
 
 
 def start_query(
@@ -189,11 +190,13 @@ def _run_locked(
     address = spark.sparkContext.uiWebUrl
     if address:
         publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
-    if any(sink.needs_spark_for_commits() for sink in sinks):  # the checks above skipped these without a session
+    check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
+    rows_schema = your_rows_schema(spark, spec, exactly_once=wiring.idempotent_sink)
+    # The checks above skipped these without a session: a sink, or the quarantine table, on HDFS or an object store.
+    if any(sink.needs_spark_for_commits() for sink in [*sinks, start.quarantine]):
         refuse_if_checkpoint_lost(spark, spec, sinks, start)
         refuse_if_sink_behind(spark, spec, sinks, start)
-    check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
-    writer = open_batch_path(spark, spec, sinks, publish, exactly_once=wiring.idempotent_sink)
+    writer = open_batch_path(spark, spec, sinks, rows_schema, publish)
     stop = StopRequest()
     runs = RunCounter(spec.checkpoint_dir).count_start()
     metrics = PipelineMetrics(spec.name)
