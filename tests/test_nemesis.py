@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from streamproof.checkpoint.folder import backup, kept_aside
+from streamproof.checkpoint.log import committed_batches, rebuild
 from streamproof.errors import ConfigError
 from streamproof.harness.daemons import Daemons
 from streamproof.harness.nemesis import Nemesis
@@ -30,6 +32,7 @@ from streamproof.harness.search import replay, search, shorten
 from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.kafka_client import ensure_topic
+from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.storage.location import Location
 
 # The old rule: a sink decides the first batch of a run from what it holds and writes every later one unchecked.
@@ -127,6 +130,7 @@ path = "{tmp_path}/orders"
     before = Nemesis(pipeline_file, folder, None, Daemons(), 41, lines.append, label="s1")  # type: ignore[arg-type]
     before.backups, before.replaced = [Location(folder / "backups" / "backup-0")], Location(folder / "aside")
     before.runs, before.produced, before.steps_applied, before.history = 3, 2, 2, ["step 1 drain: ...", "step 2 ..."]
+    before.replaced_at_run = 3
     sequence = parse_sequence("data=41,drain,backup,kill@1:0.5,restore:0")
     saved = save_paused(before, sequence, 2, [])
 
@@ -152,11 +156,56 @@ path = "{tmp_path}/orders"
     assert (again, start) == (sequence, 2)
     assert (after.topic, after.stamp, after.data_seed, after.label) == (before.topic, before.stamp, 41, "s1")
     assert [location.text for location in after.backups] == [location.text for location in before.backups]
-    assert after.replaced is not None and after.replaced.text == str(folder / "aside")
+    assert after.replaced is not None and after.replaced.text == str(folder / "aside") and after.replaced_at_run == 3
     assert (after.runs, after.produced, after.steps_applied, after.history) == (3, 2, 2, before.history)
     assert not saved.exists() and len(list(folder.glob("nemesis.json.resumed-*"))) == 1
     with pytest.raises(ConfigError, match=r"--nemesis-resume: .*sequence-1 holds no paused nemesis"):
         resume()
+
+
+def test_two_restores_in_a_row_keep_the_checkpoint_the_pipeline_last_ran_on_for_the_put_back(tmp_path: Path) -> None:
+    """Without a server (a local checkpoint; the CLI's `checkpoint restore` in a child, as the nemesis calls it): a
+    restore right after another, no run between, replaced only the backup the first restored; the checkpoint kept
+    for the put-back is the one the pipeline last ran on, and a too-old refusal puts that one back. After a run, a
+    restore keeps its own. Found at step 169 of a 300-step run: two restores, then the older backup put back, which
+    was refused again."""
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(f"""
+name = "restored"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topic = "restored"
+[transform]
+schema = "event_id STRING"
+[[sinks]]
+label = "delta"
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    nemesis = Nemesis(pipeline_file, tmp_path / "n", None, Daemons(), 7, lambda line: None)  # type: ignore[arg-type]
+    checkpoint = nemesis.checkpoint
+    for through, name in ((2, "backup-0"), (4, "backup-1")):
+        rebuild(checkpoint, {batch: {"restored": {"0": 10 * batch}} for batch in range(through + 1)}, through)
+        nemesis.backups.append(backup(checkpoint, Location(tmp_path / "backups" / name)))
+        checkpoint.delete(recursive=True)
+    rebuild(checkpoint, {batch: {"restored": {"0": 10 * batch}} for batch in range(10)}, 9)  # where it ran to
+    nemesis.runs = 5
+    nemesis._restore(Step("restore", index=0))
+    nemesis._restore(Step("restore", index=1))
+    assert committed_batches(checkpoint)[-1] == 4  # backup 1 restored last
+    assert nemesis.replaced is not None and committed_batches(nemesis.replaced)[-1] == 9
+    assert kept_aside(checkpoint, "replaced") == [nemesis.replaced]  # backup 0's copy, replaced by the second, gone
+    refused = f"error: .../files holds batch 3 ... cannot be checked: {TOO_OLD_REPAIR}"
+    assert nemesis._put_back_if_too_old(Step("drain"), 2, refused)
+    assert committed_batches(checkpoint)[-1] == 9 and nemesis.replaced is None
+
+    nemesis._restore(Step("restore", index=0))
+    nemesis.runs += 1  # a run on the restored backup: the pipeline ran on it since
+    nemesis._restore(Step("restore", index=1))
+    assert nemesis.replaced is not None and committed_batches(nemesis.replaced)[-1] == 2
+    assert kept_aside(checkpoint, "replaced") == [nemesis.replaced]
 
 
 def test_the_first_signal_asks_for_a_pause_the_second_aborts_and_the_handlers_come_back() -> None:

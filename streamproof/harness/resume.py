@@ -86,6 +86,7 @@ def save_paused(nemesis: Nemesis, sequence: Sequence, next_step: int, servers: l
         "stamp": nemesis.stamp,
         "backups": [location.text for location in nemesis.backups],
         "replaced": nemesis.replaced.text if nemesis.replaced is not None else None,
+        "replaced_at_run": nemesis.replaced_at_run,
         "runs": nemesis.runs,
         "produced": nemesis.produced,
         "steps_applied": nemesis.steps_applied,
@@ -136,6 +137,7 @@ def resumed(
         )
     nemesis.backups = [Location(text) for text in state["backups"]]
     nemesis.replaced = Location(state["replaced"]) if state["replaced"] is not None else None
+    nemesis.replaced_at_run = int(state.get("replaced_at_run", -1))  # a state paused before it was kept: -1
     nemesis.runs, nemesis.produced = int(state["runs"]), int(state["produced"])
     nemesis.steps_applied, nemesis.history = int(state["steps_applied"]), list(state["history"])
     path.replace(path.with_name(f"{STATE_FILE}.resumed-{time.strftime('%Y%m%dT%H%M%S')}"))

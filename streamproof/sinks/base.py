@@ -443,7 +443,8 @@ OFFSETS_KEPT = 100  # the newest batches whose offsets a sink without its own lo
 # A checkpoint restored from a backup further behind a sink than the offsets it keeps: the repair, in the refusal.
 TOO_OLD_REPAIR = (
     "restore a newer checkpoint backup, or put back the checkpoint `checkpoint restore` replaced "
-    "(`checkpoint restore PIPELINE --from CHECKPOINT.replaced-TIME`), or write to a new sink"
+    "(`checkpoint restore PIPELINE --from CHECKPOINT.replaced-TIME`; of several, the one that committed the newest "
+    "batch), or write to a new sink"
 )
 _REPAIR = (
     " (a backup of another run, a checkpoint of another pipeline, or the source was read again since); nothing "

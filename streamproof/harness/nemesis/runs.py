@@ -51,7 +51,8 @@ class NemesisRuns:
     batch: int = 1_000
     history: list[str] = field(default_factory=list)
     backups: list[Location] = field(default_factory=list)
-    replaced: Location | None = None  # the checkpoint the last restore replaced (restore keeps it aside)
+    replaced: Location | None = None  # the checkpoint a restore replaced, which the pipeline last ran on (kept aside)
+    replaced_at_run: int = -1  # how many runs there were then: a restore with none since keeps the earlier one's
     runs: int = 0
     produced: int = 0
     steps_applied: int = 0

@@ -253,9 +253,14 @@ class NemesisSteps(NemesisJudgement):
         which = step.index % len(self.backups)
         self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.backups[which]))
         aside = kept_aside(self.checkpoint, "replaced")
-        for folder in aside[:-1]:  # kept aside by earlier restores: only the last one may be put back
-            folder.delete(recursive=True)
-        self.replaced = aside[-1] if aside else None
+        # The checkpoint an operator puts back is the one the pipeline last ran on. A restore right after another,
+        # with no run between, replaced only the backup the first one restored (still among the backups): the first
+        # one's is kept (found at step 169 of a 300-step run: two restores, then a put-back of the older backup).
+        if self.replaced is None or self.replaced_at_run != self.runs:
+            self.replaced, self.replaced_at_run = (aside[-1] if aside else None), self.runs
+        for folder in aside:
+            if self.replaced is None or folder.text != self.replaced.text:
+                folder.delete(recursive=True)
         self._say(step, f"restored backup {which} (checkpoint at batch {committed_batches(self.checkpoint)[-1]})")
 
     def _lose_checkpoint(self, step: Step) -> None:
