@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
-from streamproof.checkpoint.log import batch_end_offsets, logged_batches, offsets_entry
+from streamproof.checkpoint.log import batch_end_offsets, offsets_entry
 from streamproof.checkpoint.start import StartingPoint, quarantine_table, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
@@ -330,7 +330,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
             )
         return f"every sink holds every batch {checkpoint} committed: nothing to rewind"
     low = min(lag.holds_through for lag in lags)
-    logged = set(logged_batches(checkpoint))
+    logged = set(start.logs.logged)  # listed by starting_point above; nothing wrote the log since
     # Through the last batch logged, not only the last committed: a run stopped mid-batch (a sink found going
     # backwards) leaves the next batch planned; left in the log, Spark would run it and never replay the others.
     last = max(lags[0].committed_through, *logged)

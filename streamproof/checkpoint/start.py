@@ -1,9 +1,10 @@
 """What a run's start reads once, before any check: the guarantee's wiring, the batches in the checkpoint's offset
 and commit logs, and the quarantine table. Every check of the start (:func:`streamproof.checkpoint.log.check_readable`,
 :func:`streamproof.checkpoint.positions.refuse_if_source_behind` and ``refuse_if_sink_behind``,
-:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`) decides on this one reading: each listed both logs
-again before (a LIST each on HDFS or S3), and derived the wiring anew. Nothing writes the logs in between: the run
-lock is held, and a warm-up writes only scratch copies.
+:func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`), and the replay of the batches the sinks hold beyond
+the checkpoint (``held_beyond``), decide on this one reading: each listed both logs again before (a LIST each on
+HDFS or S3), and derived the wiring anew. Nothing writes the logs in between: the run lock is held, and a warm-up
+writes only scratch copies.
 
 Example::
 

@@ -38,7 +38,7 @@ from streamproof.checkpoint.log import (
 )
 from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.start import StartingPoint, starting_point
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.faults import points as faults
@@ -226,7 +226,7 @@ def _run_locked(
         spark.streams.addListener(listener)
         listening = True
         if wiring.idempotent_sink and not once:
-            _replay_what_the_sinks_hold(spark, spec, writer, stop, summary, publish)
+            _replay_what_the_sinks_hold(spark, spec, start, writer, stop, summary, publish)
         if not stop.event.is_set():
             query = _run_through_outages(
                 spark, spec, writer, stop, summary, publish, available_now=available_now, once=once
@@ -244,6 +244,7 @@ def _run_locked(
 def _replay_what_the_sinks_hold(
     spark: SparkSession,
     spec: PipelineSpec,
+    start: StartingPoint,
     writer: BatchWriter,
     stop: StopRequest,
     summary: RunSummary,
@@ -255,7 +256,7 @@ def _replay_what_the_sinks_hold(
     Planned by Spark instead, with more records in the source by then, those batches would cover other ranges.
     Those of a stateless pipeline that every sink holds are logged and marked done without running (each sink would
     only skip them): a restore far back costs no query per batch. Proven by ``tests/test_replay_through.py``."""
-    held = held_beyond(spec, writer.sinks, starting_point(spec))  # read again, not carried: right whatever ran since
+    held = held_beyond(spec, writer.sinks, start)  # the start's logs: nothing wrote them since (checkpoint/start.py)
     if not held.offsets:
         return
     checkpoint = spec.checkpoint_dir
