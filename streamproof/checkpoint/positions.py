@@ -248,8 +248,8 @@ def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks
     Spark would skip such a gap (or fail with a stack trace, by ``failOnDataLoss``); under exactly-once it is
     stopped here with the numbers, whatever that option says.
 
-    ``watermarks``: the topic's, as :func:`streamproof.sources.require_available` read them at this start (None:
-    read now).
+    ``watermarks``: what :func:`streamproof.sources.require_available` answered at this start (a topic's watermarks;
+    None for a source that is no topic): the check judges on them and asks Kafka nothing itself.
 
     >>> refuse_if_source_behind(spec, starting_point(spec), require_topic(spec.source))   # doctest: +SKIP
     """
@@ -259,7 +259,7 @@ def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks
     committed, logged = start.logs.committed, start.logs.logged
     if not logged:
         return
-    watermarks = watermarks if watermarks is not None else require_topic(spec.source)
+    assert watermarks is not None, "require_available answers a topic with its watermarks"
     topic = spec.source.topic
     read = _topic_offsets(spec, committed[-1]) if committed else {}  # read and committed: must not be past the end
     to_read = _topic_offsets(spec, logged[-1])  # an in-flight batch is replayed from ``read`` to here
