@@ -214,7 +214,7 @@ def held_beyond(spec: PipelineSpec, sinks: list[Sink], start: StartingPoint) -> 
     offsets = dict(sorted(offsets.items()))
     if spec.transform.watermark is not None:  # dedup or windows: their state must see every batch run
         return HeldBeyond(offsets)
-    if len(recording(sinks)) < len(sinks) or any(sink.records_hand_outs for sink in sinks):
+    if any(sink.records_hand_outs or not sink.keeps_batch_records for sink in sinks):
         return HeldBeyond(offsets)  # your own sink is handed each batch again: what a replay writes is your code's
     ends_at = _offsets_or_none(spec, last)
     if any(last in held and held[last].end_offsets not in (None, ends_at) for held in by_sink):
