@@ -15,7 +15,9 @@ Delta table: test_delta_source.py runs the same pipeline through a crash), ``ord
 (the long nemesis runs' pipeline: its Delta append, PostgreSQL totals, Kafka and Parquet sinks are those of
 test_replay_through.py, its Delta MERGE that of test_sinks_exactly_once.py), ``orders_to_s3.toml`` (it needs an S3
 server: test_s3.py runs its layout, checkpoint, table and quarantine on s3a://, through a crash),
-``orders_on_kafka_cluster.toml`` (it needs three brokers: test_kafka_cluster.py runs it through their faults).
+``orders_on_kafka_cluster.toml`` (it needs three brokers: test_kafka_cluster.py runs it through their faults),
+``orders_to_kafka_and_delta_on_cluster.toml`` (the 300-step cluster nemesis's pipeline, on three brokers: its Kafka
+sink is that of orders_on_kafka_cluster.toml, its Delta append that of test_replay_through.py).
 ``orders_partitioned_to_delta.toml`` runs once, SIGKILLed in the middle of each partitioned write (append, MERGE),
 then compacted per partition.
 """
@@ -49,6 +51,7 @@ ALREADY_RUN = (
     "every_sink_kind.toml",  # the long nemesis runs' pipeline (see the module docstring)
     "orders_to_s3.toml",  # its layout on s3a:// runs through a crash on the suite's S3 server in test_s3.py
     "orders_on_kafka_cluster.toml",  # it needs three brokers: test_kafka_cluster.py runs it through their faults
+    "orders_to_kafka_and_delta_on_cluster.toml",  # the 300-step cluster nemesis's pipeline (see the module docstring)
 )
 EXAMPLES = sorted(path for path in (REPO / "examples").glob("*.toml") if path.name not in ALREADY_RUN)
 

@@ -41,6 +41,11 @@ DEFAULT_PORT = 9092
 DEFAULT_CONTROLLER_PORT = 9093
 
 
+class KafkaExitedWhileStarting(InfraError):
+    """A Kafka node's process ended before it answered: a wrong setting, or, by design, a broker that could not
+    register with a controller quorum still electing within ``initial.broker.registration.timeout.ms`` (60 s)."""
+
+
 SERVER_PROPERTIES = """\
 # Written by streamproof infra up: KRaft node {node_id} of {nodes}, acting as broker and controller.
 process.roles=broker,controller
@@ -227,7 +232,9 @@ class KafkaBroker(LocalDaemon):
                 said = log_tail(self.log_file, 20)
                 if said.strip() in ("", "(no log)"):  # it ended before its logging started: the JVM's own words
                     said = log_tail(self.home / "stdout.log", 20)
-                raise InfraError(f"Kafka exited with code {process.returncode} while starting; last lines:\n{said}")
+                raise KafkaExitedWhileStarting(
+                    f"Kafka exited with code {process.returncode} while starting; last lines:\n{said}"
+                )
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return
             time.sleep(0.3)

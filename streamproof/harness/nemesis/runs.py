@@ -145,3 +145,8 @@ class NemesisRuns:
         line = f"step {self.steps_applied} {step.encode()}: {what}"
         self.history.append(line)
         self.emit(line)
+
+    def _say_if(self, step: Step, what: str) -> None:
+        """:meth:`_say`, when there is something to say."""
+        if what:
+            self._say(step, what)

@@ -16,7 +16,8 @@ nemesis, on streamproof's own commands), and a method of :class:`NemesisSteps` n
 ``s3-reset@A``     S3's connections reset, and each new one, for 3 s after a run's ``A``-th batch
 ``leader@A``      on a Kafka cluster: the node leading partition 0 of the topic the pipeline writes (its Kafka sink's,
                    else its source) SIGKILLed after a run's ``A``-th batch, as the next one writes; started again 3 s
-                   later, and the step waits until every replica is back in sync
+                   later (a node that exits while starting is started again, as a supervisor would), and the step
+                   waits until every replica is back in sync
 ``controller@A``  on a Kafka cluster: the active KRaft controller SIGKILLed likewise
 ``pause@A``       on a Kafka cluster: that leader paused (SIGSTOP) 9 s, past the cluster's 6-s session timeout (it is
                    fenced, its partitions led elsewhere), then resumed (SIGCONT): a zombie leader until it learns
@@ -56,7 +57,7 @@ from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
 from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
 from streamproof.harness.child import PipelineChild
 from streamproof.harness.crashes import run_with_crashes
-from streamproof.harness.daemons import KafkaFaults, maintain_delta_tables, restore_behind
+from streamproof.harness.daemons import KafkaFaults, kafka_up_supervised, maintain_delta_tables, restore_behind
 from streamproof.harness.matrix import cluster_points
 from streamproof.harness.nemesis.judgement import NemesisJudgement
 from streamproof.harness.sequence import Step, state_allows
@@ -146,8 +147,9 @@ class NemesisSteps(NemesisJudgement):
         self._ended(step, standby, f"holder SIGKILLed after {len(holder.batches())} batches; the standby took over")
 
     def _broker(self, step: Step) -> None:
-        assert self.daemons.broker is not None
-        self._outage(step, self.daemons.broker.down, self.daemons.broker.up)
+        broker = self.daemons.broker
+        assert broker is not None
+        self._outage(step, broker.down, lambda: self._say_if(step, kafka_up_supervised(broker)))
 
     def _leader(self, step: Step) -> None:
         self._node_fault(step, lambda nodes: nodes.kill_leader(self._written_topic()), OUTAGE_S)
@@ -164,7 +166,8 @@ class NemesisSteps(NemesisJudgement):
         nodes = self.daemons.kafka_cluster
         assert nodes is not None
         back = f"the node back after {down_s:.0f} s, in sync" if down_s else "the node resumed, in sync"
-        self._outage(step, lambda: self._say(step, fault(nodes)), nodes.restore, down_s, outage=back)
+        restore = lambda: self._say_if(step, nodes.restore())  # noqa: E731
+        self._outage(step, lambda: self._say(step, fault(nodes)), restore, down_s, outage=back)
 
     def _optimize(self, step: Step) -> None:
         maintain = lambda: self._say(step, maintain_delta_tables(self.spark, self.spec))  # noqa: E731
