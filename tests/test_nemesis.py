@@ -17,6 +17,7 @@ test-all`: tests/conftest.py SLOW_TIER names the CI tests that prove the same.)
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from streamproof.harness.resume import PauseOnSignal, resumed, save_paused
 from streamproof.harness.search import replay, search, shorten
 from streamproof.harness.sequence import Sequence, Step, parse_sequence, plan
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
-from streamproof.infra.kafka import KafkaExitedWhileStarting
+from streamproof.infra.kafka import KafkaCluster, KafkaExitedWhileStarting
 from streamproof.kafka_client import ensure_topic
 from streamproof.sinks.base import TOO_OLD_REPAIR
 from streamproof.storage.location import Location
@@ -289,6 +290,48 @@ def test_a_kafka_node_that_exits_while_starting_is_started_again_as_a_supervisor
     with pytest.raises(InfraError, match="taken"):
         kafka_up_supervised(misconfigured)  # type: ignore[arg-type]
     assert misconfigured.starts == 1
+
+
+def test_a_cluster_started_again_waits_on_a_node_left_running_instead_of_starting_it_on_its_taken_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """After a stop of the whole cluster, node 1 exits while starting; node 2, started in the same ``up()``, runs but
+    does not answer yet. The supervisor's second ``up()`` must wait on node 2, not start it again: a second start
+    fails on its own port, and the step with it. Only node 1, no longer running, is started again."""
+    running = {1: False, 2: True, 3: False}  # what the first up() left behind
+    answering: set[int] = set()
+    starts: list[int] = []
+
+    class Started:
+        returncode = None
+
+        def poll(self) -> None:
+            return None
+
+    def start(member: KafkaBroker) -> Started:
+        if running[member.node_id]:
+            raise InfraError(f"port {member.port} on 127.0.0.1 is taken by another process")
+        starts.append(member.node_id)
+        running[member.node_id] = True
+        return Started()
+
+    def answers(member: KafkaBroker, timeout_s: float = 5.0) -> bool:
+        checked = member.node_id in answering
+        answering.add(member.node_id)  # each node answers from the second look on
+        return checked
+
+    monkeypatch.setattr(KafkaBroker, "running", lambda member: running[member.node_id])
+    monkeypatch.setattr(KafkaBroker, "_answers", answers)
+    monkeypatch.setattr(KafkaBroker, "start", start)
+    monkeypatch.setattr("streamproof.infra.kafka.port_in_use", lambda port: True)
+    monkeypatch.setattr(KafkaCluster, "broker_ids", lambda cluster: sorted(answering))
+    cluster = KafkaCluster(tmp_path, ports=[(19092, 19093), (19094, 19095), (19096, 19097)])
+    said = cluster.up(timeout_s=10)
+    assert starts == [1, 3], "node 2 ran already: it is waited on, not started again"
+    assert said.startswith("started a Kafka cluster")
+    running[2] = False  # a node waited on that exits is a start that failed, for the supervisor to start again
+    with pytest.raises(KafkaExitedWhileStarting, match="Kafka exited while starting"):
+        cluster.members[1].wait_answering(None, deadline=time.monotonic() + 10)
 
 
 @pytest.mark.integration

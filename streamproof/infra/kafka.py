@@ -207,9 +207,13 @@ class KafkaBroker(LocalDaemon):
         if self.running() and self._answers():
             return f"Kafka already running at {self.bootstrap_servers} (pid {self.process.pid()})"
         started = time.monotonic()
-        process = self.start()
-        self.wait_answering(process, started + timeout_s)
+        self.wait_answering(self.start_unless_running(), started + timeout_s)
         return f"started Kafka (KRaft) at {self.bootstrap_servers} in {time.monotonic() - started:.1f} s"
+
+    def start_unless_running(self) -> subprocess.Popen[bytes] | None:
+        """:meth:`start`, unless our process already runs (started, not answering yet): then ``None``, and
+        :meth:`wait_answering` waits on that process instead. Starting it again would only fail on its port."""
+        return None if self.running() else self.start()
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start the broker's process (formatting its storage the first time), without waiting for it."""
@@ -224,17 +228,17 @@ class KafkaBroker(LocalDaemon):
         command = self._java_command("kafka.Kafka", str(self.home / "server.properties"))
         return self.process.start(command, output=self.home / "stdout.log")
 
-    def wait_answering(self, process: subprocess.Popen[bytes], deadline: float) -> None:
-        """Wait until the started ``process`` answers clients (stopped, and an :class:`InfraError`, past
-        ``deadline``)."""
+    def wait_answering(self, process: subprocess.Popen[bytes] | None, deadline: float) -> None:
+        """Wait until the started ``process`` (``None``: our process found running) answers clients (stopped, and an
+        :class:`InfraError`, past ``deadline``)."""
         while time.monotonic() < deadline:
-            if process.poll() is not None:
+            exited = not self.running() if process is None else process.poll() is not None
+            if exited:
                 said = log_tail(self.log_file, 20)
                 if said.strip() in ("", "(no log)"):  # it ended before its logging started: the JVM's own words
                     said = log_tail(self.home / "stdout.log", 20)
-                raise KafkaExitedWhileStarting(
-                    f"Kafka exited with code {process.returncode} while starting; last lines:\n{said}"
-                )
+                code = "" if process is None else f" with code {process.returncode}"
+                raise KafkaExitedWhileStarting(f"Kafka exited{code} while starting; last lines:\n{said}")
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return
             time.sleep(0.3)
@@ -322,7 +326,12 @@ class KafkaCluster:
         self._check_shape()
         started = time.monotonic()
         deadline = started + timeout_s
-        starting = [(member, member.start()) for member in self.members if not (member.running() and member._answers())]
+        # a node left running by a start that failed elsewhere (another node exited) is waited on, not started again
+        starting = [
+            (member, member.start_unless_running())
+            for member in self.members
+            if not (member.running() and member._answers())
+        ]
         for member, process in starting:  # a node answers once a majority of the controllers has elected a leader
             member.wait_answering(process, deadline)
         while len(self.broker_ids()) < self.brokers:
