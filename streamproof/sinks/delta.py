@@ -57,7 +57,7 @@ from streamproof.sinks.delta_log import (
     newest_commit,
     other_writers,
 )
-from streamproof.transform.records import recency, record_schema, struct_type, with_derived_columns
+from streamproof.transform.records import recency, sink_rows_schema
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
 # whether the pipeline wrote the table at all (:meth:`DeltaSink.last_commit`).
@@ -239,10 +239,7 @@ class DeltaSink(FolderSink):
         if not wanted:
             return
         transform = self.pipeline.transform
-        schema = struct_type(record_schema(transform))
-        if transform.columns and transform.aggregate is None:
-            schema = with_derived_columns(spark.createDataFrame([], schema), transform).schema
-        schema = self.rows_schema or schema
+        schema = self.rows_schema or sink_rows_schema(spark, transform, derived=transform.aggregate is None)
         builder = DeltaTable.createIfNotExists(spark).location(str(self.path)).addColumns(schema)
         if self.spec.partition_by:
             builder = builder.partitionedBy(*self.spec.partition_by)

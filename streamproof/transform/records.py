@@ -356,6 +356,19 @@ def with_derived_columns(rows: DataFrame, transform: Transform) -> DataFrame:
     return rows.select("*", *(F.expr(sql).alias(name) for name, sql in transform.columns.items()))
 
 
+def sink_rows_schema(spark: SparkSession, transform: Transform, *, derived: bool = True) -> StructType:
+    """The Spark schema of the rows a sink is given: the record's fields, then (``derived``) the ``[transform]
+    columns`` as Spark types them.
+
+    >>> sink_rows_schema(spark, spec.transform).fieldNames()[-1]                         # doctest: +SKIP
+    'amount_cents'
+    """
+    schema = struct_type(record_schema(transform))
+    if derived and transform.columns:
+        schema = with_derived_columns(spark.createDataFrame([], schema), transform).schema
+    return schema
+
+
 @contextlib.contextmanager
 def users_analysis_errors(what: str) -> Iterator[None]:
     """Spark's analysis error of the user's code or expression (a column that is not there, a bad query) as one

@@ -40,13 +40,7 @@ from pyspark.sql.types import StructType
 from streamproof.config import PipelineSpec, replay_unsafe
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.storage.location import Location
-from streamproof.transform.records import (
-    SOURCE_COLUMNS,
-    record_schema,
-    struct_type,
-    users_analysis_errors,
-    with_derived_columns,
-)
+from streamproof.transform.records import SOURCE_COLUMNS, sink_rows_schema, users_analysis_errors
 from streamproof.your_code.modules import importable_beside, load_function, ship_module
 
 RECORDS_VIEW = "records"  # the view a [transform] sql query reads the batch's valid records from
@@ -199,10 +193,7 @@ def your_rows_schema(spark: SparkSession, spec: PipelineSpec, *, exactly_once: b
     if code is None:
         return None
     code.ship(spark)
-    records = struct_type(record_schema(spec.transform))
-    if spec.transform.columns:
-        records = with_derived_columns(spark.createDataFrame([], records), spec.transform).schema
-    return code.check_at_start(spark, records, exactly_once=exactly_once)
+    return code.check_at_start(spark, sink_rows_schema(spark, spec.transform), exactly_once=exactly_once)
 
 
 def _analysed(make: Callable[[], Any], what: str) -> Any:
