@@ -50,20 +50,30 @@ def committed_batches(checkpoint: Checkpoint) -> list[int]:
 
 @dataclass(frozen=True)
 class Logs:
-    """The batch ids in the offset log and in the commit log, each listed once (:func:`read_logs`)."""
+    """The batch ids in the offset log and in the commit log, each listed once (:func:`read_logs`), and the checksum
+    files that stayed when the entry beside them was deleted (``offsets/.3.crc`` without ``offsets/3``)."""
 
     logged: list[int]
     committed: list[int]
+    stray_checksums: tuple[str, ...] = ()
 
 
 def read_logs(checkpoint: Checkpoint) -> Logs:
-    """Both logs' batch ids, listed once.
+    """Both logs, listed once.
 
     >>> read_logs("/nonexistent")
-    Logs(logged=[], committed=[])
+    Logs(logged=[], committed=[], stray_checksums=())
     """
     folder = _at(checkpoint)
-    return Logs(_batch_files(folder / "offsets"), _batch_files(folder / "commits"))
+    listed = {log: (folder / log).names() for log in ("offsets", "commits")}
+    strays = tuple(
+        f"{log}/{name}"
+        for log, names in listed.items()
+        for name in names
+        if name.startswith(".") and name.endswith(".crc") and name[1:-4].isdigit() and name[1:-4] not in names
+    )
+    logged, committed = (sorted(int(name) for name in listed[log] if name.isdigit()) for log in ("offsets", "commits"))
+    return Logs(logged, committed, strays)
 
 
 def is_empty(checkpoint: Checkpoint) -> bool:
@@ -157,18 +167,13 @@ def check_readable(checkpoint: Checkpoint, recover_hint: str, logs: Logs | None 
     folder = _at(checkpoint)
     logs = logs or read_logs(folder)
     logged, committed = logs.logged, logs.committed
-    for log in ("offsets", "commits"):
-        names = set((folder / log).names()) if (folder / log).exists() else set()
-        strays = sorted(
-            n for n in names if n.startswith(".") and n.endswith(".crc") and n[1:-4].isdigit() and n[1:-4] not in names
+    if logs.stray_checksums:  # Spark would fail its next write with "Multiple streaming queries are concurrently ..."
+        entries = ", ".join(stray.replace("/.", "/").removesuffix(".crc") for stray in logs.stray_checksums)
+        raise PipelineError(
+            f"{folder}: {entries} deleted while Hadoop's checksum file(s) beside it stayed "
+            f"({', '.join(logs.stray_checksums)}): delete those checksum files too, then start "
+            "again (no other query is using this checkpoint)"
         )
-        if strays:  # Spark would fail its next write with "Multiple streaming queries are concurrently using ..."
-            entries = ", ".join(f"{log}/{name[1:-4]}" for name in strays)
-            raise PipelineError(
-                f"{folder}: {entries} deleted while Hadoop's checksum file(s) beside it stayed "
-                f"({', '.join(f'{log}/{name}' for name in strays)}): delete those checksum files too, then start "
-                "again (no other query is using this checkpoint)"
-            )
     beyond = [batch for batch in committed if batch not in logged and (not logged or batch > logged[-1])]
     if beyond:
         raise PipelineError(

@@ -17,7 +17,7 @@ Example::
     >>> rebuild(spec.checkpoint_dir, {0: {"orders": {"0": 10}}, 1: {"orders": {"0": 25}}}, committed_through=0)
     >>> start = starting_point(spec)
     >>> start.logs, start.wiring.idempotent_sink, start.quarantine.location == str(spec.quarantine_path)
-    (Logs(logged=[0, 1], committed=[0]), True, True)
+    (Logs(logged=[0, 1], committed=[0], stray_checksums=()), True, True)
 """
 
 from __future__ import annotations
