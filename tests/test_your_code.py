@@ -134,6 +134,11 @@ def test_code_that_cannot_be_replayed_or_verified_is_refused_before_it_writes(
         your_rows_schema(spark, _spec({"sql": "SELECT *, current_timestamp() AS seen FROM records"}), exactly_once=True)
     with pytest.raises(ConfigError, match="cannot be applied to the records: .*no_such_column"):
         your_rows_schema(spark, _spec({"sql": "SELECT no_such_column FROM records"}), exactly_once=False)
+    # Your code is given the records with the [transform] columns derived already: it may read them.
+    derived = _spec({"sql": "SELECT *, amount_cents * 2 AS doubled FROM records",
+                     "columns": {"amount_cents": "CAST(amount * 100 AS BIGINT)"}})  # fmt: skip
+    rows = your_rows_schema(spark, derived, exactly_once=True)
+    assert rows is not None and rows.fieldNames()[-2:] == ["amount_cents", "doubled"], rows
     # Spark's plan calls a UDF that reads the clock deterministic: applying it twice to one sample tells.
     clock = YourCode.of(_spec({"python": "shop.orders:stamped_by_the_clock"}))
     assert clock is not None
