@@ -332,6 +332,14 @@ def test_a_cluster_started_again_waits_on_a_node_left_running_instead_of_startin
     running[2] = False  # a node waited on that exits is a start that failed, for the supervisor to start again
     with pytest.raises(KafkaExitedWhileStarting, match="Kafka exited while starting"):
         cluster.members[1].wait_answering(None, deadline=time.monotonic() + 10)
+    # One that runs and never answers was not started by this call: it is named, and left to the operator.
+    running[2] = True
+    stopped: list[object] = []
+    monkeypatch.setattr(KafkaBroker, "_answers", lambda member, timeout_s=5.0: False)
+    monkeypatch.setattr("streamproof.infra.common.DaemonProcess.stop", lambda process: stopped.append(process))
+    with pytest.raises(InfraError, match="runs but did not answer .* `streamproof infra down` stops it"):
+        cluster.members[1].wait_answering(None, deadline=time.monotonic() + 1)
+    assert stopped == []
 
 
 @pytest.mark.integration

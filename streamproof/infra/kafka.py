@@ -229,8 +229,8 @@ class KafkaBroker(LocalDaemon):
         return self.process.start(command, output=self.home / "stdout.log")
 
     def wait_answering(self, process: subprocess.Popen[bytes] | None, deadline: float) -> None:
-        """Wait until the started ``process`` (``None``: our process found running) answers clients (stopped, and an
-        :class:`InfraError`, past ``deadline``)."""
+        """Wait until the started ``process`` answers clients: past ``deadline``, an :class:`InfraError`, and the
+        process stopped. ``None``: our process, found running, is waited on and left running past the deadline."""
         while time.monotonic() < deadline:
             exited = not self.running() if process is None else process.poll() is not None
             if exited:
@@ -242,6 +242,11 @@ class KafkaBroker(LocalDaemon):
             if port_in_use(self.port) and self._answers(timeout_s=2.0):
                 return
             time.sleep(0.3)
+        if process is None:  # not started by this call: left to the operator, who may know why it hangs
+            raise InfraError(
+                f"Kafka (pid {self.process.pid()}) runs but did not answer at {self.bootstrap_servers} in time: "
+                f"`streamproof infra down` stops it; last lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
+            )
         self.process.stop()
         raise InfraError(
             f"Kafka did not answer at {self.bootstrap_servers} in time; last lines of "
