@@ -34,8 +34,12 @@ def _at(checkpoint: Checkpoint) -> Location:
 
 
 def _batch_files(folder: Location) -> list[int]:
+    return _batch_ids(folder.names())
+
+
+def _batch_ids(names: list[str]) -> list[int]:
     # Hadoop's checksum files (".0.crc") and Spark's temporary files are not batch entries.
-    return sorted(int(name) for name in folder.names() if name.isdigit())
+    return sorted(int(name) for name in names if name.isdigit())
 
 
 def logged_batches(checkpoint: Checkpoint) -> list[int]:
@@ -72,8 +76,7 @@ def read_logs(checkpoint: Checkpoint) -> Logs:
         for name in names
         if name.startswith(".") and name.endswith(".crc") and name[1:-4].isdigit() and name[1:-4] not in names
     )
-    logged, committed = (sorted(int(name) for name in listed[log] if name.isdigit()) for log in ("offsets", "commits"))
-    return Logs(logged, committed, strays)
+    return Logs(_batch_ids(listed["offsets"]), _batch_ids(listed["commits"]), strays)
 
 
 def is_empty(checkpoint: Checkpoint) -> bool:
