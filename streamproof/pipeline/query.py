@@ -61,6 +61,7 @@ from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.sinks import open_sinks
+from streamproof.sinks.base import Sink
 from streamproof.storage.location import Location
 from streamproof.transform.records import check_derived_columns, stateful_stream
 from streamproof.your_code.transform import your_rows_schema
@@ -169,15 +170,28 @@ def _run_locked(
     once: bool = False,
     warm_up: bool = False,
 ) -> RunSummary:
+    """The run once it holds the lock: refuse an unsafe start, start Spark, open the batch path, run the batches."""
+    start, sinks = _refuse_unsafe_start(spark, spec)
+    spark = _start_spark(spark, spec, publish)
+    writer = _open_batch_path(spark, spec, start, sinks, publish)
+    return _run_batches(spark, spec, start, writer, publish, summary, available_now, max_batches, once, warm_up)
+
+
+def _refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> tuple[StartingPoint, list[Sink]]:
+    """Every refusal of the start that can be decided before Spark starts (all of them on local storage; ``spark``
+    is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs."""
     start = starting_point(spec)
-    wiring = start.wiring
-    if not wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
+    if not start.wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
     watermarks = sources.require_available(spec)
     refuse_if_source_behind(spec, start, watermarks)
     sinks = open_sinks(spec)
     refuse_if_checkpoint_lost(spark, spec, sinks, start)  # without a JVM: for the sinks readable without it
     refuse_if_sink_behind(spark, spec, sinks, start)
+    return start, sinks
+
+
+def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callable[[Event], None]) -> SparkSession:
     # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
     publish(
         Notice(
@@ -190,13 +204,41 @@ def _run_locked(
     address = spark.sparkContext.uiWebUrl
     if address:
         publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
-    check_derived_columns(spark, spec.transform, exactly_once=wiring.idempotent_sink)
-    rows_schema = your_rows_schema(spark, spec, exactly_once=wiring.idempotent_sink)
-    # The checks above skipped these without a session: a sink, or the quarantine table, on HDFS or an object store.
+    return spark
+
+
+def _open_batch_path(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    start: StartingPoint,
+    sinks: list[Sink],
+    publish: Callable[[Event], None],
+) -> BatchWriter:
+    """The refusals that needed Spark, then your code checked, then the sinks prepared under the batch writer."""
+    # Skipped before Spark started: a sink, or the quarantine table, on HDFS or an object store.
     if any(sink.needs_spark_for_commits() for sink in [*sinks, start.quarantine]):
         refuse_if_checkpoint_lost(spark, spec, sinks, start)
         refuse_if_sink_behind(spark, spec, sinks, start)
-    writer = open_batch_path(spark, spec, sinks, rows_schema, publish)
+    exactly_once = start.wiring.idempotent_sink
+    check_derived_columns(spark, spec.transform, exactly_once=exactly_once)
+    rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
+    return open_batch_path(spark, spec, sinks, rows_schema, publish)
+
+
+def _run_batches(
+    spark: SparkSession,
+    spec: PipelineSpec,
+    start: StartingPoint,
+    writer: BatchWriter,
+    publish: Callable[[Event], None],
+    summary: RunSummary,
+    available_now: bool,
+    max_batches: int | None,
+    once: bool,
+    warm_up: bool,
+) -> RunSummary:
+    """Count the start, serve the metrics, then (after the warm-up, if asked) replay what the sinks hold beyond the
+    checkpoint and run the query until it ends or is stopped, the run's progress events listened to."""
     stop = StopRequest()
     runs = RunCounter(spec.checkpoint_dir).count_start()
     metrics = PipelineMetrics(spec.name)
@@ -225,7 +267,7 @@ def _run_locked(
                 return summary
         spark.streams.addListener(listener)
         listening = True
-        if wiring.idempotent_sink and not once:
+        if start.wiring.idempotent_sink and not once:
             _replay_what_the_sinks_hold(spark, spec, start, writer, stop, summary, publish)
         if not stop.event.is_set():
             query = _run_through_outages(
