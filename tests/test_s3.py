@@ -37,6 +37,7 @@ from streamproof.maintenance import maintain
 from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
+from streamproof.sinks.delta_log import commit_file, log_past_its_commits
 from streamproof.storage.location import Location
 
 pytestmark = pytest.mark.integration
@@ -103,6 +104,37 @@ def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server
         assert s3_server.request("GET", f"/{S3_BUCKET}/proxy/b") == 404
     finally:
         faults.proxy.close()
+
+
+def test_a_start_s_look_at_a_sound_delta_log_asks_s3_for_files_without_listing_for_folders(
+    s3_spark: Any, s3_server: S3Server
+) -> None:
+    """Every start checks each Delta table's log for commits lost past its last one (``log_past_its_commits``): a
+    dozen looks for files of the next versions. On S3 a look for a missing file is one HEAD (``Location.is_file``),
+    not a HEAD and a LIST for a folder of that name (``exists``); a folder that is there is listed in one LIST. Counted by the
+    store itself, a sound young table of 3 commits: at most 3 LISTs (its log listed once; 16 before); and the
+    answer is still right when a file past the last commit is there."""
+    table = Location(f"s3a://{S3_BUCKET}/sound-log-{free_port()}/orders")
+    for version in range(3):
+        commit_file(table, version).write_text("{}")
+    missing = table / "_delta_log" / f"{3:020d}.json"
+    lists = _lists_made(s3_server, lambda: missing.is_file())
+    assert lists == (0, False), "a look for a missing file made a LIST"
+    assert _lists_made(s3_server, lambda: missing.exists()) == (1, False), "S3A's exists no longer probes for a folder"
+    assert _lists_made(s3_server, lambda: len((table / "_delta_log").names())) == (1, 3)
+    assert _lists_made(s3_server, lambda: (table / "nothing-here").names())[1] == []  # S3A's not-found: 2 LISTs
+    made, past = _lists_made(s3_server, lambda: log_past_its_commits(table))
+    assert past is None and made <= 3, made
+    (table / "_delta_log" / f"{3:020d}.crc").write_text("{}")  # a checksum left by a lost commit 3
+    stranded = log_past_its_commits(table)
+    assert stranded is not None and stranded.stranded == (f"{3:020d}.crc",), stranded
+
+
+def _lists_made(server: S3Server, look: Any) -> tuple[int, Any]:
+    """The LIST requests the store served during ``look()``, and what it answered."""
+    before = server.requests_served()["LIST"]
+    answer = look()
+    return server.requests_served()["LIST"] - before, answer
 
 
 def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_retried(

@@ -438,7 +438,7 @@ def _stop_at_batch_boundary(
     in_flight = logged[-1] if logged and logged[-1] not in committed_batches(checkpoint) else None
     deadline = time.monotonic() + timeout_s
     while finish_in_flight and in_flight is not None and query.isActive and time.monotonic() < deadline:
-        if (checkpoint / "commits" / str(in_flight)).exists():
+        if (checkpoint / "commits" / str(in_flight)).is_file():
             break
         time.sleep(0.05)
     query.stop()

@@ -246,10 +246,10 @@ def latest_version(table: Location, *, known: int = -1, known_present: bool = Fa
     >>> latest_version(table), latest_version(table, known=3), latest_version(Location(tempfile.mkdtemp()))
     (4, 4, -1)
     """
-    if known >= 0 and (known_present or commit_file(table, known).exists()):  # present: the caller just saw it
+    if known >= 0 and (known_present or commit_file(table, known).is_file()):  # present: the caller just saw it
         return _last_commit_from(table, known)
     pointer = checkpoint_pointer(table)  # read only when the version seen last is gone (or none was seen)
-    if pointer is not None and pointer >= 0 and commit_file(table, pointer).exists():
+    if pointer is not None and pointer >= 0 and commit_file(table, pointer).is_file():
         return _last_commit_from(table, pointer)
     return max(_commit_versions((table / "_delta_log").names()), default=-1)
 
@@ -269,12 +269,12 @@ def _last_commit_from(table: Location, start: int) -> int:
     """The last of the contiguous commit files from ``start`` (which exists): galloping, then halving, so
     ``k`` commits past ``start`` cost about ``2 log2 k`` existence checks (two when none)."""
     found, step = start, 1
-    while commit_file(table, found + step).exists():
+    while commit_file(table, found + step).is_file():
         found, step = found + step, step * 2
     missing = found + step
     while missing - found > 1:
         middle = (found + missing) // 2
-        found, missing = (middle, missing) if commit_file(table, middle).exists() else (found, middle)
+        found, missing = (middle, missing) if commit_file(table, middle).is_file() else (found, middle)
     return found
 
 
@@ -416,7 +416,7 @@ def _nothing_past(table: Location, last: int) -> bool:
     log = table / "_delta_log"
     versions = [last + 1, *((last // interval + 1) * interval for interval in _INTERVALS)]
     candidates = {name.format(v=f"{version:020d}") for name in _BESIDE_A_COMMIT for version in versions}
-    return not any((log / name).exists() for name in sorted(candidates))
+    return not any((log / name).is_file() for name in sorted(candidates))
 
 
 def _version_of(name: str) -> int | None:
