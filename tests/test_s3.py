@@ -111,9 +111,9 @@ def test_a_start_s_look_at_a_sound_delta_log_asks_s3_for_files_without_listing_f
 ) -> None:
     """Every start checks each Delta table's log for commits lost past its last one (``log_past_its_commits``): a
     dozen looks for files of the next versions. On S3 a look for a missing file is one HEAD (``Location.is_file``),
-    not a HEAD and a LIST for a folder of that name (``exists``); a folder that is there is listed in one LIST. Counted by the
-    store itself, a sound young table of 3 commits: at most 3 LISTs (its log listed once; 16 before); and the
-    answer is still right when a file past the last commit is there."""
+    not a HEAD and a LIST for a folder of that name (``exists``); a folder that is there is listed in one LIST.
+    Counted by the store itself, a sound young table of 3 commits: at most 3 LISTs (its log listed once; 16
+    before); and the answer is still right when a file past the last commit is there."""
     table = Location(f"s3a://{S3_BUCKET}/sound-log-{free_port()}/orders")
     for version in range(3):
         commit_file(table, version).write_text("{}")

@@ -171,9 +171,10 @@ def _run_locked(
     warm_up: bool = False,
 ) -> RunSummary:
     """The run once it holds the lock: refuse an unsafe start, start Spark, open the batch path, run the batches."""
+    checked_with_spark = spark is not None  # a checkpoint on distributed storage: Spark started before the lock
     start, sinks = _refuse_unsafe_start(spark, spec)
     spark = _start_spark(spark, spec, publish)
-    writer = _open_batch_path(spark, spec, start, sinks, publish)
+    writer = _open_batch_path(spark, spec, start, sinks, publish, checked_with_spark=checked_with_spark)
     return _run_batches(spark, spec, start, writer, publish, summary, available_now, max_batches, once, warm_up)
 
 
@@ -213,10 +214,14 @@ def _open_batch_path(
     start: StartingPoint,
     sinks: list[Sink],
     publish: Callable[[Event], None],
+    *,
+    checked_with_spark: bool,
 ) -> BatchWriter:
-    """The refusals that needed Spark, then your code checked, then the sinks prepared under the batch writer."""
-    # Skipped before Spark started: a sink, or the quarantine table, on HDFS or an object store.
-    if any(sink.needs_spark_for_commits() for sink in [*sinks, start.quarantine]):
+    """The refusals that needed Spark (unless the checks had it already), then your code checked, then the sinks
+    prepared under the batch writer."""
+    # Skipped by checks made without Spark: a sink, or the quarantine table, on HDFS or an object store. Made with it
+    # (a checkpoint there too), they read every sink already: again, they would cost a table's dozen requests more.
+    if not checked_with_spark and any(sink.needs_spark_for_commits() for sink in [*sinks, start.quarantine]):
         refuse_if_checkpoint_lost(spark, spec, sinks, start)
         refuse_if_sink_behind(spark, spec, sinks, start)
     exactly_once = start.wiring.idempotent_sink
