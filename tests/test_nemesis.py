@@ -210,6 +210,85 @@ path = "{tmp_path}/orders"
     assert kept_aside(checkpoint, "replaced") == [nemesis.replaced]
 
 
+class _Run:
+    """A pipeline run as the nemesis's judgement sees it, without a process: its batches, exit code and error line."""
+
+    def __init__(self, code: int, batches: int = 0, line: str | None = None, *, running_for_polls: int = 0) -> None:
+        self.code, self.line, self.killed, self.running_for_polls = code, line, False, running_for_polls
+        self._batches = [(batch, None) for batch in range(batches)]
+        self.process = self
+
+    def poll(self) -> int | None:
+        self.running_for_polls -= 1
+        return None if self.running_for_polls >= 0 else self.code
+
+    def batches(self) -> list[Any]:
+        return self._batches
+
+    def wait(self, timeout_s: float = 0) -> int:
+        return self.code
+
+    def error_line(self) -> str | None:
+        return self.line
+
+    def notices(self, kind: str) -> list[str]:
+        return []
+
+    def wait_for(self, *args: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def kill_tree(self) -> None:
+        self.killed = True
+
+
+@pytest.mark.parametrize("holder_batches", [0, 1], ids=["before-its-first-batch", "after-it-before-the-kill"])
+def test_a_holder_refused_for_a_restore_too_far_back_is_repaired_once_though_the_standby_meets_the_same_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, holder_batches: int
+) -> None:
+    """Without a server: a standby step right after a restore too far back. The run meant to hold the lock is refused
+    (documented: the checkpoint the restore replaced is put back), before its first batch or after it; a standby
+    started beside it takes over the same state and meets the same refusal. The put-back is made once, a drain then
+    runs, and the step is not failed. Found at step 175 of the five-sink 300-step run: the standby's refusal was judged
+    after the put-back, found nothing left to put back, and failed the nemesis."""
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(f"""
+name = "standby-refused"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topic = "standby-refused"
+[transform]
+schema = "event_id STRING"
+[[sinks]]
+label = "files"
+kind = "files"
+path = "{tmp_path}/files"
+""")
+    nemesis = Nemesis(pipeline_file, tmp_path / "n", None, Daemons(), 7, lambda line: None)  # type: ignore[arg-type]
+    replaced = Location(tmp_path / "checkpoint.replaced")
+    (replaced / "commits").mkdir()
+    nemesis.replaced = replaced
+    refused = f"error: pipeline 'standby-refused' failed: .../files holds batch 3 ... checked: {TOO_OLD_REPAIR}"
+    holder = _Run(2, holder_batches, refused, running_for_polls=holder_batches)  # ends after its batches, if any
+    runs = [holder, _Run(0, 5)]  # the holder, then the drain after the put-back
+    standbys: list[_Run] = []
+    repairs: list[tuple[str, ...]] = []
+    monkeypatch.setattr(nemesis, "_start", lambda available_now=True: runs.pop(0))
+    monkeypatch.setattr(nemesis, "_cli", lambda step, *args: repairs.append(args))
+    monkeypatch.setattr(
+        "streamproof.harness.nemesis.steps.PipelineChild",
+        lambda *args, **kwargs: standbys.append(_Run(2, 0, refused)) or standbys[-1],
+    )
+    nemesis._standby(Step("standby", after=2))
+    assert [args[:2] for args in repairs] == [("checkpoint", "restore")], repairs
+    assert runs == [] and nemesis.replaced is None
+    assert len(standbys) == holder_batches  # refused before its first batch: no standby is started beside it
+
+
 def test_the_first_signal_asks_for_a_pause_the_second_aborts_and_the_handlers_come_back() -> None:
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt, match="SIGINT again: the nemesis aborted"), PauseOnSignal() as pause:

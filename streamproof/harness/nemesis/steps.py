@@ -129,6 +129,8 @@ class NemesisSteps(NemesisJudgement):
         # The standby starts once the holder has the run lock (its first batch is committed): started together,
         # either may take the lock first, and a holder that finds the standby running as the pipeline is refused.
         holder.wait_for(lambda: bool(holder.batches()) or holder.process.poll() is not None, 300, "a batch")
+        if holder.process.poll() is not None:  # refused at its start, say: a standby now would only meet that refusal
+            return self._ended(step, holder, "the run ended before its first batch: no standby started")
         standby = PipelineChild(self.cell_file, self.workdir / "logs", name=f"run-{self.runs}-standby", standby=True)
         self._children.append(standby)
         standby.wait_for(
@@ -140,11 +142,30 @@ class NemesisSteps(NemesisJudgement):
             "the standby warm and waiting",
         )
         self._after_batches(holder, step.after)
-        if holder.process.poll() is not None:  # it ended before the kill: judged as any run
-            self._judge_exit(step, holder, holder.wait(60))
+        if holder.process.poll() is not None:  # it ended before the kill: the standby takes over the state it left
+            return self._ended_before_the_kill(step, holder, standby)
         holder.kill_tree()
         holder.close()
         self._ended(step, standby, f"holder SIGKILLed after {len(holder.batches())} batches; the standby took over")
+
+    def _ended_before_the_kill(self, step: Step, holder: PipelineChild, standby: PipelineChild) -> None:
+        """Both runs judged: the holder's exit first, then the standby's, which took over the state the holder left,
+        unless it met the holder's very refusal. That refusal is repaired once: a second put-back of the checkpoint a
+        restore replaced finds none to put back (found at step 175 of a 300-step run)."""
+        code = holder.wait(60)
+        holder.close()
+        standby_code = standby.wait(900)
+        standby.close()
+        self._say(
+            step,
+            f"the holder ended before the kill (exit {code}); the standby took over: "
+            f"{len(standby.batches())} batches, exit {standby_code} (run {self.runs})",
+        )
+        self._judge_exit(step, holder, code)
+        if code == standby_code != 0 and standby.error_line() == holder.error_line():
+            self._say(step, f"the standby met the holder's refusal (exit {standby_code}): repaired once, above")
+            return
+        self._judge_exit(step, standby, standby_code)
 
     def _broker(self, step: Step) -> None:
         broker = self.daemons.broker
