@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -195,23 +196,21 @@ class Location:
         """The names in a folder, sorted; none when it does not exist."""
         if not self.is_remote:
             return sorted(entry.name for entry in self.path.iterdir()) if self.path.is_dir() else []
-        from py4j.protocol import Py4JJavaError
-
-        try:  # listed straight away: asking first whether it exists costs a HEAD and a LIST more on S3
-            statuses = self._fs.listStatus(self._jpath)
-        except Py4JJavaError as error:
-            if NOT_FOUND.isdisjoint(java_classes(error.java_exception)):
-                raise
-            return []
-        return sorted(str(status.getPath().getName()) for status in statuses)
+        # Listed straight away: asking first whether it exists costs a HEAD and a LIST more on S3.
+        statuses = self._unless_missing(lambda: self._fs.listStatus(self._jpath))
+        return sorted(str(status.getPath().getName()) for status in statuses) if statuses is not None else []
 
     def _remote_status(self) -> Any:
-        """Hadoop's ``FileStatus`` of this path in the store, None when nothing is there: one probe (a path that is
-        not found is not probed again, as :meth:`_os_error` does to tell a folder from a file)."""
+        """Hadoop's ``FileStatus`` of this path in the store, None when nothing is there."""
+        return self._unless_missing(lambda: self._fs.getFileStatus(self._jpath))
+
+    def _unless_missing(self, ask: Callable[[], Any]) -> Any:
+        """What ``ask()`` answers from the store, None when it says the path is not there: one probe (a path not
+        found is not probed again, as :meth:`_os_error` does to tell a folder from a file)."""
         from py4j.protocol import Py4JJavaError
 
         try:
-            return self._fs.getFileStatus(self._jpath)
+            return ask()
         except Py4JJavaError as error:
             if NOT_FOUND.isdisjoint(java_classes(error.java_exception)):
                 raise
