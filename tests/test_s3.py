@@ -390,6 +390,52 @@ def test_a_quarantine_table_on_s3_behind_a_local_checkpoint_is_refused_at_start_
     assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
 
 
+def test_a_parquet_sink_on_s3_beside_a_local_checkpoint_starts_and_restarts_exactly_once(
+    kafka_broker: KafkaBroker, s3_server: S3Server, s3_spark: Any, tmp_path: Path
+) -> None:
+    """The checkpoint on local disk, the Parquet sink (`kind = "files"`) on s3a://, as an operator lays it out: the
+    start's first checks, made before Spark starts, must skip the sink (its `_spark_metadata` is read through Spark's
+    JVM) and the checks after it read it. Before, the first checks read it without a JVM: the first run, and every
+    restart, stopped with "no Spark session runs in this process yet". A run, then a restart with more records; both
+    checkers count 0/0/0 (the independent one read no Parquet file on S3 before: it lost the bucket)."""
+    topic = "files-on-s3"
+    generate(kafka_broker.bootstrap_servers, topic, 2_000, partitions=2, malformed=0.01, seed=45)
+    folder = f"s3a://{S3_BUCKET}/files-{free_port()}/orders"
+    pipeline = tmp_path / "files_on_s3.toml"
+    conf = "\n".join(f'"{key}" = "{value}"' for key, value in s3_server.spark_conf().items())
+    pipeline.write_text(f"""
+name = "files-on-s3"
+guarantee = "exactly-once"
+checkpoint = "{tmp_path / "checkpoint"}"
+[source]
+kind = "kafka"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic = "{topic}"
+starting_offsets = "earliest"
+max_offsets_per_trigger = 1000
+[transform]
+schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
+required = ["event_id", "order_id"]
+quarantine = "{tmp_path / "quarantine"}"
+[sink]
+kind = "files"
+path = "{folder}"
+format = "parquet"
+[spark.conf]
+{conf}
+""")
+    assert not load_pipeline(pipeline).checkpoint_dir.is_remote
+    first = run_cli("run", str(pipeline), "--available-now")  # an empty checkpoint: the sink must hold nothing
+    assert first.returncode == 0, first.stderr[-2000:]
+    generate(kafka_broker.bootstrap_servers, topic, 1_000, partitions=2, malformed=0.01, seed=46)
+    restart = run_cli("run", str(pipeline), "--available-now")  # committed batches: the sink must not be behind
+    assert restart.returncode == 0, restart.stderr[-2000:]
+    (report,) = verify_pipeline(s3_spark, load_pipeline(pipeline))
+    figures = (report.source_records, report.lost, report.duplicated, report.unexpected)
+    assert figures == (3_000, 0, 0, 0) and report.identity_holds, report.to_json()
+    assert disagreements([report], verify_independently(load_pipeline(pipeline))) == []
+
+
 def _exists(spark: Any, uri: str) -> bool:
     path = spark._jvm.org.apache.hadoop.fs.Path(uri)
     return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))

@@ -259,7 +259,7 @@ class Sink(ABC):
         """The sink's rows as a reader sees them now (for verification); None if it does not exist yet."""
 
     def needs_spark_for_commits(self) -> bool:
-        """Whether reading the sink's commits needs a Spark session (a Delta table on object storage)."""
+        """Whether reading the sink's commits needs a Spark session (a folder sink on HDFS or an object store)."""
         return False
 
     def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
@@ -288,6 +288,9 @@ class FolderSink(Sink):
     @property
     def data_files_folder(self) -> Path | None:
         return None if self.path.is_remote else self.path.path
+
+    def needs_spark_for_commits(self) -> bool:
+        return self.path.is_remote  # its log (Delta's, Spark's _spark_metadata) is read through Hadoop, in Spark's JVM
 
 
 def recording(sinks: list[Sink]) -> list[Sink]:

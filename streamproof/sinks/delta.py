@@ -451,9 +451,6 @@ class DeltaSink(FolderSink):
             for commit in commits_on_disk(self.path, self.pipeline.name)
         ]
 
-    def needs_spark_for_commits(self) -> bool:
-        return self.path.is_remote  # its log is read through Hadoop's FileSystem, in Spark's JVM
-
     head_meaning = "latest Delta version"
 
     def head(self) -> int:
