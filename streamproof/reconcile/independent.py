@@ -242,7 +242,19 @@ def committed_parquet_files(folder: StoredFolder) -> list[str]:
         for line in folder.read_text(f"_spark_metadata/{name}").splitlines()[1:]:
             entry = json.loads(line)
             files[entry["path"]] = entry.get("action", "add") == "add"
-    return [unquote(urlparse(name).path) for name, added in files.items() if added]
+    return [_stored_path(name) for name, added in files.items() if added]
+
+
+def _stored_path(uri: str) -> str:
+    """A file Spark's log names by its URI, as the folder's own filesystem names it: on S3 the bucket and the key (the
+    URI's path alone would lose the bucket), elsewhere the path.
+
+    >>> _stored_path("s3a://streamproof/orders/part-0.parquet"), _stored_path("hdfs://nn:9000/t/part%201.parquet")
+    ('streamproof/orders/part-0.parquet', '/t/part 1.parquet')
+    """
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return f"{parsed.netloc}{path}" if parsed.scheme in ("s3", "s3a", "s3n") else path
 
 
 def _read_files(folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]]:
