@@ -76,6 +76,8 @@ class FaultProxy:
         for connection in open_now:
             connection.reset()
             self.faults_given["reset"] += 1
+        for connection in open_now:  # closed once its two pumps have stopped: a request sent after this never passes
+            connection.closed.wait(5)
 
     def close(self) -> None:
         self._closed = True
@@ -165,6 +167,7 @@ class _Connection:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.sockets = (client, upstream)
         self.resetting = False
+        self.closed = threading.Event()
         self._ended = 0
         self._lock = threading.Lock()
 
@@ -187,3 +190,4 @@ class _Connection:
     def close(self) -> None:
         for connection in self.sockets:
             connection.close()
+        self.closed.set()
