@@ -171,22 +171,7 @@ def test_two_restores_in_a_row_keep_the_checkpoint_the_pipeline_last_ran_on_for_
     for the put-back is the one the pipeline last ran on, and a too-old refusal puts that one back. After a run, a
     restore keeps its own. Found at step 169 of a 300-step run: two restores, then the older backup put back, which
     was refused again."""
-    pipeline_file = tmp_path / "pipeline.toml"
-    pipeline_file.write_text(f"""
-name = "restored"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-bootstrap_servers = "127.0.0.1:9"
-topic = "restored"
-[transform]
-schema = "event_id STRING"
-[[sinks]]
-label = "delta"
-kind = "delta"
-path = "{tmp_path}/orders"
-""")
-    nemesis = Nemesis(pipeline_file, tmp_path / "n", None, Daemons(), 7, lambda line: None)  # type: ignore[arg-type]
+    nemesis = _nemesis_without_servers(tmp_path, "restored", sink="delta")
     checkpoint = nemesis.checkpoint
     for through, name in ((2, "backup-0"), (4, "backup-1")):
         rebuild(checkpoint, {batch: {"restored": {"0": 10 * batch}} for batch in range(through + 1)}, through)
@@ -208,6 +193,27 @@ path = "{tmp_path}/orders"
     nemesis._restore(Step("restore", index=1))
     assert nemesis.replaced is not None and committed_batches(nemesis.replaced)[-1] == 2
     assert kept_aside(checkpoint, "replaced") == [nemesis.replaced]
+
+
+def _nemesis_without_servers(tmp_path: Path, name: str, *, sink: str) -> Nemesis:
+    """A nemesis over a pipeline whose checkpoint is local and whose servers are never reached (the steps it runs here
+    are driven by hand): its topic is its name, its one sink of ``sink``'s kind under ``tmp_path``."""
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(f"""
+name = "{name}"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:9"
+topic = "{name}"
+[transform]
+schema = "event_id STRING"
+[[sinks]]
+label = "{sink}"
+kind = "{sink}"
+path = "{tmp_path}/{sink}"
+""")
+    return Nemesis(pipeline_file, tmp_path / "n", None, Daemons(), 7, lambda line: None)  # type: ignore[arg-type]
 
 
 class _Run:
@@ -253,22 +259,7 @@ def test_a_holder_refused_for_a_restore_too_far_back_is_repaired_once_though_the
     started beside it takes over the same state and meets the same refusal. The put-back is made once, a drain then
     runs, and the step is not failed. Found at step 175 of the five-sink 300-step run: the standby's refusal was judged
     after the put-back, found nothing left to put back, and failed the nemesis."""
-    pipeline_file = tmp_path / "pipeline.toml"
-    pipeline_file.write_text(f"""
-name = "standby-refused"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-bootstrap_servers = "127.0.0.1:9"
-topic = "standby-refused"
-[transform]
-schema = "event_id STRING"
-[[sinks]]
-label = "files"
-kind = "files"
-path = "{tmp_path}/files"
-""")
-    nemesis = Nemesis(pipeline_file, tmp_path / "n", None, Daemons(), 7, lambda line: None)  # type: ignore[arg-type]
+    nemesis = _nemesis_without_servers(tmp_path, "standby-refused", sink="files")
     replaced = Location(tmp_path / "checkpoint.replaced")
     (replaced / "commits").mkdir()
     nemesis.replaced = replaced
@@ -279,10 +270,12 @@ path = "{tmp_path}/files"
     repairs: list[tuple[str, ...]] = []
     monkeypatch.setattr(nemesis, "_start", lambda available_now=True: runs.pop(0))
     monkeypatch.setattr(nemesis, "_cli", lambda step, *args: repairs.append(args))
-    monkeypatch.setattr(
-        "streamproof.harness.nemesis.steps.PipelineChild",
-        lambda *args, **kwargs: standbys.append(_Run(2, 0, refused)) or standbys[-1],
-    )
+
+    def standby(*args: Any, **kwargs: Any) -> _Run:  # the standby takes over the holder's state: the same refusal
+        standbys.append(_Run(2, 0, refused))
+        return standbys[-1]
+
+    monkeypatch.setattr("streamproof.harness.nemesis.steps.PipelineChild", standby)
     nemesis._standby(Step("standby", after=2))
     assert [args[:2] for args in repairs] == [("checkpoint", "restore")], repairs
     assert runs == [] and nemesis.replaced is None
