@@ -71,7 +71,7 @@ from streamproof.reconcile.pure import (
 )
 from streamproof.reconcile.read_through import Partition, ReadThrough, judged_cut, shown, with_unread
 from streamproof.reconcile.report import RECOMPUTED, UNCHECKED, Report, unlogged_late_basis
-from streamproof.reconcile.stored import StoredFolder
+from streamproof.reconcile.stored import S3_SCHEMES, StoredFolder
 
 TERMS = ("expected", "quarantined", "upstream_duplicates", "superseded", "dropped_late")
 # Every figure both checkers produce: they must agree on each.
@@ -254,7 +254,7 @@ def _stored_path(uri: str) -> str:
     """
     parsed = urlparse(uri)
     path = unquote(parsed.path)
-    return f"{parsed.netloc}{path}" if parsed.scheme in ("s3", "s3a", "s3n") else path
+    return f"{parsed.netloc}{path}" if parsed.scheme in S3_SCHEMES else path
 
 
 def _read_files(folder: StoredFolder, columns: list[str]) -> list[tuple[Any, ...]]:

@@ -27,6 +27,8 @@ from hdfs_native.fsspec import HdfsFileSystem
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.storage.location import Location
 
+S3_SCHEMES = ("s3a", "s3")  # the URIs read from an S3 bucket: bucket, then key
+
 
 @dataclass(frozen=True)
 class StoredFolder:
@@ -44,7 +46,7 @@ class StoredFolder:
         if not location.is_remote:
             return cls(LocalFileSystem(), str(location.path), str(location.path))
         parsed = urlparse(str(location))
-        if location.scheme in ("s3a", "s3"):
+        if location.scheme in S3_SCHEMES:
             return _on_s3(parsed.netloc, parsed.path.strip("/"), conf or {})
         if location.scheme != "hdfs":
             raise ConfigError(
