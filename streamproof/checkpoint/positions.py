@@ -31,7 +31,6 @@ from streamproof.checkpoint.log import batch_end_offsets, offsets_entry
 from streamproof.checkpoint.start import StartingPoint, quarantine_table, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import Watermarks, require_topic
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit, recording
@@ -305,7 +304,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     >>> print(rewind(spec, lambda spec: run(spec, once=True)))    # doctest: +SKIP
     replayed batches 8-10 with their original offsets into delta (from batch 10), pg (from batch 8); ...
     """
-    if not wiring_for(spec.guarantee).idempotent_sink:
+    if not spec.wiring.idempotent_sink:
         raise PipelineError(
             "checkpoint rewind replays batches into sinks that skip what they hold: exactly-once pipelines only"
         )

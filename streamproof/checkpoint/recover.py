@@ -21,7 +21,6 @@ from streamproof.checkpoint.log import check_readable, is_empty, logged_batches,
 from streamproof.checkpoint.start import StartingPoint
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
@@ -77,7 +76,7 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             f"checkpoint recover rebuilds Kafka offsets from the sinks' records; a {spec.source.kind} source's "
             "position is Spark's own file log: restore a backup (`streamproof checkpoint restore`) instead"
         )
-    if not wiring_for(spec.guarantee).idempotent_sink:
+    if not spec.wiring.idempotent_sink:
         raise PipelineError(
             f"checkpoint recover applies to exactly-once pipelines (their sinks record the offsets of each batch); "
             f"a {spec.guarantee} pipeline restarts from source.starting_offsets with a fresh checkpoint"

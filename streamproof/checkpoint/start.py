@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from streamproof.checkpoint.log import Logs, read_logs
 from streamproof.config import DeltaSinkSpec, PipelineSpec
-from streamproof.guarantees import Wiring, wiring_for
+from streamproof.guarantees import Wiring
 from streamproof.sinks.delta import DeltaSink
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
@@ -45,7 +45,7 @@ def starting_point(spec: PipelineSpec) -> StartingPoint:
     """Read what every check of a run's start decides on, once (see the module's example)."""
     quarantine = quarantine_table(spec)
     logs = read_logs(spec.checkpoint_dir)
-    return StartingPoint(wiring_for(spec.guarantee), logs, quarantine)
+    return StartingPoint(spec.wiring, logs, quarantine)
 
 
 def quarantine_table(spec: PipelineSpec) -> DeltaSink:

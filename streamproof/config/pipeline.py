@@ -32,6 +32,7 @@ from streamproof.guarantees import (
     KNOWN_SOURCES,
     S3_CONF,
     Guarantee,
+    Wiring,
     refusal,
     storage_refusal,
     wiring_for,
@@ -99,7 +100,7 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _keyed_writes_need_replayable_columns(self) -> PipelineSpec:
-        if not wiring_for(self.guarantee).idempotent_sink:
+        if not self.wiring.idempotent_sink:
             return self
         for name, expression in self.transform.columns.items():
             if reason := replay_unsafe(expression):
@@ -127,7 +128,7 @@ class PipelineSpec(Strict):
                 f"lookups: the versions each batch read are recorded by Kafka offsets; a "
                 f"{self.source.kind} source has none"
             )
-        if wiring_for(self.guarantee).progress_before_write:
+        if self.wiring.progress_before_write:
             raise ValueError(
                 "lookups: at-most-once numbers its batches from 0 again at every start, so the versions "
                 "recorded for them would be read for other batches; use exactly-once or at-least-once"
@@ -136,7 +137,7 @@ class PipelineSpec(Strict):
 
     @model_validator(mode="after")
     def _state_needs_spark_checkpoint(self) -> PipelineSpec:
-        if wiring_for(self.guarantee).progress_before_write and self.transform.watermark is not None:
+        if self.wiring.progress_before_write and self.transform.watermark is not None:
             raise ValueError(
                 "guarantee: at-most-once restarts without Spark's checkpoint, state included, so dedup would forget "
                 "the ids it saw and let resends through (duplicates at-most-once promises never to write); use "
@@ -149,7 +150,7 @@ class PipelineSpec(Strict):
         if not isinstance(self.source, FilesSource | DeltaSource):
             return self
         kind = self.source.kind
-        if wiring_for(self.guarantee).progress_before_write:
+        if self.wiring.progress_before_write:
             raise ValueError(
                 f"guarantee: at-most-once keeps its own Kafka offsets to skip a batch; a {kind} source supports "
                 "exactly-once and at-least-once"
@@ -250,6 +251,15 @@ class PipelineSpec(Strict):
             if reason := storage_refusal(self.guarantee, location.scheme, role, self.spark.conf):
                 raise ValueError(f"{key}: {reason}")
         return self
+
+    @property
+    def wiring(self) -> Wiring:
+        """How the pipeline is wired for its guarantee: every question "may it lose or duplicate?" is answered there.
+
+        >>> spec.wiring.idempotent_sink, spec.wiring.may_duplicate                    # doctest: +SKIP
+        (True, False)
+        """
+        return wiring_for(self.guarantee)
 
     @property
     def _sinks_key(self) -> str:

@@ -36,7 +36,6 @@ from streamproof.checkpoint.log import next_batch_to_run
 from streamproof.config import PipelineSpec, PythonSinkSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError, PipelineError, log_tail
 from streamproof.faults import points as faults
-from streamproof.guarantees import wiring_for
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
 from streamproof.harness.cluster import (
     SPECULATION_CONF,
@@ -330,7 +329,7 @@ def run_with_crashes(
             group, number = groups[number], number + 1
             # The second batch of this run: the first may be a replay, the crash should hit a fresh one. An
             # at-most-once start numbers its batches from 0 again (it wipes Spark's logs).
-            fresh_numbering = wiring_for(spec.guarantee).progress_before_write
+            fresh_numbering = spec.wiring.progress_before_write
             first = 0 if fresh_numbering else next_batch_to_run(spec.checkpoint_dir)
             if faults.split_point(group[0])[0] in faults.CLUSTER_POINTS:
                 last = number == len(groups)  # then the run that survives its faults drains the source too

@@ -40,7 +40,6 @@ from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
 from streamproof.faults import points as faults
 from streamproof.faults.in_tasks import held_back
-from streamproof.guarantees import wiring_for
 from streamproof.pipeline.events import Event, WriteMoments, WriteStarted
 from streamproof.sinks.base import Batch, Sink, SinkWrite
 from streamproof.transform.records import (
@@ -98,7 +97,7 @@ class BatchWriter:
         self.spec = spec
         self.sinks = sinks
         self.publish = publish or (lambda _: None)
-        self.wiring = wiring_for(spec.guarantee)
+        self.wiring = spec.wiring
         self.progress = ProgressFile(spec.checkpoint_dir) if self.wiring.progress_before_write else None
         self.results: dict[int, BatchResult] = {}
         # Each keyed sink's head after its last write in this run (sinks.base.Sink.head), the quarantine's too.

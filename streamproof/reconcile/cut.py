@@ -21,7 +21,6 @@ from streamproof.checkpoint.folder import ProgressFile
 from streamproof.checkpoint.log import batch_end_offsets, batch_watermark_ms, committed_batches, logged_batches
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
 from streamproof.reconcile.counts import DROPPED, VALID
 from streamproof.reconcile.read_through import NOT_OFFSETS, Partition, ReadThrough, Unread
 from streamproof.transform.records import COORDINATES
@@ -39,7 +38,7 @@ def read_through(spec: PipelineSpec) -> ReadThrough:
         return ReadThrough(no_cut=NOT_OFFSETS.format(kind=spec.source.kind))
     checkpoint = spec.checkpoint_dir
     try:
-        if wiring_for(spec.guarantee).progress_before_write:
+        if spec.wiring.progress_before_write:
             marked = ProgressFile(checkpoint).starting_offsets()
             ends = json.loads(marked) if marked is not None else None
             return ReadThrough.of(ends, ends)

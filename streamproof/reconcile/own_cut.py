@@ -20,7 +20,6 @@ from typing import Any
 
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.guarantees import wiring_for
 from streamproof.reconcile.counts import Counts
 from streamproof.reconcile.pure import Coordinates, SourceRecord
 from streamproof.reconcile.read_through import NOT_OFFSETS, Partition, ReadThrough, Unread, with_unread
@@ -62,7 +61,7 @@ def read_through(spec: PipelineSpec) -> ReadThrough:
         return ReadThrough(no_cut=NOT_OFFSETS.format(kind=spec.source.kind))
     checkpoint = StoredFolder.at(spec.checkpoint_dir, "the checkpoint", spec.spark.conf)
     try:
-        if wiring_for(spec.guarantee).progress_before_write:
+        if spec.wiring.progress_before_write:
             marked = PROGRESS in checkpoint.names()
             ends = json.loads(checkpoint.read_text(PROGRESS))["end_offsets"] if marked else None
             return ReadThrough.of(ends, ends)

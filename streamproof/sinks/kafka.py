@@ -51,7 +51,6 @@ from pyspark.sql import functions as F
 from streamproof.config import KafkaSinkSpec, KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.faults.in_tasks import TaskFault
-from streamproof.guarantees import wiring_for
 from streamproof.kafka_client import (
     client_config,
     ensure_topic,
@@ -192,7 +191,7 @@ class KafkaSink(ShareSink):
         self._marked: list[int] = []  # every batch the marker topic still marks (read with held_from)
         self._ends_after_write: dict[str, int] | None = None
         # Transactional writes run in Python tasks; Spark's own (unkeyed) writer runs in the JVM.
-        self.writes_in_python_tasks = wiring_for(pipeline.guarantee).idempotent_sink  # type: ignore[misc]
+        self.writes_in_python_tasks = pipeline.wiring.idempotent_sink  # type: ignore[misc]
 
     @property
     def location(self) -> str:
@@ -351,7 +350,7 @@ class KafkaSink(ShareSink):
 
     def head(self) -> int | None:
         """The output topic's end offsets, summed: they only grow while the topic takes batches (keyed writes)."""
-        if not wiring_for(self.pipeline.guarantee).idempotent_sink:
+        if not self.pipeline.wiring.idempotent_sink:
             return None
         ends, self._ends_after_write = self._ends_after_write, None  # read by the write just done
         return sum((ends if ends is not None else self._output_ends()).values())
