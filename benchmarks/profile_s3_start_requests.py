@@ -30,7 +30,7 @@ from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import check_readable
 from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import load_pipeline
 from streamproof.infra.s3 import S3_BUCKET, S3Server
 from streamproof.jvm.session import build_session
@@ -66,8 +66,9 @@ def main() -> None:
         step("check_readable", lambda: check_readable(spec.checkpoint_dir, "recover", start.logs))
         step("refuse_if_source_behind", lambda: refuse_if_source_behind(spec, start, sources.require_available(spec)))
         sinks = open_sinks(spec)
-        step("refuse_if_checkpoint_lost", lambda: refuse_if_checkpoint_lost(spark, spec, sinks, start))
-        step("refuse_if_sink_behind", lambda: refuse_if_sink_behind(spark, spec, sinks, start))
+        held = step("read_sinks", lambda: read_sinks(spark, sinks, start))
+        step("refuse_if_checkpoint_lost", lambda: refuse_if_checkpoint_lost(spec, held))
+        step("refuse_if_sink_behind", lambda: refuse_if_sink_behind(spec, held))
         step("check_derived_columns", lambda: check_derived_columns(spark, spec.transform, exactly_once=True))
         schema = your_rows_schema(spark, spec, exactly_once=True)
         writer = step("open_batch_path", lambda: open_batch_path(spark, spec, sinks, schema))

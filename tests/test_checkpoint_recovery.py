@@ -27,19 +27,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
+from pyspark.sql import SparkSession
 
 from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
 from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
-from streamproof.checkpoint.recover import recover
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
+from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import PipelineSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults import points as faults
@@ -173,7 +174,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert message.startswith(f"error: sink delta ({tmp_path / 'orders'}) is behind the checkpoint: it holds batches "
                               "up to"), message  # fmt: skip
     assert "streamproof checkpoint rewind" in message and "source offsets from" in message and "\n" not in message
-    lags = sinks_behind(None, spec, open_sinks(spec), starting_point(spec))
+    lags = sinks_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     behind = {lag.sink.name: lag.holds_through for lag in lags}
     assert set(behind) == {"delta", "pg", "quarantine"}, behind
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
@@ -190,7 +191,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     # The whole quarantine table lost: the checkpoint's mark says which batch it last received.
     (tmp_path / "quarantine").rename(tmp_path / "quarantine-aside")
     with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts
-        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     assert str(refusal.value).startswith(f"the quarantine table ({tmp_path / 'quarantine'}) is behind the checkpoint: "
                                          "it holds no batch"), str(refusal.value)  # fmt: skip
     (tmp_path / "quarantine-aside").rename(tmp_path / "quarantine")
@@ -205,7 +206,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     for version in (newest, newest - 1):
         for name in (f"{version:020d}.json", f".{version:020d}.json.crc"):
             (log / name).unlink(missing_ok=True)
-    lags = sinks_behind(None, spec, open_sinks(spec), starting_point(spec))
+    lags = sinks_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     (behind,) = [lag for lag in lags if lag.sink.name == "delta"]
     assert behind.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
@@ -303,7 +304,7 @@ def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Pat
     assert mark.read() == 0 and not list((tmp_path / "checkpoint").glob("._streamproof_quarantine*"))
     mark.path.write_text("")  # torn: truncated, never written
     with pytest.raises(PipelineError) as refusal:
-        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     message = str(refusal.value)
     assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
 
@@ -328,14 +329,130 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     for batch_id in range(2):
         (tmp_path / "checkpoint" / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
     with pytest.raises(PipelineError) as refusal:
-        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     message = str(refusal.value)
     assert message.startswith(f"sink delta ({tmp_path / 'orders'}) has files of versions past its last commit "
                               "(version 1) in its log: ") and "checkpoint rewind" in message, message  # fmt: skip
     done = rewind(spec, lambda _: None)
     assert done.startswith(f"every sink holds every batch {tmp_path / 'checkpoint'} committed; set aside 2 file(s)")
     assert sorted(path.name for path in log.iterdir()) == [f"{0:020d}.json", f"{1:020d}.json"]
-    refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))  # readable again: nothing to refuse
+    # Readable again: nothing to refuse.
+    refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
+
+
+def _two_delta_sinks(tmp_path: Path, *, committed: int) -> PipelineSpec:
+    """A pipeline of two Delta sinks ("a", "b") whose tables hold batches 0 to ``committed`` - 1 of it as Delta commit
+    files, as the checkpoint committed them (none: an empty checkpoint), for the tests without a JVM."""
+    spec = parse_pipeline(f"""
+name = "twice"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "twice"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[[sinks]]
+label = "a"
+kind = "delta"
+path = "{tmp_path}/a"
+[[sinks]]
+label = "b"
+kind = "delta"
+path = "{tmp_path}/b"
+""")
+    for table in ("a", "b"):
+        log = tmp_path / table / "_delta_log"
+        log.mkdir(parents=True)
+        for batch_id in range(2):
+            record = {"streamproof": {"pipeline": "twice", "batch_id": batch_id, "end_offsets": {"t": {"0": batch_id}}}}
+            actions = [{"txn": {"appId": "streamproof/twice", "version": batch_id}},
+                       {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
+            (log / f"{batch_id:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+    if committed:
+        offsets = {batch_id: {"twice": {"0": batch_id}} for batch_id in range(committed)}
+        rebuild(spec.checkpoint_dir, offsets, committed_through=committed - 1)
+    return spec
+
+
+def test_a_start_reads_each_sink_once_and_with_spark_only_those_it_could_not_read_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's refusals judge one reading of each sink: the checks made before Spark starts read those readable
+    without it, and once Spark runs only the others are read (a table on HDFS or S3), then every refusal is judged
+    again whole. Each read of a Delta table on S3 costs a dozen requests; they were made twice, and three times for a
+    table's log. A sink read only once Spark runs is still refused when it is behind."""
+    import streamproof.sinks.delta as delta_module
+    from streamproof.sinks.delta import DeltaSink
+
+    spec = _two_delta_sinks(tmp_path, committed=2)
+    reads: dict[str, int] = {}
+    real_last_commit, real_past, real_names = DeltaSink.last_commit, delta_module.log_past_its_commits, Location.names
+
+    def count(what: str) -> None:
+        reads[what] = reads.get(what, 0) + 1
+
+    def last_commit(sink: DeltaSink, spark: Any, **latest: Any) -> Any:
+        count(f"{sink.name} commits")
+        return real_last_commit(sink, spark, **latest)
+
+    def past(table: Location, **look: Any) -> Any:
+        count(f"{table.name} log")
+        return real_past(table, **look)
+
+    def names(folder: Location) -> list[str]:
+        count(f"{folder.parent.name} listed")  # a young table's log: no Delta checkpoint, listed to find its head
+        return real_names(folder)
+
+    monkeypatch.setattr(DeltaSink, "last_commit", last_commit)
+    monkeypatch.setattr(delta_module, "log_past_its_commits", past)
+    sinks, start = open_sinks(spec), starting_point(spec)
+    monkeypatch.setattr(sinks[1], "needs_spark_for_commits", lambda: True)  # as on S3, beside a local checkpoint
+    monkeypatch.setattr(Location, "names", names)
+    before_spark = read_sinks(None, sinks, start)
+    refuse_if_checkpoint_lost(spec, before_spark)
+    refuse_if_sink_behind(spec, before_spark)
+    assert before_spark.unread
+    once = {"commits": 1, "log": 1, "listed": 1}
+    assert reads == {f"{table} {what}": n for table in ("a", "quarantine") for what, n in once.items()}, reads
+
+    (tmp_path / "b" / "_delta_log" / f"{1:020d}.json").unlink()  # b lost its last commit: behind the checkpoint
+    with_spark = read_sinks(cast(SparkSession, object()), sinks, start, earlier=before_spark)
+    assert not with_spark.unread
+    assert reads == {f"{table} {what}": n for table in ("a", "quarantine", "b") for what, n in once.items()}, reads
+    refuse_if_checkpoint_lost(spec, with_spark)
+    with pytest.raises(PipelineError) as refusal:
+        refuse_if_sink_behind(spec, with_spark)
+    message = str(refusal.value)
+    behind = f"sink b ({tmp_path / 'b'}) is behind the checkpoint: it holds batches up to 0, "
+    assert message.startswith(behind), message
+
+
+def test_a_sink_whose_read_fails_never_hides_the_refusal_of_a_sink_named_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start reads every sink before it judges, and a read that fails keeps its error for the check that uses
+    it: an empty checkpoint beside a sink holding batches is refused as a lost checkpoint, in the sinks' order, even
+    when a sink named after it cannot be read; a failed read of the first sink still stops the start with its own
+    line."""
+    spec = _two_delta_sinks(tmp_path, committed=0)
+    sinks, start = open_sinks(spec), starting_point(spec)
+
+    def damaged(_spark: Any, **_latest: Any) -> Any:
+        raise PipelineError("the records of sink b are damaged")
+
+    monkeypatch.setattr(sinks[1], "last_commit", damaged)
+    held = read_sinks(None, sinks, start)  # reads all, refuses nothing yet
+    with pytest.raises(PipelineError) as refusal:
+        refuse_if_checkpoint_lost(spec, held)
+    message = str(refusal.value)
+    assert message.startswith(f"checkpoint {tmp_path / 'checkpoint'} is empty but {tmp_path / 'a'} already holds "
+                              "batches of pipeline 'twice' up to batch 1"), message  # fmt: skip
+
+    sinks = open_sinks(spec)
+    monkeypatch.setattr(sinks[0], "last_commit", damaged)
+    with pytest.raises(PipelineError, match="the records of sink b are damaged"):
+        refuse_if_checkpoint_lost(spec, read_sinks(None, sinks, start))
 
 
 def test_recover_refuses_a_pipeline_whose_state_only_the_checkpoint_holds(tmp_path: Path) -> None:
@@ -412,7 +529,7 @@ def test_a_sink_that_goes_backwards_while_the_pipeline_runs_stops_it(
     assert "stopped before batch" in message and "streamproof checkpoint rewind" in message
     spec = load_pipeline(pipeline_file)
     with pytest.raises(PipelineError, match=r"^sink delta \(.*\) is behind the checkpoint: it holds batches up to"):
-        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     # The stopped run had logged its next batch (the 500 new records) without running it: the rewind replays the
     # lost batch, then that one, each with its logged offsets.
     assert logged_batches(spec.checkpoint_dir)[-1] == committed_batches(spec.checkpoint_dir)[-1] + 1

@@ -28,7 +28,7 @@ from conftest import REPO, run_cli, tree_bytes
 from streamproof.checkpoint.folder import RunLock, backup, restore
 from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
@@ -172,7 +172,7 @@ def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker
     assert backed_up == original, sorted(path for path in original if backed_up.get(path) != original[path])
     checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
     with pytest.raises(PipelineError, match="the checkpoint was lost"):  # as `run` refuses it (a JVM start saved)
-        refuse_if_checkpoint_lost(spark, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_checkpoint_lost(spec, read_sinks(spark, open_sinks(spec), starting_point(spec)))
     assert restore(checkpoint, copy) is None and committed_batches(checkpoint) == committed
     assert tree_bytes(checkpoint) == original  # restored byte for byte
 

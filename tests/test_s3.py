@@ -25,7 +25,7 @@ from conftest import REPO, run_cli, tree_bytes, write_pipeline
 from streamproof.checkpoint.folder import RunLock, backup, restore
 from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
@@ -324,7 +324,7 @@ def test_checkpoint_commands_and_maintenance_work_on_s3(
     assert tree_bytes(copy) == original
     checkpoint.delete(recursive=True)  # the checkpoint is lost; the sinks keep their batches
     with pytest.raises(PipelineError, match="the checkpoint was lost"):  # as `run` refuses it
-        refuse_if_checkpoint_lost(s3_spark, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_checkpoint_lost(spec, read_sinks(s3_spark, open_sinks(spec), starting_point(spec)))
     assert restore(checkpoint, copy) is None and tree_bytes(checkpoint) == original  # byte for byte
     checkpoint.delete(recursive=True)
     rebuilt = recover(s3_spark, spec)

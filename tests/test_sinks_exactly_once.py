@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient
 
 from conftest import run_cli
 from streamproof.checkpoint.positions import refuse_if_sink_behind
-from streamproof.checkpoint.start import starting_point
+from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults.points import surviving_processes
@@ -382,7 +382,7 @@ def test_a_kafka_sink_topic_recreated_under_its_markers_is_refused(
         time.sleep(0.5)
     ensure_topic(kafka_broker.bootstrap_servers, "fan-exactly-once-out", 4)
     with pytest.raises(PipelineError) as refusal:  # as `run` refuses it before Spark starts
-        refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
     message = str(refusal.value)
     assert message.startswith("sink kafka (kafka://") and "holds fewer records than its commit markers say (" in (
         message), message  # fmt: skip

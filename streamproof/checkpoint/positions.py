@@ -13,7 +13,7 @@ checkpoint is copied aside first, never lost.
 
 Example::
 
-    >>> refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))    # doctest: +SKIP
+    >>> refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))  # doctest: +SKIP
     PipelineError: sink delta (...) is behind the checkpoint: it holds batches up to 6, the checkpoint ...
 """
 
@@ -28,7 +28,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
 from streamproof.checkpoint.log import batch_end_offsets, offsets_entry
-from streamproof.checkpoint.start import StartingPoint, quarantine_table, starting_point
+from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.kafka_client import Watermarks, require_topic
@@ -45,6 +45,7 @@ class Behind:
     sink: Sink
     holds_through: int  # -1: no batch at all
     committed_through: int
+    why: str | None = None  # what its records say made it so (Sink.why_behind), when they tell
 
     @property
     def missing(self) -> str:
@@ -52,36 +53,33 @@ class Behind:
         return f"batch {first}" if first == last else f"batches {first}-{last}"
 
 
-def sinks_behind(
-    spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink], start: StartingPoint
-) -> list[Behind]:
-    """The keyed sinks that hold fewer batches than the checkpoint committed (those needing Spark to read their
-    log are skipped without a session).
+def sinks_behind(spec: PipelineSpec, held: SinksAtStart) -> list[Behind]:
+    """The keyed sinks that hold fewer batches than the checkpoint committed (those left unread, needing Spark to
+    read their log, are not judged).
 
-    >>> [(lag.sink.name, lag.missing) for lag in sinks_behind(None, spec, open_sinks(spec), starting_point(spec))]
+    >>> held = read_sinks(None, open_sinks(spec), starting_point(spec))
     ... # doctest: +SKIP
+    >>> [(lag.sink.name, lag.missing) for lag in sinks_behind(spec, held)]             # doctest: +SKIP
     [('delta', 'batch 10')]
     """
+    start = held.start
     committed = start.logs.committed
     if not committed or not start.wiring.idempotent_sink:
         return []
-    behind = []
-    for sink in recording(sinks):
-        if (spark is None and sink.needs_spark_for_commits()) or sink.records_hand_outs:
-            continue  # your own sink's records say what it was handed: whether it holds it, only your code knows
-        head = sink.last_commit(spark)
-        holds = head.batch_id if head is not None else -1
-        if holds < committed[-1]:
-            behind.append(Behind(sink, holds, committed[-1]))
-    quarantine = start.quarantine
-    if spark is not None or not quarantine.needs_spark_for_commits():
-        # A batch without invalid records writes no quarantine commit: the table is behind only when it lacks a
-        # batch the checkpoint's mark says it received.
-        mark = QuarantineMark(spec.checkpoint_dir).read()
-        head = quarantine.last_commit(spark)
-        holds = head.batch_id if head is not None else -1
-        if mark is not None and holds < min(mark, committed[-1]):
-            behind.append(Behind(quarantine, holds, committed[-1]))
+    behind = [
+        Behind(table.sink, table.holds_through, committed[-1], table.why_behind)
+        for table in held.sinks
+        # Not asked: not read yet, or your own sink (its records say what it was handed, not what it holds).
+        if table.last_commit is not None and table.holds_through < committed[-1]
+    ]
+    quarantine = held.quarantine
+    if quarantine.last_commit is None:
+        return behind
+    # A batch without invalid records writes no quarantine commit: the table is behind only when it lacks a batch the
+    # checkpoint's mark says it received.
+    mark = QuarantineMark(spec.checkpoint_dir).read()
+    if mark is not None and quarantine.holds_through < min(mark, committed[-1]):
+        return [*behind, Behind(quarantine.sink, quarantine.holds_through, committed[-1], quarantine.why_behind)]
     return behind
 
 
@@ -92,38 +90,37 @@ def _offsets_text(spec: PipelineSpec, batch_id: int) -> str:
         return "(no longer in the offset log)"
 
 
-def refuse_if_sink_behind(
-    spark: SparkSession | None, spec: PipelineSpec, sinks: list[Sink], start: StartingPoint
-) -> None:
+def refuse_if_sink_behind(spec: PipelineSpec, held: SinksAtStart) -> None:
     """Refuse to start while a sink is behind the checkpoint: one line naming the sink, the batches it misses with
     their source offsets, and the repair.
 
-    >>> refuse_if_sink_behind(None, spec, open_sinks(spec), starting_point(spec))    # doctest: +SKIP
+    >>> refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))  # doctest: +SKIP
     """
+    start = held.start
     if start.logs.committed and start.wiring.idempotent_sink:
-        for sink in sinks:
-            lost = None if spark is None and sink.needs_spark_for_commits() else sink.storage_lost()
+        for table in held.sinks:
+            lost = table.storage_lost.get() if table.storage_lost is not None else None
             if lost is not None:
-                raise PipelineError(f"sink {sink.name} ({sink.location}) {lost}")
-    for lag in sinks_behind(spark, spec, sinks, start):
+                raise PipelineError(f"sink {table.sink.name} ({table.sink.location}) {lost}")
+    for lag in sinks_behind(spec, held):
         begins = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
         quarantine = lag.sink.location == str(spec.quarantine_path)
         what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
-        why = lag.sink.why_behind() or "its storage lost commits, or was restored from an older backup"
+        why = lag.why or "its storage lost commits, or was restored from an older backup"
         raise PipelineError(
             f"{what} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
             f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {begins} to "
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it ({why}); replay them with "
             f"`streamproof checkpoint rewind {spec._source_name}`"
         )
-    for table in _stranded_logs(spark, sinks, start):
-        shown = ", ".join(table.past.stranded[:3]) + (
-            f" and {len(table.past.stranded) - 3} more" if len(table.past.stranded) > 3 else ""
+    for log in _stranded_logs(held):
+        shown = ", ".join(log.past.stranded[:3]) + (
+            f" and {len(log.past.stranded) - 3} more" if len(log.past.stranded) > 3 else ""
         )
         raise PipelineError(
-            f"{table.what} ({table.sink.location}) has files of versions past its last commit (version "
-            f"{table.past.last_commit}) in its log: {shown} (its storage lost commits Delta had written a checkpoint "
+            f"{log.what} ({log.sink.location}) has files of versions past its last commit (version "
+            f"{log.past.last_commit}) in its log: {shown} (its storage lost commits Delta had written a checkpoint "
             "or a checksum of, and Delta cannot read the table so); set them aside, and replay what it lost if "
             f"anything, with `streamproof checkpoint rewind {spec._source_name}`"
         )
@@ -133,19 +130,16 @@ def refuse_if_sink_behind(
 class StrandedLog:
     """A Delta table of the pipeline whose log holds files past its last commit file (:func:`log_past_its_commits`)."""
 
-    sink: DeltaSink
+    sink: Sink
     what: str
     past: LogPastItsCommits
 
 
-def _stranded_logs(spark: SparkSession | None, sinks: list[Sink], start: StartingPoint) -> list[StrandedLog]:
-    tables = [(sink, f"sink {sink.name}") for sink in sinks if isinstance(sink, DeltaSink)]
-    tables.append((start.quarantine, "the quarantine table"))
+def _stranded_logs(held: SinksAtStart) -> list[StrandedLog]:
     return [
-        StrandedLog(sink, what, past)
-        for sink, what in tables
-        if (spark is not None or not sink.needs_spark_for_commits())
-        and (past := log_past_its_commits(sink.path)) is not None
+        StrandedLog(table.sink, "the quarantine table" if table is held.quarantine else f"sink {table.sink.name}", past)
+        for table in held.tables  # the Delta sinks', then the quarantine table's log
+        if table.stranded is not None and (past := table.stranded.get()) is not None
     ]
 
 
@@ -312,14 +306,15 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     refuse_while_running(checkpoint, "rewind")
     sinks = open_sinks(spec)
     start = starting_point(spec)
-    lags = sinks_behind(spark, spec, sinks, start)
+    held = read_sinks(spark, sinks, start)
+    lags = sinks_behind(spec, held)
     if not lags:
-        readable = [table for table in _stranded_logs(spark, sinks, start) if not table.past.needs]
+        readable = [table for table in _stranded_logs(held) if not table.past.needs]
         when = time.strftime("%Y%m%dT%H%M%S")
         put_aside = [
             path
             for table in readable
-            for path in set_aside_stranded(table.past, table.sink.path / "_streamproof_set_aside" / f"rewind-{when}")
+            for path in set_aside_stranded(table.past, table.past.table / "_streamproof_set_aside" / f"rewind-{when}")
         ]
         if put_aside:
             return (

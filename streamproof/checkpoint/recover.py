@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import aside, refuse_while_running
 from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
-from streamproof.checkpoint.start import StartingPoint
+from streamproof.checkpoint.start import SinksAtStart
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.sinks import open_sinks
@@ -164,24 +164,26 @@ def _is_readable(checkpoint: Location) -> bool:
     return True
 
 
-def refuse_if_checkpoint_lost(
-    spark: SparkSession | None, pipeline: PipelineSpec, sinks: list[Sink], start: StartingPoint
-) -> None:
+def refuse_if_checkpoint_lost(pipeline: PipelineSpec, held: SinksAtStart) -> None:
     """Refuse to start an exactly-once pipeline whose checkpoint is empty while a sink holds its batches.
 
     A fresh checkpoint numbers batches from 0 again: keyed sinks would skip them as already written
     (silent loss), and Delta's own streaming sink, keyed on the checkpoint's query id, would write them
     again (silent duplicates). Neither is acceptable, so the start is refused, naming what the sink holds.
+
+    >>> refuse_if_checkpoint_lost(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))  # doctest: +SKIP
+    PipelineError: checkpoint ... is empty but /data/orders already holds batches of pipeline 'orders' up to batch 6 ...
     """
+    start = held.start
     if not start.wiring.idempotent_sink or start.logs.logged:
         return
-    # Your own sinks by the batches handed to them, and the quarantine table, which a batch writes before the sinks.
-    for sink in [*recording(sinks), start.quarantine]:
-        if spark is None and sink.needs_spark_for_commits():
-            continue  # checked again once the session runs
-        last = sink.last_record(spark)
+    # Your own sinks by the batches handed to them, and the quarantine table, which a batch writes before the sinks;
+    # one not read yet (through Spark's JVM only) is judged once Spark runs.
+    for table in held.tables:
+        last = table.last_record.get() if table.last_record is not None else None
         if last is None:
             continue
+        sink = table.sink
         offsets = "" if last.end_offsets is None else f" (offsets {json.dumps(last.end_offsets)})"
         recover = f"`streamproof checkpoint recover {pipeline._source_name}`"
         if isinstance(sink, PythonSink):

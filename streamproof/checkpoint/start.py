@@ -1,10 +1,11 @@
 """What a run's start reads once, before any check: the guarantee's wiring, the batches in the checkpoint's offset
-and commit logs, and the quarantine table. Every check of the start (:func:`streamproof.checkpoint.log.check_readable`,
+and commit logs, and the quarantine table (:func:`starting_point`); then what each sink holds (:func:`read_sinks`).
+Every check of the start (:func:`streamproof.checkpoint.log.check_readable`,
 :func:`streamproof.checkpoint.positions.refuse_if_source_behind` and ``refuse_if_sink_behind``,
 :func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`), and the replay of the batches the sinks hold beyond
-the checkpoint (``held_beyond``), decide on this one reading: each listed both logs again before (a LIST each on
-HDFS or S3), and derived the wiring anew. Nothing writes the logs in between: the run lock is held, and a warm-up
-writes only scratch copies.
+the checkpoint (``held_beyond``), decide on these readings: each listed both logs again before (a LIST each on
+HDFS or S3), and each check read the sinks again (a Delta table's log, a dozen requests on S3). Nothing writes the
+logs in between: the run lock is held, and a warm-up writes only scratch copies.
 
 Example::
 
@@ -24,9 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyspark.sql import SparkSession
+
 from streamproof.checkpoint.log import Logs, read_logs
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.guarantees import Wiring
+from streamproof.sinks.base import Sink, SinkReading
 from streamproof.sinks.delta import DeltaSink
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
@@ -55,3 +59,56 @@ def quarantine_table(spec: PipelineSpec) -> DeltaSink:
     '/data/orders_quarantine'
     """
     return DeltaSink(spec, DeltaSinkSpec(kind="delta", label=QUARANTINE, path=str(spec.quarantine_path)))
+
+
+@dataclass(frozen=True)
+class SinksAtStart:
+    """Every sink of a start and the quarantine table, each read once (:func:`read_sinks`): what the refusals of the
+    start judge."""
+
+    start: StartingPoint
+    sinks: tuple[SinkReading, ...]
+    quarantine: SinkReading
+
+    @property
+    def tables(self) -> tuple[SinkReading, ...]:
+        """The sinks', then the quarantine table's reading: the order every refusal of the start names them in."""
+        return (*self.sinks, self.quarantine)
+
+    @property
+    def opened(self) -> list[Sink]:
+        """The sinks, as opened for the run."""
+        return [reading.sink for reading in self.sinks]
+
+    @property
+    def unread(self) -> bool:
+        """Whether a sink is left to read once Spark runs."""
+        return not all(reading.read for reading in self.tables)
+
+
+def read_sinks(
+    spark: SparkSession | None, sinks: list[Sink], start: StartingPoint, earlier: SinksAtStart | None = None
+) -> SinksAtStart:
+    """Read each sink, and the quarantine table, once for every check of the start (:meth:`Sink.read_at_start`): an
+    empty checkpoint asks what they record at all; a committed one (exactly-once) asks what they hold and what their
+    storage lost; a Delta table's log is looked at for files past its last commit, whatever the guarantee. Without
+    ``spark``, a sink on HDFS or an object store is left unread; ``earlier``: a reading made before Spark ran, of which
+    only the unread are read now.
+
+    >>> held = read_sinks(None, open_sinks(spec), starting_point(spec))                 # doctest: +SKIP
+    >>> held.sinks[0].last_commit.get()                                                 # doctest: +SKIP
+    SinkCommit(batch_id=6, end_offsets={'orders': {'0': 80}}, keyed=True, complete=True)
+    """
+    done = {id(reading.sink): reading for reading in earlier.tables if reading.read} if earlier is not None else {}
+    exactly_once = start.wiring.idempotent_sink
+    last_record, holdings = exactly_once and not start.logs.logged, exactly_once and bool(start.logs.committed)
+    readings = [
+        done.get(id(sink))
+        or (
+            SinkReading(sink, read=False)
+            if spark is None and sink.needs_spark_for_commits()
+            else sink.read_at_start(spark, last_record=last_record, holdings=holdings)
+        )
+        for sink in [*sinks, start.quarantine]
+    ]
+    return SinksAtStart(start, tuple(readings[:-1]), readings[-1])

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
-from streamproof.config import SparkSettings
+from streamproof.config import PipelineSpec, SparkSettings
 from streamproof.errors import ConfigError
 from streamproof.jvm.jars import cache_root, cached_jars, check_java, jar_set
 
@@ -189,6 +189,17 @@ def build_session(
     if not settings.master.startswith("local"):
         ship_package(spark)
     return spark
+
+
+def run_session(pipeline: PipelineSpec) -> SparkSession:
+    """The session a run of ``pipeline`` works in (or its warm standby): its ``[spark]`` settings, named after it,
+    its web UI served where :func:`ui_wanted` says.
+
+    >>> spark = run_session(load_pipeline("examples/orders_to_delta.toml"))         # doctest: +SKIP
+    >>> spark.sparkContext.appName                                                   # doctest: +SKIP
+    'streamproof:orders-to-delta'
+    """
+    return build_session(pipeline.spark, app_name=f"streamproof:{pipeline.name}", ui=ui_wanted(pipeline.spark))
 
 
 def local_session(settings: SparkSettings | None = None, app_name: str = "streamproof") -> SparkSession:

@@ -38,11 +38,11 @@ from streamproof.checkpoint.log import (
 )
 from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import StartingPoint, starting_point
+from streamproof.checkpoint.start import SinksAtStart, StartingPoint, read_sinks, starting_point
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.faults import points as faults
-from streamproof.jvm.session import NO_DATA_BATCHES, SPARK_LOG_ENV, build_session, ui_wanted
+from streamproof.jvm.session import NO_DATA_BATCHES, SPARK_LOG_ENV, run_session
 from streamproof.metrics import PipelineMetrics
 from streamproof.pipeline.batches import BatchWriter, open_batch_path
 from streamproof.pipeline.events import (
@@ -61,7 +61,6 @@ from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.sinks import open_sinks
-from streamproof.sinks.base import Sink
 from streamproof.storage.location import Location
 from streamproof.transform.records import check_derived_columns, stateful_stream
 from streamproof.your_code.transform import your_rows_schema
@@ -129,11 +128,7 @@ def run(
 
     # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the session
     # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
-    spark = (
-        build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
-        if spec.checkpoint_dir.is_remote
-        else None
-    )
+    spark = run_session(spec) if spec.checkpoint_dir.is_remote else None
     lock = RunLock(spec.checkpoint_dir)
     if not standby:
         lock.__enter__()
@@ -171,25 +166,25 @@ def _run_locked(
     warm_up: bool = False,
 ) -> RunSummary:
     """The run once it holds the lock: refuse an unsafe start, start Spark, open the batch path, run the batches."""
-    checked_with_spark = spark is not None  # a checkpoint on distributed storage: Spark started before the lock
-    start, sinks = _refuse_unsafe_start(spark, spec)
+    held = _refuse_unsafe_start(spark, spec)
     spark = _start_spark(spark, spec, publish)
-    writer = _open_batch_path(spark, spec, start, sinks, publish, checked_with_spark=checked_with_spark)
-    return _run_batches(spark, spec, start, writer, publish, summary, available_now, max_batches, once, warm_up)
+    writer = _open_batch_path(spark, spec, held, publish)
+    return _run_batches(spark, spec, held.start, writer, publish, summary, available_now, max_batches, once, warm_up)
 
 
-def _refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> tuple[StartingPoint, list[Sink]]:
+def _refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> SinksAtStart:
     """Every refusal of the start that can be decided before Spark starts (all of them on local storage; ``spark``
-    is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs."""
+    is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs and one
+    of each sink readable so far."""
     start = starting_point(spec)
     if not start.wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
     watermarks = sources.require_available(spec)
     refuse_if_source_behind(spec, start, watermarks)
-    sinks = open_sinks(spec)
-    refuse_if_checkpoint_lost(spark, spec, sinks, start)  # without a JVM: for the sinks readable without it
-    refuse_if_sink_behind(spark, spec, sinks, start)
-    return start, sinks
+    held = read_sinks(spark, open_sinks(spec), start)  # without a JVM: the sinks readable without it
+    refuse_if_checkpoint_lost(spec, held)
+    refuse_if_sink_behind(spec, held)
+    return held
 
 
 def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callable[[Event], None]) -> SparkSession:
@@ -201,7 +196,7 @@ def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callab
             "checkpoint and sinks checked; " + ("starting Spark" if spark is None else "Spark runs already (warm)"),
         )
     )
-    spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+    spark = spark or run_session(spec)
     address = spark.sparkContext.uiWebUrl
     if address:
         publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
@@ -209,22 +204,15 @@ def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callab
 
 
 def _open_batch_path(
-    spark: SparkSession,
-    spec: PipelineSpec,
-    start: StartingPoint,
-    sinks: list[Sink],
-    publish: Callable[[Event], None],
-    *,
-    checked_with_spark: bool,
+    spark: SparkSession, spec: PipelineSpec, held: SinksAtStart, publish: Callable[[Event], None]
 ) -> BatchWriter:
-    """The refusals that needed Spark (unless the checks had it already), then your code checked, then the sinks
-    prepared under the batch writer."""
-    # Skipped by checks made without Spark: a sink, or the quarantine table, on HDFS or an object store. Made with it
-    # (a checkpoint there too), they read every sink already: again, they would cost a table's dozen requests more.
-    if not checked_with_spark and any(sink.needs_spark_for_commits() for sink in [*sinks, start.quarantine]):
-        refuse_if_checkpoint_lost(spark, spec, sinks, start)
-        refuse_if_sink_behind(spark, spec, sinks, start)
-    exactly_once = start.wiring.idempotent_sink
+    """The refusals that needed Spark (a sink, or the quarantine table, on HDFS or an object store, left unread by
+    checks made without it), then your code checked, then the sinks prepared under the batch writer."""
+    if held.unread:  # judged again whole, the sinks read before as they were: each is read once a start
+        held = read_sinks(spark, held.opened, held.start, earlier=held)
+        refuse_if_checkpoint_lost(spec, held)
+        refuse_if_sink_behind(spec, held)
+    sinks, exactly_once = held.opened, held.start.wiring.idempotent_sink
     check_derived_columns(spark, spec.transform, exactly_once=exactly_once)
     rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
     return open_batch_path(spark, spec, sinks, rows_schema, publish)

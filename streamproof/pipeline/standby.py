@@ -30,7 +30,7 @@ from streamproof.checkpoint.folder import Holder, RunLock, process_state
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.faults.points import process_info, process_table
-from streamproof.jvm.session import build_session, ui_wanted
+from streamproof.jvm.session import run_session
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
 from streamproof.pipeline.warm_up import StartQuery, warm_up
 
@@ -67,7 +67,7 @@ def stand_by(
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     publish(Notice(spec.name, STANDBY, f"in use by pid {holder}: starting a warm standby"))  # stoppable from here
     try:
-        spark = spark or build_session(spec.spark, app_name=f"streamproof:{spec.name}", ui=ui_wanted(spec.spark))
+        spark = spark or run_session(spec)
         _warm_up_and_say(spark, spec, start, stop, holder, publish)
         gone_at = _wait_for_lock(lock, holder, stop)
     except StandbyStopped as stopped:

@@ -45,9 +45,10 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
@@ -56,6 +57,7 @@ from streamproof.config import AnySinkSpec, PipelineSpec
 from streamproof.errors import PipelineError
 
 Offsets = dict[str, dict[str, int]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,82 @@ class Sink(ABC):
         """The last batch the sink records at all (completely, or, for your own sink, handed to it): a checkpoint that
         is empty while this exists was lost."""
         return self.last_commit(spark)
+
+    def read_at_start(self, spark: SparkSession | None, *, last_record: bool, holdings: bool) -> SinkReading:
+        """What the checks of a run's start ask of the sink, each read once: ``last_record`` (an empty checkpoint:
+        the last batch it records at all), ``holdings`` (a committed one: the last batch it holds, why it holds
+        fewer, what its storage lost). A read that fails keeps its error (:class:`Answer`).
+
+        >>> sink.read_at_start(None, last_record=False, holdings=True).last_commit.get()  # doctest: +SKIP
+        SinkCommit(batch_id=6, end_offsets={'orders': {'0': 80}}, keyed=True, complete=True)
+        """
+        records = self.keeps_batch_records
+        recorded = Answer.of(lambda: self.last_record(spark)) if last_record and records else None
+        lost = Answer.of(self.storage_lost) if holdings else None
+        # Your own sink's records say what it was handed: whether it holds it, only your code knows.
+        holds = (
+            Answer.of(lambda: self.last_commit(spark)) if holdings and records and not self.records_hand_outs else None
+        )
+        why = self.why_behind() if holds is not None and holds.error is None else None
+        return SinkReading(self, True, recorded, lost, holds, why)
+
+
+@dataclass(frozen=True)
+class Answer(Generic[T]):
+    """One read of a sink: what it answered, or the error it raised. The error is raised where a check uses the
+    answer, so that the checks of a start refuse in their own order whichever read failed first (a damaged record of
+    one sink never hides that another says the checkpoint was lost)."""
+
+    value: T | None = None
+    error: Exception | None = None
+
+    def get(self) -> T | None:
+        """The answer, or the read's error raised.
+
+        >>> Answer(3).get(), Answer(error=ValueError("torn")).value
+        (3, None)
+        """
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def sure(self) -> T:
+        """The answer of a read that always answers something, or the read's error raised."""
+        value = self.get()
+        assert value is not None, "a read that always answers answered nothing"
+        return value
+
+    @classmethod
+    def of(cls, read: Callable[[], T | None]) -> Answer[T]:
+        """Read now, keeping the error, if any, for :meth:`get`.
+
+        >>> Answer.of(lambda: 1 // 0).error
+        ZeroDivisionError('integer division or modulo by zero')
+        """
+        try:
+            return cls(read())
+        except Exception as error:  # noqa: BLE001 - kept, and raised where a check uses the answer
+            return cls(error=error)
+
+
+@dataclass(frozen=True)
+class SinkReading:
+    """What a run's start read of one sink or of the quarantine table (:meth:`Sink.read_at_start`), each read made once
+    and only where a check of this start uses it (None: not asked)."""
+
+    sink: Sink
+    read: bool = True  # False: reached through Spark's JVM only, and no session ran yet
+    last_record: Answer[SinkCommit] | None = None  # an empty checkpoint: the last batch the sink records at all
+    storage_lost: Answer[str] | None = None  # what its storage lost that its records cannot show
+    last_commit: Answer[SinkCommit] | None = None  # the last batch it holds completely
+    why_behind: str | None = None  # what its records say made it hold fewer batches, read with last_commit
+    stranded: Answer[Any] | None = None  # a Delta log: files of versions past its last commit (LogPastItsCommits)
+
+    @property
+    def holds_through(self) -> int:
+        """The last batch the sink holds completely (-1: none), or the error its read raised."""
+        head = self.last_commit.get() if self.last_commit is not None else None
+        return head.batch_id if head is not None else -1
 
 
 class FolderSink(Sink):

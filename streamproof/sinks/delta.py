@@ -46,7 +46,7 @@ from pyspark.sql.types import StructType
 
 from streamproof.config import DeltaSinkSpec
 from streamproof.errors import PipelineError, SinkReplaced, first_line, retrying_delta_conflicts
-from streamproof.sinks.base import Batch, FolderSink, HeldBatches, SinkCommit, SinkWrite
+from streamproof.sinks.base import Answer, Batch, FolderSink, HeldBatches, SinkCommit, SinkReading, SinkWrite
 from streamproof.sinks.delta_log import (
     Restore,
     app_id,
@@ -54,6 +54,8 @@ from streamproof.sinks.delta_log import (
     commit_file,
     commits_on_disk,
     latest_version,
+    log_past_its_commits,
+    look_at_log,
     newest_commit,
     other_writers,
 )
@@ -477,11 +479,12 @@ class DeltaSink(FolderSink):
             self._head_file = commit_file(self.path, self._head_seen).status()
         return self._head_seen
 
-    def last_commit(self, spark: SparkSession | None) -> SinkCommit | None:
-        """The pipeline's newest commit, read newest first (:func:`streamproof.sinks.delta_log.newest_commit`). Past
-        :data:`OTHERS_READ_PAST` commits of other writers, Delta's own state says whether the pipeline wrote the
-        table at all (with a session), rather than every commit file of a table it may never have written."""
-        latest = latest_version(self.path)
+    def last_commit(self, spark: SparkSession | None, *, latest: int | None = None) -> SinkCommit | None:
+        """The pipeline's newest commit, read newest first (:func:`streamproof.sinks.delta_log.newest_commit`) from
+        ``latest`` (the table's latest version, read now if not given). Past :data:`OTHERS_READ_PAST` commits of other
+        writers, Delta's own state says whether the pipeline wrote the table at all (with a session), rather than every
+        commit file of a table it may never have written."""
+        latest = latest_version(self.path) if latest is None else latest
         oldest = max(latest - OTHERS_READ_PAST, 0)
         restores: list[Restore] = []
         found = newest_commit(self.path, self.pipeline.name, latest, oldest=oldest, restores=restores)
@@ -494,6 +497,19 @@ class DeltaSink(FolderSink):
         found = newest_commit(self.path, self.pipeline.name, resume, restores=restores)
         self._restores = tuple(restores)
         return found
+
+    def read_at_start(self, spark: SparkSession | None, *, last_record: bool, holdings: bool) -> SinkReading:
+        """As every sink's (a Delta table records what it holds, and its storage loses nothing its log cannot show),
+        on one look at the log (:func:`streamproof.sinks.delta_log.look_at_log`) for both questions a start asks of
+        it: the pipeline's newest commit, and, whatever the guarantee, files of versions past its last commit. A young
+        table's log is listed once for both, where each listed it (and a dozen files more were looked for on S3)."""
+        look = Answer.of(lambda: look_at_log(self.path))  # failed: both answers keep its error
+        asked = last_record or holdings
+        newest = Answer.of(lambda: self.last_commit(spark, latest=look.sure().latest)) if asked else None
+        why = self.why_behind() if newest is not None and newest.error is None else None
+        stranded = Answer.of(lambda: log_past_its_commits(self.path, look=look.sure()))
+        recorded, holds = newest if last_record else None, newest if holdings else None
+        return SinkReading(self, True, recorded, Answer[str](None) if holdings else None, holds, why, stranded)
 
     def why_behind(self) -> str | None:
         """The RESTORE met reading back to the pipeline's newest commit that the table still holds, if one was

@@ -248,10 +248,34 @@ def latest_version(table: Location, *, known: int = -1, known_present: bool = Fa
     """
     if known >= 0 and (known_present or commit_file(table, known).is_file()):  # present: the caller just saw it
         return _last_commit_from(table, known)
-    pointer = checkpoint_pointer(table)  # read only when the version seen last is gone (or none was seen)
+    return look_at_log(table).latest
+
+
+@dataclass(frozen=True)
+class LogLook:
+    """One look at a Delta table's log (:func:`look_at_log`): its latest version, Delta's checkpoint pointer (-1: none;
+    None: torn), and the log's listing when the look needed one (a young table, a log that lost commits)."""
+
+    latest: int
+    pointer: int | None
+    names: tuple[str, ...] | None = None
+
+
+def look_at_log(table: Location) -> LogLook:
+    """The table's latest version as :func:`latest_version` finds it without a version seen before, with what it read
+    on the way, so that the look for files past the last commit (:func:`log_past_its_commits`) reads none of it again.
+
+    >>> import tempfile
+    >>> table = Location(tempfile.mkdtemp())
+    >>> commit_file(table, 0).write_text("{}")
+    >>> look_at_log(table)
+    LogLook(latest=0, pointer=-1, names=('00000000000000000000.json',))
+    """
+    pointer = checkpoint_pointer(table)
     if pointer is not None and pointer >= 0 and commit_file(table, pointer).is_file():
-        return _last_commit_from(table, pointer)
-    return max(_commit_versions((table / "_delta_log").names()), default=-1)
+        return LogLook(_last_commit_from(table, pointer), pointer)
+    names = tuple(sorted((table / "_delta_log").names()))
+    return LogLook(max(_commit_versions(set(names)), default=-1), pointer, names)
 
 
 def checkpoint_pointer(table: Location) -> int | None:
@@ -360,23 +384,30 @@ class LogPastItsCommits:
     needs: tuple[str, ...]
 
 
-def log_past_its_commits(table: Location, *, thorough: bool = False) -> LogPastItsCommits | None:
+def log_past_its_commits(
+    table: Location, *, thorough: bool = False, look: LogLook | None = None
+) -> LogPastItsCommits | None:
     """What a Delta table's log holds past its last commit file, or None when nothing. The sound log, the usual
     case, is told without a listing by the traces a lost commit leaves (:func:`_nothing_past`), as every start
     checks; ``thorough`` lists the whole log whatever (for the repairs, which run rarely and must find every file).
+    ``look``: a look at the log just made (:func:`look_at_log`), whose listing, or pointer, is not read again.
 
     >>> log_past_its_commits(Location("/data/orders"))                               # doctest: +SKIP
     LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
     """
     log = table / "_delta_log"
-    if not thorough and _nothing_past(table, latest_version(table)):
+    look = look if look is not None and not thorough else None
+    if look is None and not thorough:
+        look = look_at_log(table)
+    if look is not None and look.names is None and _nothing_past(table, look.latest, look.pointer):
         return None
-    names = set(log.names())  # something may be past the last commit: the whole answer needs the whole listing
+    # Something may be past the last commit: the whole answer needs the whole listing (a young log's look has it).
+    names = set(look.names if look is not None and look.names is not None else log.names())
     commits = _commit_versions(names)
     last = max(commits, default=-1)
     stranded = {name for name in names if (version := _version_of(name)) is not None and version > last}
-    pointer = checkpoint_pointer(table)  # torn (None): Delta itself lists the log then; nothing stranded by it
-    if pointer is not None and pointer > last:
+    pointer = look.pointer if look is not None else checkpoint_pointer(table)
+    if pointer is not None and pointer > last:  # torn (None): Delta itself lists the log then; nothing stranded by it
         stranded |= {"_last_checkpoint"} | ({"._last_checkpoint.crc"} & names)
     if not stranded:
         return None
@@ -405,12 +436,11 @@ _BESIDE_A_COMMIT = ("{v}.crc", "{v}.checkpoint.parquet", ".{v}.json.crc", ".{v}.
 _INTERVALS = (10, 100)
 
 
-def _nothing_past(table: Location, last: int) -> bool:
+def _nothing_past(table: Location, last: int, pointer: int | None) -> bool:
     """Nothing of a version past ``last`` is in the log, by the traces a lost newest commit leaves: the checkpoint
     pointer past it, a file of the next version, or a checkpoint at the next multiple of a usual interval; a dozen
     existence checks. (A multi-part or UUID-named checkpoint has its pointer. A loss that left none of these
     traces is found by Delta's own read, which then fails, and by ``checkpoint rewind``, which lists the log.)"""
-    pointer = checkpoint_pointer(table)
     if pointer is not None and pointer > last:
         return False
     log = table / "_delta_log"
