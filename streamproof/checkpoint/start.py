@@ -4,8 +4,9 @@ Every check of the start (:func:`streamproof.checkpoint.log.check_readable`,
 :func:`streamproof.checkpoint.positions.refuse_if_source_behind` and ``refuse_if_sink_behind``,
 :func:`streamproof.checkpoint.recover.refuse_if_checkpoint_lost`), and the replay of the batches the sinks hold beyond
 the checkpoint (``held_beyond``), decide on these readings: each listed both logs again before (a LIST each on
-HDFS or S3), and each check read the sinks again (a Delta table's log, a dozen requests on S3). Nothing writes the
-logs in between: the run lock is held, and a warm-up writes only scratch copies.
+HDFS or S3), and a young Delta table's log was listed twice, for the pipeline's newest commit and for files past it
+(docs/performance.md). Nothing writes the logs in between: the run lock is held, and a warm-up writes only scratch
+copies.
 
 Example::
 
