@@ -192,3 +192,38 @@ def test_a_batch_no_sink_holds_ends_where_the_batch_after_it_recorded_its_start(
     (tmp_path / "files" / BATCHES_DIR / "4.json").write_text(json.dumps(record))  # a record of before: refused
     with pytest.raises(PipelineError, match=r"hold batch\(es\) \[3\] beyond the checkpoint's last committed batch 1"):
         held_beyond(spec, open_sinks(spec), starting_point(spec))  # type: ignore[arg-type]
+
+
+def test_a_batch_beyond_the_checkpoint_no_sink_holds_nor_dates_is_refused_naming_both_ways_back(tmp_path: Path) -> None:
+    """A Delta sink holds batches 2 and 4 beyond the checkpoint's last committed batch 1, not 3 (storage lost that
+    commit), and batch 4's record is of before streamproof recorded where a batch starts: batch 3's offsets are
+    nowhere. The start refuses in one line naming the backup to restore and the rebuild, never a replay of a guess."""
+    spec = parse_pipeline(f"""
+name = "p"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "t"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    log = tmp_path / "orders" / "_delta_log"
+    log.mkdir(parents=True)
+    for version, batch_id in enumerate((0, 1, 2, 4)):
+        record = {"streamproof": {"pipeline": "p", "batch_id": batch_id, "end_offsets": _ends(batch_id * 10)}}
+        actions = [{"txn": {"appId": "streamproof/p", "version": batch_id}},
+                   {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
+        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+    rebuild(Location(tmp_path / "checkpoint"), {b: _ends(b * 10) for b in range(2)}, committed_through=1)
+    with pytest.raises(PipelineError) as refusal:
+        held_beyond(spec, open_sinks(spec), starting_point(spec))
+    message = str(refusal.value)
+    assert message == (
+        "the sinks of pipeline 'p' hold batches [2, 4] beyond the checkpoint's last committed batch 1 but none holds "
+        "batch(es) [3], whose offsets are then unknown: restore the checkpoint backup the sinks were written with, or "
+        "rebuild it from their records (move it aside, then `streamproof checkpoint recover <pipeline>`)"
+    ), message
