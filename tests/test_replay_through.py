@@ -97,7 +97,7 @@ def test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes
     held_through = max(int(line.split("batch ")[1].split(" ")[0]) for line in drained.stdout.splitlines()
                        if " committed:" in line)  # fmt: skip
     notice = (
-        f"the sinks hold batches 2-{held_through} beyond the checkpoint's last committed batch (an older checkpoint "
+        f"the sinks hold batches 2-{held_through} beyond the checkpoint's last committed batch 1 (an older checkpoint "
         "restored?): replaying them with the offsets the sinks recorded, each skipped where it is held"
     )
     assert notice in replayed.stdout, replayed.stdout

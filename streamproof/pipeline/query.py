@@ -301,9 +301,9 @@ def _replay_what_the_sinks_hold(
         Notice(
             spec.name,
             REPLAYING,
-            f"the sinks hold {span} beyond the checkpoint's last committed batch (an "
-            "older checkpoint restored?): replaying them with the offsets the sinks "
-            "recorded, each skipped where it is held",
+            f"the sinks hold {span} beyond the checkpoint's last committed batch {start.logs.committed[-1]} (an "
+            "older checkpoint restored?): replaying them with the offsets the sinks recorded, each skipped where it "
+            "is held",
         )
     )
     done: list[int] = []
