@@ -227,3 +227,32 @@ path = "{tmp_path}/orders"
         "batch(es) [3], whose offsets are then unknown: restore the checkpoint backup the sinks were written with, or "
         "rebuild it from their records (move it aside, then `streamproof checkpoint recover <pipeline>`)"
     ), message
+
+
+def test_batches_every_sink_holds_are_marked_done_on_one_listing_of_each_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backup restored far back: the batches every sink holds of a stateless pipeline are logged with the offsets
+    the sinks recorded and marked done without running. Each listed the two logs six times (a LIST each on S3); now
+    both logs are listed once for all of them. A batch Spark logged already with those offsets
+    keeps its entry; one it logged with another range stops the passing-by there, and runs as Spark planned it."""
+    from streamproof.checkpoint.log import batch_end_offsets, commit_without_running, next_batch_to_run
+
+    checkpoint = Location(tmp_path / "checkpoint")
+    rebuild(checkpoint, {0: _ends(0), 1: _ends(10)}, committed_through=0)  # batch 1 in flight, as Spark planned it
+    listings = []
+    real_names = Location.names
+
+    def names(folder: Location) -> list[str]:
+        listings.append(folder.name)
+        return real_names(folder)
+
+    monkeypatch.setattr(Location, "names", names)
+    held = {batch_id: _ends(batch_id * 10) for batch_id in range(1, 201)}
+    assert commit_without_running(checkpoint, held, list(held)) == list(held)
+    assert sorted(listings) == ["commits", "offsets"], listings
+    assert next_batch_to_run(checkpoint) == 201 and batch_end_offsets(checkpoint, 200) == _ends(2000)
+
+    rebuild(Location(tmp_path / "other"), {0: _ends(0), 1: _ends(15)}, committed_through=0)  # planned otherwise
+    assert commit_without_running(Location(tmp_path / "other"), {1: _ends(10), 2: _ends(20)}, [1, 2]) == []
+    assert next_batch_to_run(Location(tmp_path / "other")) == 1

@@ -222,6 +222,11 @@ def log_batch(checkpoint: Checkpoint, batch_id: int, end_offsets: dict[str, dict
     before = batch_id - 1
     if before not in committed_batches(folder) or batch_id in logged_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be planned only right after batch {before} committed")
+    _write_entry(folder, batch_id, end_offsets)
+
+
+def _write_entry(folder: Location, batch_id: int, end_offsets: dict[str, dict[str, int]]) -> None:
+    before = batch_id - 1
     header, metadata_line, *source_lines = (folder / "offsets" / str(before)).read_text().splitlines()
     if len(set(source_lines)) != 1:  # dedup and windows read the topic twice (two branches): one position, twice
         raise PipelineError(
@@ -270,7 +275,46 @@ def commit_batch(checkpoint: Checkpoint, batch_id: int) -> None:
     folder = _at(checkpoint)
     if batch_id not in logged_batches(folder) or batch_id in committed_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be marked done only once it is logged, and once")
-    (folder / "commits" / str(batch_id)).replace_with_text('v1\n{"nextBatchWatermarkMs":0}')
+    (folder / "commits" / str(batch_id)).replace_with_text(_DONE)
+
+
+_DONE = 'v1\n{"nextBatchWatermarkMs":0}'  # a commit log entry as Spark writes it after a stateless batch
+
+
+def commit_without_running(
+    checkpoint: Checkpoint, end_offsets: dict[int, dict[str, dict[str, int]]], batches: list[int]
+) -> list[int]:
+    """Log each of ``batches`` with its ``end_offsets`` (:func:`log_batch`; one logged already keeps its entry if it
+    ends there) and mark it done (:func:`commit_batch`), in order, without running it: a stateless pipeline's batches
+    that every sink holds (:func:`streamproof.checkpoint.positions.held_beyond`), which running again would only
+    skip. Stops at the first batch that is logged with other offsets (Spark's plan stands). Both logs
+    are listed once, where each batch listed them six times (a LIST each on S3) through :func:`log_batch` and
+    :func:`commit_batch`; the run lock keeps every other writer off the logs meanwhile. Returns the batches marked
+    done.
+
+    >>> import tempfile
+    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
+    >>> rebuild(checkpoint, {0: {"orders": {"0": 10}}}, committed_through=0)
+    >>> commit_without_running(checkpoint, {1: {"orders": {"0": 25}}, 2: {"orders": {"0": 40}}}, [1, 2])
+    [1, 2]
+    >>> next_batch_to_run(checkpoint), batch_end_offsets(checkpoint, 2)
+    (3, {'orders': {'0': 40}})
+    """
+    folder = _at(checkpoint)
+    logged, committed = set(logged_batches(folder)), set(committed_batches(folder))
+    done = []
+    for batch_id in batches:
+        if batch_id - 1 not in committed or batch_id in committed:
+            raise PipelineError(f"{folder}: batch {batch_id} can be marked done only right after batch {batch_id - 1}")
+        if batch_id in logged and batch_end_offsets(folder, batch_id) != end_offsets[batch_id]:
+            break  # Spark planned it already with another range: it runs as planned
+        if batch_id not in logged:
+            _write_entry(folder, batch_id, end_offsets[batch_id])
+            logged.add(batch_id)
+        (folder / "commits" / str(batch_id)).replace_with_text(_DONE)
+        committed.add(batch_id)
+        done.append(batch_id)
+    return done
 
 
 def rebuild(

@@ -28,9 +28,8 @@ from pyspark.sql.streaming import StreamingQuery
 from streamproof import sources
 from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import (
-    batch_end_offsets,
     check_readable,
-    commit_batch,
+    commit_without_running,
     committed_batches,
     log_batch,
     logged_batches,
@@ -306,14 +305,8 @@ def _replay_what_the_sinks_hold(
             "is held",
         )
     )
-    done: list[int] = []
-    for batch_id in held.everywhere:  # a batch Spark logged already (in flight) counts if it ends where the sinks say
-        if batch_id in logged_batches(checkpoint) and batch_end_offsets(checkpoint, batch_id) != held.offsets[batch_id]:
-            break
-        if batch_id not in logged_batches(checkpoint):
-            log_batch(checkpoint, batch_id, held.offsets[batch_id])
-        commit_batch(checkpoint, batch_id)
-        done.append(batch_id)
+    # A batch Spark logged already (in flight) counts if it ends where the sinks say.
+    done = commit_without_running(checkpoint, held.offsets, list(held.everywhere))
     if done:
         which = f"batch {done[0]}" if len(done) == 1 else f"batches {done[0]}-{done[-1]}"
         publish(
