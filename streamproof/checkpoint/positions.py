@@ -78,8 +78,9 @@ def sinks_behind(spec: PipelineSpec, held: SinksAtStart) -> list[Behind]:
     # A batch without invalid records writes no quarantine commit: the table is behind only when it lacks a batch the
     # checkpoint's mark says it received.
     mark = QuarantineMark(spec.checkpoint_dir).read()
-    if mark is not None and quarantine.holds_through < min(mark, committed[-1]):
-        return [*behind, Behind(quarantine.sink, quarantine.holds_through, committed[-1], quarantine.why_behind)]
+    holds = quarantine.holds_through  # a failed read of its log stops the start, whatever the mark says
+    if mark is not None and holds < min(mark, committed[-1]):
+        return [*behind, Behind(quarantine.sink, holds, committed[-1], quarantine.why_behind)]
     return behind
 
 
