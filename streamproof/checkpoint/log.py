@@ -84,6 +84,7 @@ def is_empty(checkpoint: Checkpoint) -> bool:
     return not logged_batches(checkpoint)
 
 
+DONE = 'v1\n{"nextBatchWatermarkMs":0}'  # a commit log entry as Spark writes it after a stateless batch
 FILE_LOG = "_file_source_log"  # batch_end_offsets' key for a file source's position (its log entry)
 DELTA_LOG = "_delta_source_version"  # batch_end_offsets' key for a Delta source's position (version, file index)
 
@@ -275,10 +276,7 @@ def commit_batch(checkpoint: Checkpoint, batch_id: int) -> None:
     folder = _at(checkpoint)
     if batch_id not in logged_batches(folder) or batch_id in committed_batches(folder):
         raise PipelineError(f"{folder}: batch {batch_id} can be marked done only once it is logged, and once")
-    (folder / "commits" / str(batch_id)).replace_with_text(_DONE)
-
-
-_DONE = 'v1\n{"nextBatchWatermarkMs":0}'  # a commit log entry as Spark writes it after a stateless batch
+    (folder / "commits" / str(batch_id)).replace_with_text(DONE)
 
 
 def commit_without_running(
@@ -311,7 +309,7 @@ def commit_without_running(
         if batch_id not in logged:
             _write_entry(folder, batch_id, end_offsets[batch_id])
             logged.add(batch_id)
-        (folder / "commits" / str(batch_id)).replace_with_text(_DONE)
+        (folder / "commits" / str(batch_id)).replace_with_text(DONE)
         committed.add(batch_id)
         done.append(batch_id)
     return done
@@ -343,4 +341,4 @@ def rebuild(
         metadata = {"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": confs or {}}
         (checkpoint / "offsets" / str(batch_id)).write_text(f"v1\n{json.dumps(metadata)}\n{json.dumps(offsets)}")
         if batch_id <= committed_through:
-            (checkpoint / "commits" / str(batch_id)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+            (checkpoint / "commits" / str(batch_id)).write_text(DONE)

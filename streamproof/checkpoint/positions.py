@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
-from streamproof.checkpoint.log import batch_end_offsets, offsets_entry
+from streamproof.checkpoint.log import DONE, batch_end_offsets, offsets_entry
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
@@ -347,7 +347,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     }
     if low in recorded:  # the start of the first batch replayed: Spark reads it from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
-        (checkpoint / "commits" / str(low)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+        (checkpoint / "commits" / str(low)).write_text(DONE)
     _refuse_if_source_lost(spec, low)
     _refuse_if_a_table_cannot_be_read_back(spec, lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]

@@ -499,17 +499,18 @@ class DeltaSink(FolderSink):
         return found
 
     def read_at_start(self, spark: SparkSession | None, *, last_record: bool, holdings: bool) -> SinkReading:
-        """As every sink's (a Delta table records what it holds, and its storage loses nothing its log cannot show),
-        on one look at the log (:func:`streamproof.sinks.delta_log.look_at_log`) for both questions a start asks of
-        it: the pipeline's newest commit, and, whatever the guarantee, files of versions past its last commit. A young
-        table's log is listed once for both, where each listed it (and a dozen files more were looked for on S3)."""
+        """As every sink's (a Delta table records what it holds), on one look at the log
+        (:func:`streamproof.sinks.delta_log.look_at_log`) for both questions a start asks of it: the pipeline's newest
+        commit, and, whatever the guarantee, files of versions past its last commit. A young table's log is listed once
+        for both, where each listed it (and a dozen files more were looked for on S3)."""
         look = Answer.of(lambda: look_at_log(self.path))  # failed: both answers keep its error
         asked = last_record or holdings
         newest = Answer.of(lambda: self.last_commit(spark, latest=look.sure().latest)) if asked else None
         why = self.why_behind() if newest is not None and newest.error is None else None
         stranded = Answer.of(lambda: log_past_its_commits(self.path, look=look.sure()))
         recorded, holds = newest if last_record else None, newest if holdings else None
-        return SinkReading(self, True, recorded, Answer[str](None) if holdings else None, holds, why, stranded)
+        lost = Answer.of(self.storage_lost) if holdings else None
+        return SinkReading(self, True, recorded, lost, holds, why, stranded)
 
     def why_behind(self) -> str | None:
         """The RESTORE met reading back to the pipeline's newest commit that the table still holds, if one was

@@ -396,8 +396,9 @@ def log_past_its_commits(
     LogPastItsCommits(table=..., last_commit=9, stranded=('00000000000000000010.checkpoint.parquet', ...), needs=())
     """
     log = table / "_delta_log"
-    look = look if look is not None and not thorough else None
-    if look is None and not thorough:
+    if thorough:
+        look = None
+    elif look is None:
         look = look_at_log(table)
     if look is not None and look.names is None and _nothing_past(table, look.latest, look.pointer):
         return None
