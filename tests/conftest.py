@@ -343,3 +343,18 @@ def tree_bytes(folder: Location, skip: str = "") -> dict[str, bytes]:
         else:
             files[name] = (folder / name).read_bytes()
     return files
+
+
+def plant_delta_commit(log: Path, version: int, *, pipeline: str, batch_id: int, end_offsets: dict[str, Any]) -> Path:
+    """Write ``log``'s commit file of ``version`` as a streamproof batch commit would leave it, without Spark: the
+    pipeline's transaction (``txn``, app id ``streamproof/<pipeline>``) and the record of the batch in
+    ``commitInfo.userMetadata``, the two actions the Delta sink reads back. Returns the file."""
+    record = {"streamproof": {"pipeline": pipeline, "batch_id": batch_id, "end_offsets": end_offsets}}
+    actions = [
+        {"txn": {"appId": f"streamproof/{pipeline}", "version": batch_id}},
+        {"commitInfo": {"userMetadata": json.dumps(record)}},
+    ]
+    log.mkdir(parents=True, exist_ok=True)
+    path = log / f"{version:020d}.json"
+    path.write_text("\n".join(json.dumps(action) for action in actions))
+    return path

@@ -19,7 +19,6 @@ created again. Expected: each start refused in one line with the partitions and 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -35,13 +34,13 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from conftest import REPO, assert_every_sink_clean, run_cli, write_pipeline
+from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, write_pipeline
 from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import read_sinks, starting_point
-from streamproof.config import PipelineSpec, load_pipeline, parse_pipeline
+from streamproof.config import PipelineSpec, PostgresSinkSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults import points as faults
 from streamproof.generator import generate
@@ -145,7 +144,7 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
 
     # Storage goes backwards: PostgreSQL restored from a backup taken now (table and ledger), two batches later;
     # and the Delta table's trailing commit gone (an object store or a restore lost it).
-    (pg,) = [sink for sink in spec.sink_specs if sink.name == "pg"]
+    (pg,) = [sink for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)]
     with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
         connection.execute("CREATE TABLE backup_orders AS SELECT * FROM recovery_orders")
         connection.execute("CREATE TABLE backup_ledger AS SELECT * FROM streamproof_ledger WHERE pipeline = 'recovery'")
@@ -207,11 +206,11 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
         for name in (f"{version:020d}.json", f".{version:020d}.json.crc"):
             (log / name).unlink(missing_ok=True)
     lags = sinks_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
-    (behind,) = [lag for lag in lags if lag.sink.name == "delta"]
-    assert behind.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
+    (delta_lag,) = [lag for lag in lags if lag.sink.name == "delta"]
+    assert delta_lag.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
     rewound = run_cli("checkpoint", "rewind", str(pipeline_file), timeout=600)
     assert rewound.returncode == 0, rewound.stderr[-2000:]
-    assert f"replayed batches {behind.holds_through + 1}-" in rewound.stdout, rewound.stdout
+    assert f"replayed batches {delta_lag.holds_through + 1}-" in rewound.stdout, rewound.stdout
     reports = assert_every_sink_clean(spark, pipeline_file, 11_500)
     assert disagreements(reports, verify_independently(spec)) == []
 
@@ -319,10 +318,7 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     log = tmp_path / "orders" / "_delta_log"
     log.mkdir(parents=True)
     for batch_id in range(2):  # versions 0-1: batches 0-1; version 2 (batch 2) lost, its checkpoint kept
-        record = {"streamproof": {"pipeline": "stranded", "batch_id": batch_id, "end_offsets": {"t": {"0": batch_id}}}}
-        actions = [{"txn": {"appId": "streamproof/stranded", "version": batch_id}},
-                   {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
-        (log / f"{batch_id:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+        plant_delta_commit(log, batch_id, pipeline="stranded", batch_id=batch_id, end_offsets={"t": {"0": batch_id}})
     (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
     (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
     (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
@@ -365,10 +361,7 @@ path = "{tmp_path}/b"
         log = tmp_path / table / "_delta_log"
         log.mkdir(parents=True)
         for batch_id in range(2):
-            record = {"streamproof": {"pipeline": "twice", "batch_id": batch_id, "end_offsets": {"t": {"0": batch_id}}}}
-            actions = [{"txn": {"appId": "streamproof/twice", "version": batch_id}},
-                       {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
-            (log / f"{batch_id:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+            plant_delta_commit(log, batch_id, pipeline="twice", batch_id=batch_id, end_offsets={"t": {"0": batch_id}})
     if committed:
         offsets = {batch_id: {"twice": {"0": batch_id}} for batch_id in range(committed)}
         rebuild(spec.checkpoint_dir, offsets, committed_through=committed - 1)

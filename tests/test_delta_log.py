@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import streamproof.sinks.delta_log as delta_log
+from conftest import plant_delta_commit
 from streamproof.sinks.delta_log import commit_file, latest_version, log_past_its_commits, newest_commit
 from streamproof.storage.location import Location
 
@@ -26,10 +27,7 @@ def _plant(folder: Path, versions: range, *, pipeline: str = "aged", every: int 
     log = folder / "_delta_log"
     log.mkdir(parents=True, exist_ok=True)
     for version in versions:
-        record = {"streamproof": {"pipeline": pipeline, "batch_id": version, "end_offsets": {"t": {"0": version}}}}
-        actions = [{"txn": {"appId": f"streamproof/{pipeline}", "version": version}},
-                   {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
-        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+        plant_delta_commit(log, version, pipeline=pipeline, batch_id=version, end_offsets={"t": {"0": version}})
         (log / f"{version:020d}.crc").write_text("{}")
         if version and version % every == 0:
             (log / f"{version:020d}.checkpoint.parquet").write_bytes(b"PAR1")

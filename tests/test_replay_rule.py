@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import plant_delta_commit
 from streamproof.checkpoint.log import rebuild
 from streamproof.checkpoint.positions import held_beyond
 from streamproof.checkpoint.start import starting_point
@@ -214,10 +215,7 @@ path = "{tmp_path}/orders"
     log = tmp_path / "orders" / "_delta_log"
     log.mkdir(parents=True)
     for version, batch_id in enumerate((0, 1, 2, 4)):
-        record = {"streamproof": {"pipeline": "p", "batch_id": batch_id, "end_offsets": _ends(batch_id * 10)}}
-        actions = [{"txn": {"appId": "streamproof/p", "version": batch_id}},
-                   {"commitInfo": {"userMetadata": json.dumps(record)}}]  # fmt: skip
-        (log / f"{version:020d}.json").write_text("\n".join(json.dumps(action) for action in actions))
+        plant_delta_commit(log, version, pipeline="p", batch_id=batch_id, end_offsets=_ends(batch_id * 10))
     rebuild(Location(tmp_path / "checkpoint"), {b: _ends(b * 10) for b in range(2)}, committed_through=1)
     with pytest.raises(PipelineError) as refusal:
         held_beyond(spec, open_sinks(spec), starting_point(spec))
