@@ -102,15 +102,13 @@ def refuse_if_sink_behind(spec: PipelineSpec, held: SinksAtStart) -> None:
         for table in held.sinks:
             lost = table.storage_lost.get() if table.storage_lost is not None else None
             if lost is not None:
-                raise PipelineError(f"sink {table.sink.name} ({table.sink.location}) {lost}")
+                raise PipelineError(f"{table.sink.called} ({table.sink.location}) {lost}")
     for lag in sinks_behind(spec, held):
         begins = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
-        quarantine = lag.sink.location == str(spec.quarantine_path)
-        what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
         why = lag.why or "its storage lost commits, or was restored from an older backup"
         raise PipelineError(
-            f"{what} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
+            f"{lag.sink.called} ({lag.sink.location}) is behind the checkpoint: it holds {holds}, the checkpoint "
             f"committed up to batch {lag.committed_through}, so {lag.missing} (source offsets from {begins} to "
             f"{_offsets_text(spec, lag.committed_through)}) are missing from it ({why}); replay them with "
             f"`streamproof checkpoint rewind {spec._source_name}`"
@@ -120,7 +118,7 @@ def refuse_if_sink_behind(spec: PipelineSpec, held: SinksAtStart) -> None:
             f" and {len(log.past.stranded) - 3} more" if len(log.past.stranded) > 3 else ""
         )
         raise PipelineError(
-            f"{log.what} ({log.sink.location}) has files of versions past its last commit (version "
+            f"{log.sink.called} ({log.sink.location}) has files of versions past its last commit (version "
             f"{log.past.last_commit}) in its log: {shown} (its storage lost commits Delta had written a checkpoint "
             "or a checksum of, and Delta cannot read the table so); set them aside, and replay what it lost if "
             f"anything, with `streamproof checkpoint rewind {spec._source_name}`"
@@ -132,13 +130,12 @@ class StrandedLog:
     """A Delta table of the pipeline whose log holds files past its last commit file (:func:`log_past_its_commits`)."""
 
     sink: Sink
-    what: str
     past: LogPastItsCommits
 
 
 def _stranded_logs(held: SinksAtStart) -> list[StrandedLog]:
     return [
-        StrandedLog(table.sink, "the quarantine table" if table is held.quarantine else f"sink {table.sink.name}", past)
+        StrandedLog(table.sink, past)
         for table in held.tables  # the Delta sinks', then the quarantine table's log
         if table.stranded is not None and (past := table.stranded.get()) is not None
     ]
@@ -349,7 +346,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text(DONE)
     _refuse_if_source_lost(spec, low)
-    _refuse_if_a_table_cannot_be_read_back(spec, lags)
+    _refuse_if_a_table_cannot_be_read_back(lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
     stamp = time.strftime("%Y%m%dT%H%M%S")
     kept = aside(checkpoint, "before-rewind")
@@ -411,7 +408,7 @@ def _recorded_offsets(
     return recorded
 
 
-def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind]) -> None:
+def _refuse_if_a_table_cannot_be_read_back(lags: list[Behind]) -> None:
     """A Delta table whose lost versions took with them commit files its last commit still needs (a checkpoint
     of a lost version stood for them, after log clean-up): no replay can fix it, only a restore."""
     for lag in lags:
@@ -419,13 +416,11 @@ def _refuse_if_a_table_cannot_be_read_back(spec: PipelineSpec, lags: list[Behind
             continue
         past = log_past_its_commits(lag.sink.path, thorough=True)
         if past is not None and past.needs:
-            quarantine = lag.sink.location == str(spec.quarantine_path)
-            what = "the quarantine table" if quarantine else f"sink {lag.sink.name}"
             shown = ", ".join(past.needs[:3]) + (f" and {len(past.needs) - 3} more" if len(past.needs) > 3 else "")
             raise PipelineError(
-                f"{what} ({lag.sink.location}) cannot be read back to its last commit (version {past.last_commit}): "
-                f"its log also lost {shown} in {past.table / '_delta_log'}, which only the checkpoint of a lost "
-                "version stood for; restore those files (or the table) from a backup, then rewind"
+                f"{lag.sink.called} ({lag.sink.location}) cannot be read back to its last commit (version "
+                f"{past.last_commit}): its log also lost {shown} in {past.table / '_delta_log'}, which only the "
+                "checkpoint of a lost version stood for; restore those files (or the table) from a backup, then rewind"
             )
 
 

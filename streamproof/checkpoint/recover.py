@@ -23,7 +23,7 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import Sink, SinkCommit, recording
-from streamproof.sinks.delta import DeltaSink
+from streamproof.sinks.delta import DeltaSink, QuarantineTable
 from streamproof.sinks.delta_log import batches_back_to, latest_version
 from streamproof.sinks.python import PythonSink
 from streamproof.storage.location import Location
@@ -194,8 +194,8 @@ def refuse_if_checkpoint_lost(pipeline: PipelineSpec, held: SinksAtStart) -> Non
                 f"with other records; rebuild it from the records ({recover}), restore a backup, or, to start your "
                 f"sink afresh, empty it and remove {sink.handed.folder}"
             )
-        quarantine = sink.location == str(pipeline.quarantine_path)
-        what = "the quarantine table" if quarantine else sink.location
+        quarantine = isinstance(sink, QuarantineTable)
+        what = sink.called if quarantine else sink.location
         fresh = f"move {pipeline.quarantine_path} aside to start afresh" if quarantine else "write to a new sink"
         raise PipelineError(
             f"checkpoint {pipeline.checkpoint_dir} is empty but {what} already holds batches of "

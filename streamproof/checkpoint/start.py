@@ -32,7 +32,7 @@ from streamproof.checkpoint.log import Logs, read_logs
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.guarantees import Wiring
 from streamproof.sinks.base import Sink, SinkReading
-from streamproof.sinks.delta import DeltaSink
+from streamproof.sinks.delta import QuarantineTable
 
 QUARANTINE = "quarantine"  # the quarantine table's name where it stands beside the sinks
 
@@ -43,7 +43,7 @@ class StartingPoint:
 
     wiring: Wiring
     logs: Logs
-    quarantine: DeltaSink  # the start's checks only: the batch writer keeps its own (a write caches what it read)
+    quarantine: QuarantineTable  # the start's checks only: the batch writer keeps its own (a write caches what it read)
 
 
 def starting_point(spec: PipelineSpec) -> StartingPoint:
@@ -53,13 +53,13 @@ def starting_point(spec: PipelineSpec) -> StartingPoint:
     return StartingPoint(spec.wiring, logs, quarantine)
 
 
-def quarantine_table(spec: PipelineSpec) -> DeltaSink:
+def quarantine_table(spec: PipelineSpec) -> QuarantineTable:
     """The quarantine table, read as the keyed Delta append it is (its commits carry the batch like a sink's).
 
     >>> quarantine_table(spec).location                          # doctest: +SKIP
     '/data/orders_quarantine'
     """
-    return DeltaSink(spec, DeltaSinkSpec(kind="delta", label=QUARANTINE, path=str(spec.quarantine_path)))
+    return QuarantineTable(spec, DeltaSinkSpec(kind="delta", label=QUARANTINE, path=str(spec.quarantine_path)))
 
 
 @dataclass(frozen=True)

@@ -131,11 +131,11 @@ class BatchWriter:
             seen = self.heads.get(sink.location)
             now = self._head(sink) if seen is not None else None
             if seen is not None and now is not None and now < seen:
-                what = "the quarantine table" if sink is self.quarantine else f"sink {sink.name}"
                 raise PipelineError(
-                    f"{what} ({sink.location}) went backwards while the pipeline ran: its {sink.head_meaning} is "
-                    f"{now}, it was {seen} after its last write (its storage lost commits); stopped before batch "
-                    f"{batch_id}: replay what it lost with `streamproof checkpoint rewind {self.spec._source_name}`"
+                    f"{sink.called} ({sink.location}) went backwards while the pipeline ran: its "
+                    f"{sink.head_meaning} is {now}, it was {seen} after its last write (its storage lost commits); "
+                    f"stopped before batch {batch_id}: replay what it lost with "
+                    f"`streamproof checkpoint rewind {self.spec._source_name}`"
                 )
 
     @staticmethod

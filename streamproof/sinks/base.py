@@ -236,6 +236,16 @@ class Sink(ABC):
         return self.spec.name
 
     @property
+    def called(self) -> str:
+        """What a message calls it: ``sink <name>``; the quarantine table's own words
+        (:class:`~streamproof.sinks.delta.QuarantineTable`), whatever a sink is labelled.
+
+        >>> open_sinks(spec)[0].called                                                     # doctest: +SKIP
+        'sink delta'
+        """
+        return f"sink {self.name}"
+
+    @property
     @abstractmethod
     def location(self) -> str:
         """Where the rows go, for messages (a path, ``postgresql://.../table``, ``kafka://topic``); no secret."""

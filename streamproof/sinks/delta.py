@@ -526,3 +526,16 @@ class DeltaSink(FolderSink):
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
             return None
         return spark.read.format("delta").load(str(self.path))
+
+
+class QuarantineTable(DeltaSink):
+    """The quarantine table, read and written as the keyed Delta append it is (its commits carry the batch like a
+    sink's); a message names it as itself, never as a sink.
+
+    >>> QuarantineTable(spec, DeltaSinkSpec(kind="delta", path="/data/q")).called     # doctest: +SKIP
+    'the quarantine table'
+    """
+
+    @property
+    def called(self) -> str:
+        return "the quarantine table"
