@@ -34,7 +34,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
-from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, write_pipeline
+from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, tree_bytes, write_pipeline
 from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
 from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
@@ -334,6 +334,48 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     assert sorted(path.name for path in log.iterdir()) == [f"{0:020d}.json", f"{1:020d}.json"]
     # Readable again: nothing to refuse.
     refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
+
+
+def test_a_rewind_refuses_a_table_whose_log_lost_commit_files_only_a_lost_version_s_checkpoint_stood_for(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """docs/operations.md: storage lost a Delta version Delta had written a checkpoint of, and the commit files
+    before it had gone already (log clean-up). No replay brings the table back to its last commit, so
+    `checkpoint rewind` refuses in one line naming the files, and changes nothing."""
+    topic = f"unreadable-{time.time_ns()}"
+    generate(kafka_broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
+    spec = parse_pipeline(f"""
+name = "unreadable"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic = "{topic}"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    ends = {batch_id: {topic: {"0": (batch_id + 1) * 10}} for batch_id in range(3)}
+    log = tmp_path / "orders" / "_delta_log"
+    for batch_id in range(3):  # versions 0-2: batches 0-2, all committed by the checkpoint
+        plant_delta_commit(log, batch_id, pipeline="unreadable", batch_id=batch_id, end_offsets=ends[batch_id])
+    (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
+    (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
+    rebuild(spec.checkpoint_dir, ends, committed_through=2)
+    for version in (2, 0):  # version 2 lost, its checkpoint kept; version 0 gone before (only that checkpoint had it)
+        (log / f"{version:020d}.json").unlink()
+    before = tree_bytes(Location(tmp_path))
+    with pytest.raises(PipelineError) as refusal:
+        rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
+    assert str(refusal.value) == (
+        f"sink delta ({tmp_path / 'orders'}) cannot be read back to its last commit (version 1): its log also lost "
+        f"{0:020d}.json in {log}, which only the checkpoint of a lost version stood for; restore those files (or the "
+        "table) from a backup, then rewind"
+    )
+    assert tree_bytes(Location(tmp_path)) == before
 
 
 def _two_delta_sinks(tmp_path: Path, *, committed: int) -> PipelineSpec:
