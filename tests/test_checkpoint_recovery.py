@@ -378,6 +378,46 @@ path = "{tmp_path}/orders"
     assert tree_bytes(Location(tmp_path)) == before
 
 
+def test_a_rewind_whose_first_records_retention_deleted_is_refused_changing_nothing(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """A sink behind a checkpoint rebuilt by `recover` (which logs the newest batch only): the rewind takes where the
+    first batch to replay starts from the sink's own record. When retention has deleted those records from the topic,
+    it refuses in one line and leaves the checkpoint as it found it."""
+    topic = f"retained-{time.time_ns()}"
+    generate(kafka_broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
+    spec = parse_pipeline(f"""
+name = "retained"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic = "{topic}"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    ends = {batch_id: {topic: {"0": (batch_id + 1) * 10}} for batch_id in range(3)}
+    log = tmp_path / "orders" / "_delta_log"
+    for batch_id in range(2):  # versions 0-1: batches 0-1; batch 2's version lost
+        plant_delta_commit(log, batch_id, pipeline="retained", batch_id=batch_id, end_offsets=ends[batch_id])
+    rebuild(spec.checkpoint_dir, {2: ends[2]}, committed_through=2)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    for future in admin.delete_records([TopicPartition(topic, 0, 25)]).values():
+        future.result(timeout=30)
+    before = tree_bytes(Location(tmp_path))
+    with pytest.raises(PipelineError) as refusal:
+        rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
+    assert str(refusal.value) == (
+        f"topic {topic} no longer holds the records to replay: partition 0 from offset 20 (now starts at 25); they "
+        "are gone from the source (retention, or the topic was recreated): restore the sinks from a backup instead"
+    )
+    assert tree_bytes(Location(tmp_path)) == before
+
+
 def _two_delta_sinks(tmp_path: Path, *, committed: int) -> PipelineSpec:
     """A pipeline of two Delta sinks ("a", "b") whose tables hold batches 0 to ``committed`` - 1 of it as Delta commit
     files, as the checkpoint committed them (none: an empty checkpoint), for the tests without a JVM."""

@@ -342,15 +342,18 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         else (checkpoint / "offsets" / str(batch)).read_text()
         for batch in range(low + 1, last + 1)
     }
-    if low in recorded:  # the start of the first batch replayed: Spark reads it from the entry before
-        (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
-        (checkpoint / "commits" / str(low)).write_text(DONE)
-    _refuse_if_source_lost(spec, low)
+    # Where the first batch replayed starts: the end of the batch before, from the log, or from a sink's record of it
+    # where the log lost it (written back below, after every refusal: a refused rewind changes nothing).
+    first = recorded[low] if low in recorded else batch_end_offsets(checkpoint, low) if low >= 0 else {}
+    _refuse_if_source_lost(spec, first)
     _refuse_if_a_table_cannot_be_read_back(lags)
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
     stamp = time.strftime("%Y%m%dT%H%M%S")
     kept = aside(checkpoint, "before-rewind")
     checkpoint.copy_tree(kept)
+    if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
+        (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
+        (checkpoint / "commits" / str(low)).write_text(DONE)
     # A lost version Delta had written a checkpoint of: that checkpoint (and the pointer to it) stays in the log and
     # makes every read and write of the table fail; set aside, the table reads again at its last commit.
     stranded = [
@@ -444,11 +447,11 @@ def remove_stray_checksums(sink: Sink) -> list[str]:
     return removed
 
 
-def _refuse_if_source_lost(spec: PipelineSpec, low: int) -> None:
-    """The first offsets to replay must still be in the source (retention may have deleted them)."""
+def _refuse_if_source_lost(spec: PipelineSpec, start: Offsets) -> None:
+    """The first offsets to replay (``start``: where the batch before ends) must still be in the source (retention
+    may have deleted them)."""
     if not isinstance(spec.source, KafkaSource):
         return
-    start = batch_end_offsets(spec.checkpoint_dir, low) if low >= 0 else {}
     first = {int(p): offset for p, offset in start.get(spec.source.topic, {}).items()}
     watermarks = require_topic(spec.source)
     lost = {p: (first.get(p, 0), earliest) for p, (earliest, _) in watermarks.items() if earliest > first.get(p, 0)}
