@@ -72,7 +72,9 @@ def maintain(
     """OPTIMIZE (``compact``; only the partitions ``where`` selects, Z-ordered by the sink's ``zorder_by``) and/or
     VACUUM each Delta table of the pipeline; one line per table and step done (``streamproof maintain``). A table
     not written yet is skipped, and said so."""
-    check_request(compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where)
+    check_request(
+        compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where, spec=spec
+    )
     refusals: list[str] = []  # --where: the tables whose partition columns it does not name
     tables = delta_tables_laid_out(spec)
     for table, layout in tables:
@@ -95,14 +97,20 @@ def maintain(
             )
             yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
     partitioned = [table for table, layout in tables if layout.partition_by]
-    if where is not None and len(refusals) == len(partitioned):  # no table took it: a mistake, not a choice
-        raise ConfigError(refusals[0] if refusals else "--where: the pipeline has no partitioned Delta table")
+    if where is not None and refusals and len(refusals) == len(partitioned):  # no table took it: a mistake
+        raise ConfigError(refusals[0])
 
 
 def check_request(
-    *, compact: bool, vacuum_hours: float | None, allow_short_retention: bool, where: str | None = None
+    *,
+    compact: bool,
+    vacuum_hours: float | None,
+    allow_short_retention: bool,
+    where: str | None = None,
+    spec: PipelineSpec | None = None,
 ) -> None:
-    """Refuse a maintenance request that does nothing, or a retention too short, before Spark starts.
+    """Refuse a maintenance request that does nothing, or a retention too short, before Spark starts (and so before
+    any table is changed); with ``spec``, also a ``--where`` for a pipeline that has no partitioned Delta table.
 
     >>> check_request(compact=False, vacuum_hours=None, allow_short_retention=False)
     Traceback (most recent call last):
@@ -118,6 +126,15 @@ def check_request(
     if where is not None and not compact:
         raise ConfigError(
             "--where selects the partitions --optimize compacts: add --optimize (VACUUM takes no --where)"
+        )
+    if (
+        where is not None
+        and spec is not None
+        and not any(layout.partition_by for _, layout in delta_tables_laid_out(spec))
+    ):
+        raise ConfigError(
+            "--where: the pipeline has no partitioned Delta table (a sink's partition_by): leave --where out to "
+            "compact whole tables"
         )
     if vacuum_hours is not None:
         check_retention(vacuum_hours, allow_short_retention=allow_short_retention)

@@ -161,10 +161,14 @@ def maintain(
 ) -> None:
     """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table); OPTIMIZE
     compacts within each partition and Z-orders by the sink's ``zorder_by``."""
-    maintenance.check_request(
-        compact=do_optimize, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where
-    )
     spec = load_pipeline(pipeline)
+    maintenance.check_request(
+        compact=do_optimize,
+        vacuum_hours=vacuum_hours,
+        allow_short_retention=allow_short_retention,
+        where=where,
+        spec=spec,
+    )
     spark = build_session(spec.spark, app_name=f"streamproof-maintain:{spec.name}")
     for line in maintenance.maintain(
         spark,
