@@ -75,6 +75,8 @@ def maintain(
     check_request(
         compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where, spec=spec
     )
+    if vacuum_hours is not None:  # before OPTIMIZE commits to a table (and again before each VACUUM)
+        _refuse_short_vacuum_while_running(spec, vacuum_hours)
     refusals: list[str] = []  # --where: the tables whose partition columns it does not name
     tables = delta_tables_laid_out(spec)
     for table, layout in tables:
@@ -180,12 +182,7 @@ def vacuum(
 ) -> VacuumResult:
     """VACUUM one table; returns how many files it deleted (from Delta's own dry run of the same command)."""
     check_retention(retention_hours, allow_short_retention=allow_short_retention)
-    holder = RunLock(spec.checkpoint_dir).holder()
-    if retention_hours < DEFAULT_RETENTION_HOURS and holder is not None:
-        raise PipelineError(
-            f"pipeline {spec.name!r} is running (pid {holder}): a short VACUUM would delete the files of the batch "
-            "it is writing; stop it first"
-        )
+    _refuse_short_vacuum_while_running(spec, retention_hours)
     command = f"VACUUM delta.`{table}` RETAIN {retention_hours:g} HOURS"
     spark.conf.set(RETENTION_CHECK_CONF, str(not allow_short_retention).lower())
     try:
@@ -194,6 +191,15 @@ def vacuum(
     finally:
         spark.conf.unset(RETENTION_CHECK_CONF)
     return VacuumResult(str(table), deleted, retention_hours)
+
+
+def _refuse_short_vacuum_while_running(spec: PipelineSpec, retention_hours: float) -> None:
+    holder = RunLock(spec.checkpoint_dir).holder()
+    if retention_hours < DEFAULT_RETENTION_HOURS and holder is not None:
+        raise PipelineError(
+            f"pipeline {spec.name!r} is running (pid {holder}): a short VACUUM would delete the files of the batch "
+            "it is writing; stop it first"
+        )
 
 
 def optimize(
