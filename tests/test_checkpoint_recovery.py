@@ -36,11 +36,19 @@ from pyspark.sql import SparkSession
 
 from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, tree_bytes, write_pipeline
 from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
-from streamproof.checkpoint.log import batch_end_offsets, check_readable, committed_batches, logged_batches, rebuild
+from streamproof.checkpoint.log import (
+    DONE,
+    batch_end_offsets,
+    check_readable,
+    committed_batches,
+    logged_batches,
+    next_batch_to_run,
+    rebuild,
+)
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import read_sinks, starting_point
-from streamproof.config import PipelineSpec, PostgresSinkSpec, load_pipeline, parse_pipeline
+from streamproof.config import KafkaSource, PipelineSpec, PostgresSinkSpec, load_pipeline, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults import points as faults
 from streamproof.generator import generate
@@ -336,42 +344,51 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
 
 
+def _rewind_pipeline(tmp_path: Path, broker: KafkaBroker, name: str, tables: tuple[str, ...]) -> PipelineSpec:
+    """A pipeline of Delta sinks ``tables`` under ``tmp_path``, reading a new topic of 30 records (one partition) on
+    the real broker, for the rewind's tests on planted Delta logs (no JVM)."""
+    topic = f"{name}-{time.time_ns()}"
+    generate(broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
+    sinks = "".join(f'[[sinks]]\nlabel = "{table}"\nkind = "delta"\npath = "{tmp_path}/{table}"\n' for table in tables)
+    return parse_pipeline(f"""
+name = "{name}"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "{topic}"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+{sinks}""")
+
+
+def _ends(spec: PipelineSpec, batch_id: int) -> dict[str, dict[str, int]]:
+    """Where batch ``batch_id`` of a :func:`_rewind_pipeline` ends: 10 records a batch."""
+    assert isinstance(spec.source, KafkaSource)
+    return {spec.source.topic: {"0": (batch_id + 1) * 10}}
+
+
 def test_a_rewind_refuses_a_table_whose_log_lost_commit_files_only_a_lost_version_s_checkpoint_stood_for(
     tmp_path: Path, kafka_broker: KafkaBroker
 ) -> None:
     """docs/operations.md: storage lost a Delta version Delta had written a checkpoint of, and the commit files
     before it had gone already (log clean-up). No replay brings the table back to its last commit, so
     `checkpoint rewind` refuses in one line naming the files, and changes nothing."""
-    topic = f"unreadable-{time.time_ns()}"
-    generate(kafka_broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
-    spec = parse_pipeline(f"""
-name = "unreadable"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-bootstrap_servers = "{kafka_broker.bootstrap_servers}"
-topic = "{topic}"
-[transform]
-schema = "event_id STRING"
-quarantine = "{tmp_path}/quarantine"
-[sink]
-kind = "delta"
-path = "{tmp_path}/orders"
-""")
-    ends = {batch_id: {topic: {"0": (batch_id + 1) * 10}} for batch_id in range(3)}
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "unreadable", ("orders",))
     log = tmp_path / "orders" / "_delta_log"
     for batch_id in range(3):  # versions 0-2: batches 0-2, all committed by the checkpoint
-        plant_delta_commit(log, batch_id, pipeline="unreadable", batch_id=batch_id, end_offsets=ends[batch_id])
+        plant_delta_commit(log, batch_id, pipeline="unreadable", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
     (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
     (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
-    rebuild(spec.checkpoint_dir, ends, committed_through=2)
+    rebuild(spec.checkpoint_dir, {b: _ends(spec, b) for b in range(3)}, committed_through=2)
     for version in (2, 0):  # version 2 lost, its checkpoint kept; version 0 gone before (only that checkpoint had it)
         (log / f"{version:020d}.json").unlink()
     before = tree_bytes(Location(tmp_path))
     with pytest.raises(PipelineError) as refusal:
         rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
     assert str(refusal.value) == (
-        f"sink delta ({tmp_path / 'orders'}) cannot be read back to its last commit (version 1): its log also lost "
+        f"sink orders ({tmp_path / 'orders'}) cannot be read back to its last commit (version 1): its log also lost "
         f"{0:020d}.json in {log}, which only the checkpoint of a lost version stood for; restore those files (or the "
         "table) from a backup, then rewind"
     )
@@ -384,38 +401,62 @@ def test_a_rewind_whose_first_records_retention_deleted_is_refused_changing_noth
     """A sink behind a checkpoint rebuilt by `recover` (which logs the newest batch only): the rewind takes where the
     first batch to replay starts from the sink's own record. When retention has deleted those records from the topic,
     it refuses in one line and leaves the checkpoint as it found it."""
-    topic = f"retained-{time.time_ns()}"
-    generate(kafka_broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
-    spec = parse_pipeline(f"""
-name = "retained"
-checkpoint = "{tmp_path}/checkpoint"
-[source]
-kind = "kafka"
-bootstrap_servers = "{kafka_broker.bootstrap_servers}"
-topic = "{topic}"
-[transform]
-schema = "event_id STRING"
-quarantine = "{tmp_path}/quarantine"
-[sink]
-kind = "delta"
-path = "{tmp_path}/orders"
-""")
-    ends = {batch_id: {topic: {"0": (batch_id + 1) * 10}} for batch_id in range(3)}
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "retained", ("orders",))
     log = tmp_path / "orders" / "_delta_log"
     for batch_id in range(2):  # versions 0-1: batches 0-1; batch 2's version lost
-        plant_delta_commit(log, batch_id, pipeline="retained", batch_id=batch_id, end_offsets=ends[batch_id])
-    rebuild(spec.checkpoint_dir, {2: ends[2]}, committed_through=2)
+        plant_delta_commit(log, batch_id, pipeline="retained", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
+    rebuild(spec.checkpoint_dir, {2: _ends(spec, 2)}, committed_through=2)
+    assert isinstance(spec.source, KafkaSource)
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
-    for future in admin.delete_records([TopicPartition(topic, 0, 25)]).values():
+    for future in admin.delete_records([TopicPartition(spec.source.topic, 0, 25)]).values():
         future.result(timeout=30)
     before = tree_bytes(Location(tmp_path))
     with pytest.raises(PipelineError) as refusal:
         rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
     assert str(refusal.value) == (
-        f"topic {topic} no longer holds the records to replay: partition 0 from offset 20 (now starts at 25); they "
-        "are gone from the source (retention, or the topic was recreated): restore the sinks from a backup instead"
+        f"topic {spec.source.topic} no longer holds the records to replay: partition 0 from offset 20 (now starts at "
+        "25); they are gone from the source (retention, or the topic was recreated): restore the sinks from a backup "
+        "instead"
     )
     assert tree_bytes(Location(tmp_path)) == before
+
+
+def test_a_rewind_sets_aside_the_lost_versions_of_a_sink_not_behind_which_its_replays_would_be_refused_for(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """Two sinks, each hit by its own loss: `a` lost its last commit (behind the checkpoint); `b` lost the version of a
+    batch the checkpoint had not committed, whose Delta checkpoint stayed (not behind; Delta cannot read it). The
+    rewind sets both logs' stranded files aside before replaying, so the replays' runs start: each replay here makes
+    the checks a run makes at its start, then commits the batch as Spark would."""
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "both", ("a", "b"))
+    for table in ("a", "b"):
+        for batch_id in range(2):  # versions 0-1: batches 0-1
+            log = tmp_path / table / "_delta_log"
+            plant_delta_commit(log, batch_id, pipeline="both", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
+    rebuild(spec.checkpoint_dir, {b: _ends(spec, b) for b in range(2)}, committed_through=1)
+    (tmp_path / "a" / "_delta_log" / f"{1:020d}.json").unlink()  # a: batch 1 lost
+    (tmp_path / "b" / "_delta_log" / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")  # b: version 2 lost
+    (tmp_path / "b" / "_delta_log" / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
+    replayed = []
+
+    def replay(spec: PipelineSpec) -> None:
+        held = read_sinks(None, open_sinks(spec), starting_point(spec))
+        refuse_if_checkpoint_lost(spec, held)
+        refuse_if_sink_behind(spec, held)  # what refused the replay before: b's stranded files
+        batch = next_batch_to_run(spec.checkpoint_dir)
+        plant_delta_commit(tmp_path / "a" / "_delta_log", batch, pipeline="both", batch_id=batch,
+                           end_offsets=_ends(spec, batch))  # fmt: skip
+        (spec.checkpoint_dir / "commits" / str(batch)).write_text(DONE)
+        replayed.append(batch)
+
+    done = rewind(spec, replay)
+    assert replayed == [1], done
+    assert "set aside 2 file(s) of lost Delta versions" in done and str(tmp_path / "b" / "_streamproof_set_aside") in (
+        done), done  # fmt: skip
+    assert sorted(path.name for path in (tmp_path / "b" / "_delta_log").iterdir()) == [
+        f"{0:020d}.json",
+        f"{1:020d}.json",
+    ]
 
 
 def _two_delta_sinks(tmp_path: Path, *, committed: int) -> PipelineSpec:

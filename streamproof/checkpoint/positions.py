@@ -97,12 +97,7 @@ def refuse_if_sink_behind(spec: PipelineSpec, held: SinksAtStart) -> None:
 
     >>> refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))  # doctest: +SKIP
     """
-    start = held.start
-    if start.logs.committed and start.wiring.idempotent_sink:
-        for table in held.sinks:
-            lost = table.storage_lost.get() if table.storage_lost is not None else None
-            if lost is not None:
-                raise PipelineError(f"{table.sink.called} ({table.sink.location}) {lost}")
+    _refuse_if_storage_lost(held)
     for lag in sinks_behind(spec, held):
         begins = "the start of the source" if lag.holds_through < 0 else _offsets_text(spec, lag.holds_through)
         holds = "no batch" if lag.holds_through < 0 else f"batches up to {lag.holds_through}"
@@ -123,6 +118,15 @@ def refuse_if_sink_behind(spec: PipelineSpec, held: SinksAtStart) -> None:
             "or a checksum of, and Delta cannot read the table so); set them aside, and replay what it lost if "
             f"anything, with `streamproof checkpoint rewind {spec._source_name}`"
         )
+
+
+def _refuse_if_storage_lost(held: SinksAtStart) -> None:
+    """A sink whose storage lost what its commit records cannot show (:meth:`Sink.storage_lost`): no replay mends it."""
+    if held.start.logs.committed and held.start.wiring.idempotent_sink:
+        for table in held.sinks:
+            lost = table.storage_lost.get() if table.storage_lost is not None else None
+            if lost is not None:
+                raise PipelineError(f"{table.sink.called} ({table.sink.location}) {lost}")
 
 
 @dataclass(frozen=True)
@@ -307,13 +311,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     held = read_sinks(spark, sinks, start)
     lags = sinks_behind(spec, held)
     if not lags:
-        readable = [table for table in _stranded_logs(held) if not table.past.needs]
-        when = time.strftime("%Y%m%dT%H%M%S")
-        put_aside = [
-            path
-            for table in readable
-            for path in set_aside_stranded(table.past, table.past.table / "_streamproof_set_aside" / f"rewind-{when}")
-        ]
+        put_aside = _set_aside(_logs_to_set_aside(held, lags))
         if put_aside:
             return (
                 f"every sink holds every batch {checkpoint} committed; set aside {len(put_aside)} file(s) of lost "
@@ -345,23 +343,19 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     # Where the first batch replayed starts: the end of the batch before, from the log, or from a sink's record of it
     # where the log lost it (written back below, after every refusal: a refused rewind changes nothing).
     first = recorded[low] if low in recorded else batch_end_offsets(checkpoint, low) if low >= 0 else {}
-    _refuse_if_source_lost(spec, first)
-    _refuse_if_a_table_cannot_be_read_back(lags)
+    # Every refusal the replays' runs would meet at their start, judged now, before anything is changed.
+    watermarks = require_topic(spec.source) if isinstance(spec.source, KafkaSource) else None
+    _refuse_if_source_lost(spec, first, watermarks)
+    refuse_if_source_behind(spec, start, watermarks)
+    _refuse_if_storage_lost(held)
+    _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
-    stamp = time.strftime("%Y%m%dT%H%M%S")
     kept = aside(checkpoint, "before-rewind")
     checkpoint.copy_tree(kept)
     if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text(DONE)
-    # A lost version Delta had written a checkpoint of: that checkpoint (and the pointer to it) stays in the log and
-    # makes every read and write of the table fail; set aside, the table reads again at its last commit.
-    stranded = [
-        path
-        for lag in lags
-        if isinstance(lag.sink, DeltaSink) and (past := log_past_its_commits(lag.sink.path, thorough=True)) is not None
-        for path in set_aside_stranded(past, lag.sink.path / "_streamproof_set_aside" / f"rewind-{stamp}")
-    ]
+    stranded = _set_aside(_logs_to_set_aside(held, lags))  # looked at again: the strays' removal changed the logs
     for batch in range(low + 1, last + 1):
         for log in ("commits", "offsets"):
             for name in (str(batch), f".{batch}.crc"):
@@ -411,20 +405,42 @@ def _recorded_offsets(
     return recorded
 
 
-def _refuse_if_a_table_cannot_be_read_back(lags: list[Behind]) -> None:
-    """A Delta table whose lost versions took with them commit files its last commit still needs (a checkpoint
-    of a lost version stood for them, after log clean-up): no replay can fix it, only a restore."""
-    for lag in lags:
-        if not isinstance(lag.sink, DeltaSink):
-            continue
-        past = log_past_its_commits(lag.sink.path, thorough=True)
-        if past is not None and past.needs:
-            shown = ", ".join(past.needs[:3]) + (f" and {len(past.needs) - 3} more" if len(past.needs) > 3 else "")
+def _logs_to_set_aside(held: SinksAtStart, lags: list[Behind]) -> list[StrandedLog]:
+    """The Delta logs holding files of lost versions past their last commit, which a rewind sets aside, each looked at
+    whole: those of the tables behind the checkpoint, and of the others those the start found such files in (a lost
+    version of a batch the checkpoint had not committed), which the replays' runs would otherwise refuse. A table
+    whose log also lost commit files only such a file stood for (after log clean-up) is refused: no replay mends it,
+    only a restore."""
+    behind = {id(lag.sink) for lag in lags}
+    tables = [lag.sink for lag in lags] + [log.sink for log in _stranded_logs(held) if id(log.sink) not in behind]
+    logs = [
+        StrandedLog(table, past)
+        for table in tables
+        if isinstance(table, DeltaSink) and (past := log_past_its_commits(table.path, thorough=True)) is not None
+    ]
+    for log in logs:
+        if log.past.needs:
+            needs = log.past.needs
+            shown = ", ".join(needs[:3]) + (f" and {len(needs) - 3} more" if len(needs) > 3 else "")
             raise PipelineError(
-                f"{lag.sink.called} ({lag.sink.location}) cannot be read back to its last commit (version "
-                f"{past.last_commit}): its log also lost {shown} in {past.table / '_delta_log'}, which only the "
-                "checkpoint of a lost version stood for; restore those files (or the table) from a backup, then rewind"
+                f"{log.sink.called} ({log.sink.location}) cannot be read back to its last commit (version "
+                f"{log.past.last_commit}): its log also lost {shown} in {log.past.table / '_delta_log'}, which only "
+                "the checkpoint of a lost version stood for; restore those files (or the table) from a backup, then "
+                "rewind"
             )
+    return logs
+
+
+def _set_aside(logs: list[StrandedLog]) -> list[str]:
+    """Set each log's files of lost versions aside into its table's ``_streamproof_set_aside/rewind-<time>/``: a
+    lost version's checkpoint (and the pointer to it) left in the log makes every read and write of the table fail;
+    set aside, the table reads again at its last commit. Returns where the files went."""
+    when = time.strftime("%Y%m%dT%H%M%S")
+    return [
+        path
+        for log in logs
+        for path in set_aside_stranded(log.past, log.past.table / "_streamproof_set_aside" / f"rewind-{when}")
+    ]
 
 
 def remove_stray_checksums(sink: Sink) -> list[str]:
@@ -447,13 +463,13 @@ def remove_stray_checksums(sink: Sink) -> list[str]:
     return removed
 
 
-def _refuse_if_source_lost(spec: PipelineSpec, start: Offsets) -> None:
+def _refuse_if_source_lost(spec: PipelineSpec, start: Offsets, watermarks: Watermarks | None) -> None:
     """The first offsets to replay (``start``: where the batch before ends) must still be in the source (retention
-    may have deleted them)."""
+    may have deleted them); ``watermarks``: the topic's, read for the rewind."""
     if not isinstance(spec.source, KafkaSource):
         return
+    assert watermarks is not None, "a topic's watermarks are read for its rewind"
     first = {int(p): offset for p, offset in start.get(spec.source.topic, {}).items()}
-    watermarks = require_topic(spec.source)
     lost = {p: (first.get(p, 0), earliest) for p, (earliest, _) in watermarks.items() if earliest > first.get(p, 0)}
     if lost:
         described = ", ".join(
