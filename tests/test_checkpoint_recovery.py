@@ -395,6 +395,33 @@ def test_a_rewind_refuses_a_table_whose_log_lost_commit_files_only_a_lost_versio
     assert tree_bytes(Location(tmp_path)) == before
 
 
+def test_a_rewind_with_no_sink_behind_refuses_a_log_it_cannot_mend_rather_than_find_nothing_to_do(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """The sink holds every batch the checkpoint committed, but lost the version of the next one, whose Delta
+    checkpoint stayed, and its first commit file had gone before (log clean-up). The start refuses it, naming rewind;
+    the rewind used to answer "nothing to rewind", a loop with no way out. It now refuses in one line, naming the
+    files a restore must bring back, and changes nothing."""
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "looped", ("orders",))
+    log = tmp_path / "orders" / "_delta_log"
+    for batch_id in range(2):  # versions 0-1: batches 0-1, committed; version 2 (batch 2) lost, its checkpoint kept
+        plant_delta_commit(log, batch_id, pipeline="looped", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
+    (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
+    (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
+    (log / f"{0:020d}.json").unlink()
+    rebuild(spec.checkpoint_dir, {b: _ends(spec, b) for b in range(2)}, committed_through=1)
+    with pytest.raises(PipelineError, match="has files of versions past its last commit"):
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
+    before = tree_bytes(Location(tmp_path))
+    with pytest.raises(PipelineError) as refusal:
+        rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
+    assert str(refusal.value).startswith(
+        f"sink orders ({tmp_path / 'orders'}) cannot be read back to its last commit (version 1): its log also lost "
+        f"{0:020d}.json in {log}"
+    ), str(refusal.value)
+    assert tree_bytes(Location(tmp_path)) == before
+
+
 def test_a_rewind_whose_first_records_retention_deleted_is_refused_changing_nothing(
     tmp_path: Path, kafka_broker: KafkaBroker
 ) -> None:
