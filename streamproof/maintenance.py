@@ -69,38 +69,41 @@ def maintain(
     allow_short_retention: bool = False,
     where: str | None = None,
 ) -> Iterator[str]:
-    """OPTIMIZE (``compact``; only the partitions ``where`` selects, Z-ordered by the sink's ``zorder_by``) and/or
-    VACUUM each Delta table of the pipeline; one line per table and step done (``streamproof maintain``). A table
-    not written yet is skipped, and said so."""
+    """OPTIMIZE (``compact``; only the partitions ``where`` selects, Z-ordered by the sink's ``zorder_by``) each
+    Delta table of the pipeline, then VACUUM each; one line per table and step done (``streamproof maintain``). A
+    table not written yet is skipped, and said so. A ``where`` that no partitioned table takes is a mistake, refused
+    before any VACUUM (``tests/test_maintenance.py``)."""
     check_request(
         compact=compact, vacuum_hours=vacuum_hours, allow_short_retention=allow_short_retention, where=where, spec=spec
     )
     if vacuum_hours is not None:  # before OPTIMIZE commits to a table (and again before each VACUUM)
         _refuse_short_vacuum_while_running(spec, vacuum_hours)
-    refusals: list[str] = []  # --where: the tables whose partition columns it does not name
-    tables = delta_tables_laid_out(spec)
-    for table, layout in tables:
-        if not DeltaTable.isDeltaTable(spark, str(table)):
+    written = []
+    for table, layout in delta_tables_laid_out(spec):
+        if DeltaTable.isDeltaTable(spark, str(table)):
+            written.append((table, layout))
+        else:
             yield f"{table}: not written yet, skipped"
-            continue
-        if compact and where is not None and not layout.partition_by:
+    refusals: list[str] = []  # --where: the tables whose partition columns it does not name
+    for table, layout in written if compact else []:
+        if where is not None and not layout.partition_by:
             yield f"{table}: not partitioned, --where does not apply: OPTIMIZE skipped"
-        elif compact:
-            try:
-                done = optimize(spark, table, where=where, zorder_by=layout.zorder_by)
-            except ConfigError as refused:
-                refusals.append(str(refused))
-                yield f"{table}: OPTIMIZE skipped: {refused}"
-            else:
-                yield (done if layout.partition_by else replace(done, partitions=0)).line()
-        if vacuum_hours is not None:
-            result = vacuum(
-                spark, spec, table, retention_hours=vacuum_hours, allow_short_retention=allow_short_retention
-            )
-            yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
-    partitioned = [table for table, layout in tables if layout.partition_by]
+            continue
+        try:
+            done = optimize(spark, table, where=where, zorder_by=layout.zorder_by)
+        except ConfigError as refused:
+            refusals.append(str(refused))
+            yield f"{table}: OPTIMIZE skipped: {refused}"
+        else:
+            yield (done if layout.partition_by else replace(done, partitions=0)).line()
+    partitioned = [table for table, layout in written if layout.partition_by]
     if where is not None and refusals and len(refusals) == len(partitioned):  # no table took it: a mistake
         raise ConfigError(refusals[0])
+    if vacuum_hours is None:
+        return
+    for table, _ in written:
+        result = vacuum(spark, spec, table, retention_hours=vacuum_hours, allow_short_retention=allow_short_retention)
+        yield f"{table}: VACUUM (retain {vacuum_hours:g} h) deleted {result.deleted_files} files"
 
 
 def check_request(

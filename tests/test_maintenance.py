@@ -1,5 +1,6 @@
-"""``streamproof maintain``'s refusals that the pipeline file decides: made before a table is touched (pure Python:
-no Spark session is given, and none is needed to refuse)."""
+"""``streamproof maintain``'s refusals: made before a table is touched (those the pipeline file and the run lock
+decide: no Spark session is given, and none is needed to refuse), or before any VACUUM (a ``--where`` that no table
+takes, known after OPTIMIZE tried it: on a real Delta table)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import REPO
 from streamproof.checkpoint.folder import RunLock
-from streamproof.config import load_pipeline
+from streamproof.config import load_pipeline, parse_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.maintenance import maintain
 
@@ -50,3 +51,38 @@ def test_a_short_vacuum_while_the_pipeline_runs_is_refused_before_optimize_commi
         f"pipeline {spec.name!r} is running (pid {running.pid}): a short VACUUM would delete the files of the batch it "
         "is writing; stop it first"
     )
+
+
+@pytest.mark.integration
+def test_a_where_no_partitioned_table_takes_is_refused_before_any_vacuum(tmp_path: Path, spark: Any) -> None:
+    """``--optimize --where P --vacuum H`` where P names no partition column of the one partitioned table: every
+    OPTIMIZE is skipped, which makes the ``--where`` a mistake; it is refused before VACUUM runs on any table, where it
+    used to be refused after each table's VACUUM."""
+    table = tmp_path / "orders"
+    spark.createDataFrame([("a", "2026-11-01")], "event_id STRING, day STRING").write.format("delta").partitionBy(
+        "day"
+    ).save(str(table))
+    spec = parse_pipeline(f"""
+name = "kept"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+topic = "kept"
+[transform]
+schema = "event_id STRING, day STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{table}"
+partition_by = ["day"]
+""")
+    lines = []
+    with pytest.raises(ConfigError) as refusal:
+        for line in maintain(spark, spec, compact=True, vacuum_hours=200, where="order_bucket = 0"):
+            lines.append(line)
+    assert str(refusal.value).startswith("--where 'order_bucket = 0': "), str(refusal.value)
+    assert not any("VACUUM" in line for line in lines), lines
+    assert lines == [
+        f"{tmp_path / 'quarantine'}: not written yet, skipped",
+        f"{table}: OPTIMIZE skipped: {refusal.value}",
+    ]
