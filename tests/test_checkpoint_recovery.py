@@ -395,6 +395,28 @@ def test_a_rewind_refuses_a_table_whose_log_lost_commit_files_only_a_lost_versio
     assert tree_bytes(Location(tmp_path)) == before
 
 
+def test_a_rewind_over_a_topic_that_ends_before_the_checkpoint_is_refused_before_the_checkpoint_is_set_back(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """The sink lost its last commit, and the topic holds fewer records than the checkpoint read (recreated, or
+    truncated): every replay's run would be refused at its start, after the rewind had set the checkpoint back. The
+    rewind refuses first, in the start's own line, and changes nothing."""
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "shrunk", ("orders",))
+    log = tmp_path / "orders" / "_delta_log"
+    for batch_id in range(2):  # versions 0-1: batches 0-1; batch 2's version lost
+        plant_delta_commit(log, batch_id, pipeline="shrunk", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
+    rebuild(spec.checkpoint_dir, {b: _ends(spec, b) for b in range(4)}, committed_through=3)  # read up to 40 of 30
+    before = tree_bytes(Location(tmp_path))
+    with pytest.raises(PipelineError) as refusal:
+        rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
+    assert isinstance(spec.source, KafkaSource)
+    assert str(refusal.value).startswith(
+        f"topic {spec.source.topic} is behind the checkpoint {spec.checkpoint_dir}: partition 0 ends at offset 30, "
+        "the checkpoint has read up to 40 (the topic was deleted and recreated, or truncated)"
+    ), str(refusal.value)
+    assert tree_bytes(Location(tmp_path)) == before
+
+
 def test_a_rewind_with_no_sink_behind_refuses_a_log_it_cannot_mend_rather_than_find_nothing_to_do(
     tmp_path: Path, kafka_broker: KafkaBroker
 ) -> None:
