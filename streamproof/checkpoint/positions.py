@@ -340,13 +340,14 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         else (checkpoint / "offsets" / str(batch)).read_text()
         for batch in range(low + 1, last + 1)
     }
-    # Where the first batch replayed starts: the end of the batch before, from the log, or from a sink's record of it
-    # where the log lost it (written back below, after every refusal: a refused rewind changes nothing).
-    first = recorded[low] if low in recorded else batch_end_offsets(checkpoint, low) if low >= 0 else {}
-    # Every refusal the replays' runs would meet at their start, judged now, before anything is changed.
-    watermarks = require_topic(spec.source) if isinstance(spec.source, KafkaSource) else None
-    _refuse_if_source_lost(spec, first, watermarks)
-    refuse_if_source_behind(spec, start, watermarks)
+    # The refusals the replays' runs would meet at their start, judged now, before anything is changed.
+    if isinstance(spec.source, KafkaSource):
+        watermarks = require_topic(spec.source)
+        # Where the first batch replayed starts: the end of the batch before, from the log, or from a sink's record
+        # of it where the log lost it (written back below, after every refusal: a refused rewind changes nothing).
+        first = recorded[low] if low in recorded else batch_end_offsets(checkpoint, low) if low >= 0 else {}
+        _refuse_if_source_lost(spec.source, first, watermarks)
+        refuse_if_source_behind(spec, start, watermarks)
     _refuse_if_storage_lost(held)
     _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
@@ -355,7 +356,9 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text(DONE)
-    stranded = _set_aside(_logs_to_set_aside(held, lags))  # looked at again: the strays' removal changed the logs
+    # Looked at again, as the strays' removal changed the logs; it took checksums only, never a commit file a log
+    # needs, so this look refuses nothing the first let pass.
+    stranded = _set_aside(_logs_to_set_aside(held, lags))
     for batch in range(low + 1, last + 1):
         for log in ("commits", "offsets"):
             for name in (str(batch), f".{batch}.crc"):
@@ -463,19 +466,16 @@ def remove_stray_checksums(sink: Sink) -> list[str]:
     return removed
 
 
-def _refuse_if_source_lost(spec: PipelineSpec, start: Offsets, watermarks: Watermarks | None) -> None:
-    """The first offsets to replay (``start``: where the batch before ends) must still be in the source (retention
+def _refuse_if_source_lost(source: KafkaSource, start: Offsets, watermarks: Watermarks) -> None:
+    """The first offsets to replay (``start``: where the batch before ends) must still be in the topic (retention
     may have deleted them); ``watermarks``: the topic's, read for the rewind."""
-    if not isinstance(spec.source, KafkaSource):
-        return
-    assert watermarks is not None, "a topic's watermarks are read for its rewind"
-    first = {int(p): offset for p, offset in start.get(spec.source.topic, {}).items()}
+    first = {int(p): offset for p, offset in start.get(source.topic, {}).items()}
     lost = {p: (first.get(p, 0), earliest) for p, (earliest, _) in watermarks.items() if earliest > first.get(p, 0)}
     if lost:
         described = ", ".join(
             f"partition {p} from offset {want} (now starts at {have})" for p, (want, have) in sorted(lost.items())
         )
         raise PipelineError(
-            f"topic {spec.source.topic} no longer holds the records to replay: {described}; they are gone from the "
+            f"topic {source.topic} no longer holds the records to replay: {described}; they are gone from the "
             "source (retention, or the topic was recreated): restore the sinks from a backup instead"
         )
