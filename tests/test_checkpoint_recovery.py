@@ -344,6 +344,25 @@ def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not
     refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
 
 
+def test_the_quarantine_table_is_named_as_itself_in_the_start_s_refusal_of_its_lost_versions(tmp_path: Path) -> None:
+    """The quarantine table is read as a Delta sink is; a message names it as the quarantine table, never as a sink
+    (its label is "quarantine", which a sink may bear too)."""
+    spec = _one_delta_sink(tmp_path, "named")
+    for table in ("orders", "quarantine"):  # both hold batches 0-1, as the checkpoint committed them
+        for batch_id in range(2):
+            plant_delta_commit(tmp_path / table / "_delta_log", batch_id, pipeline="named", batch_id=batch_id,
+                               end_offsets={"t": {"0": batch_id}})  # fmt: skip
+    log = tmp_path / "quarantine" / "_delta_log"  # version 2 (batch 2) lost, its checkpoint kept
+    (log / f"{2:020d}.checkpoint.parquet").write_bytes(b"PAR1")
+    (log / "_last_checkpoint").write_text('{"version": 2, "size": 3}')
+    rebuild(spec.checkpoint_dir, {b: {"named": {"0": b}} for b in range(2)}, committed_through=1)
+    with pytest.raises(PipelineError) as refusal:
+        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
+    assert str(refusal.value).startswith(
+        f"the quarantine table ({tmp_path / 'quarantine'}) has files of versions past its last commit (version 1)"
+    ), str(refusal.value)
+
+
 def _rewind_pipeline(tmp_path: Path, broker: KafkaBroker, name: str, tables: tuple[str, ...]) -> PipelineSpec:
     """A pipeline of Delta sinks ``tables`` under ``tmp_path``, reading a new topic of 30 records (one partition) on
     the real broker, for the rewind's tests on planted Delta logs (no JVM)."""
