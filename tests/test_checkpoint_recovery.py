@@ -436,6 +436,35 @@ def test_a_rewind_over_a_topic_that_ends_before_the_checkpoint_is_refused_before
     assert tree_bytes(Location(tmp_path)) == before
 
 
+def test_a_rewind_of_a_pipeline_whose_source_folder_is_gone_is_refused_before_the_checkpoint_is_set_back(
+    tmp_path: Path,
+) -> None:
+    """A files source: its folder gone, every replay's run would be refused at its start, after the rewind had set the
+    checkpoint back. The rewind refuses first, in the start's own line, and changes nothing."""
+    spec = parse_pipeline(f"""
+name = "foldered"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "files"
+path = "{tmp_path}/incoming"
+[transform]
+schema = "event_id STRING"
+quarantine = "{tmp_path}/quarantine"
+[sink]
+kind = "delta"
+path = "{tmp_path}/orders"
+""")
+    plant_delta_commit(tmp_path / "orders" / "_delta_log", 0, pipeline="foldered", batch_id=0, end_offsets={})
+    rebuild(spec.checkpoint_dir, {b: {"t": {"0": b}} for b in range(2)}, committed_through=1)  # batch 1's commit lost
+    before = tree_bytes(Location(tmp_path))
+    with pytest.raises(PipelineError) as refusal:
+        rewind(spec, lambda _: pytest.fail("nothing may be replayed"))
+    assert str(refusal.value) == (
+        f"source.path: folder {tmp_path / 'incoming'} does not exist: create it and put JSON-lines files in it"
+    )
+    assert tree_bytes(Location(tmp_path)) == before
+
+
 def test_a_rewind_with_no_sink_behind_refuses_a_log_it_cannot_mend_rather_than_find_nothing_to_do(
     tmp_path: Path, kafka_broker: KafkaBroker
 ) -> None:

@@ -31,11 +31,12 @@ from streamproof.checkpoint.log import DONE, batch_end_offsets, offsets_entry
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
-from streamproof.kafka_client import Watermarks, require_topic
+from streamproof.kafka_client import Watermarks
 from streamproof.sinks import open_sinks
 from streamproof.sinks.base import OFFSETS_KEPT, TOO_OLD_REPAIR, Offsets, Sink, SinkCommit, recording
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.delta_log import LogPastItsCommits, log_past_its_commits, set_aside_stranded
+from streamproof.sources import require_available
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def refuse_if_source_behind(spec: PipelineSpec, start: StartingPoint, watermarks
     ``watermarks``: what :func:`streamproof.sources.require_available` answered at this start (a topic's watermarks;
     None for a source that is no topic): the check judges on them and asks Kafka nothing itself.
 
-    >>> refuse_if_source_behind(spec, starting_point(spec), require_topic(spec.source))   # doctest: +SKIP
+    >>> refuse_if_source_behind(spec, starting_point(spec), require_available(spec))      # doctest: +SKIP
     """
     checkpoint = spec.checkpoint_dir
     if not isinstance(spec.source, KafkaSource) or not start.wiring.idempotent_sink:
@@ -341,8 +342,9 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         for batch in range(low + 1, last + 1)
     }
     # The refusals the replays' runs would meet at their start, judged now, before anything is changed.
+    watermarks = require_available(spec)  # the source is there; a topic's watermarks
     if isinstance(spec.source, KafkaSource):
-        watermarks = require_topic(spec.source)
+        assert watermarks is not None, "require_available answers a topic with its watermarks"
         # Where the first batch replayed starts: the end of the batch before, from the log, or from a sink's record
         # of it where the log lost it (written back below, after every refusal: a refused rewind changes nothing).
         first = recorded[low] if low in recorded else batch_end_offsets(checkpoint, low) if low >= 0 else {}
