@@ -35,7 +35,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, tree_bytes, write_pipeline
-from streamproof.checkpoint.folder import QuarantineMark, RunLock, backup
+from streamproof.checkpoint.folder import QuarantineMark, RunCounter, RunLock, backup
 from streamproof.checkpoint.log import (
     DONE,
     batch_end_offsets,
@@ -364,12 +364,12 @@ def test_the_quarantine_table_is_named_as_itself_in_the_start_s_refusal_of_its_l
 
 
 def _rewind_pipeline(tmp_path: Path, broker: KafkaBroker, name: str, tables: tuple[str, ...]) -> PipelineSpec:
-    """A pipeline of Delta sinks ``tables`` under ``tmp_path``, reading a new topic of 30 records (one partition) on
-    the real broker, for the rewind's tests on planted Delta logs (no JVM)."""
+    """A pipeline of Delta sinks ``tables`` under ``tmp_path`` (its file: ``pipeline.toml`` there), reading a new topic
+    of 30 records (one partition) on the real broker, for the tests on planted Delta logs."""
     topic = f"{name}-{time.time_ns()}"
     generate(broker.bootstrap_servers, topic, 30, partitions=1, malformed=0.0, seed=1)
     sinks = "".join(f'[[sinks]]\nlabel = "{table}"\nkind = "delta"\npath = "{tmp_path}/{table}"\n' for table in tables)
-    return parse_pipeline(f"""
+    text = f"""
 name = "{name}"
 checkpoint = "{tmp_path}/checkpoint"
 [source]
@@ -379,13 +379,35 @@ topic = "{topic}"
 [transform]
 schema = "event_id STRING"
 quarantine = "{tmp_path}/quarantine"
-{sinks}""")
+{sinks}"""
+    (tmp_path / "pipeline.toml").write_text(text)
+    return parse_pipeline(text)
 
 
 def _ends(spec: PipelineSpec, batch_id: int) -> dict[str, dict[str, int]]:
     """Where batch ``batch_id`` of a :func:`_rewind_pipeline` ends: 10 records a batch."""
     assert isinstance(spec.source, KafkaSource)
     return {spec.source.topic: {"0": (batch_id + 1) * 10}}
+
+
+def test_a_start_whose_sinks_hold_batches_beyond_the_checkpoint_with_a_gap_is_refused_before_it_is_counted(
+    tmp_path: Path, kafka_broker: KafkaBroker
+) -> None:
+    """An older checkpoint restored under sinks that hold batches 2 and 4 beyond it, and none batch 3: the run is
+    refused in one line before it counts a start or opens the batch path (which creates what a sink lacks); it used
+    to be refused only when it came to replay them."""
+    spec = _rewind_pipeline(tmp_path, kafka_broker, "gapped", ("orders",))
+    for version, batch_id in enumerate((0, 1, 2, 4)):
+        log = tmp_path / "orders" / "_delta_log"
+        plant_delta_commit(log, version, pipeline="gapped", batch_id=batch_id, end_offsets=_ends(spec, batch_id))
+    rebuild(spec.checkpoint_dir, {b: _ends(spec, b) for b in range(2)}, committed_through=1)
+    refused = run_cli("run", str(tmp_path / "pipeline.toml"), "--available-now", timeout=300)
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(  # after the JVM's own warning
+        "error: the sinks of pipeline 'gapped' hold batches [2, 4] beyond the checkpoint's last committed batch 1 but "
+        "none holds batch(es) [3]"
+    ), refused.stderr[-2000:]
+    assert not (tmp_path / "checkpoint" / RunCounter.NAME).exists()
 
 
 def test_a_rewind_refuses_a_table_whose_log_lost_commit_files_only_a_lost_version_s_checkpoint_stood_for(

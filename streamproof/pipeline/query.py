@@ -35,7 +35,7 @@ from streamproof.checkpoint.log import (
     logged_batches,
     next_batch_to_run,
 )
-from streamproof.checkpoint.positions import held_beyond, refuse_if_sink_behind, refuse_if_source_behind
+from streamproof.checkpoint.positions import HeldBeyond, held_beyond, refuse_if_sink_behind, refuse_if_source_behind
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, read_sinks, starting_point
 from streamproof.config import PipelineSpec
@@ -164,11 +164,18 @@ def _run_locked(
     once: bool = False,
     warm_up: bool = False,
 ) -> RunSummary:
-    """The run once it holds the lock: refuse an unsafe start, start Spark, open the batch path, run the batches."""
+    """The run once it holds the lock: refuse an unsafe start, start Spark, refuse what needed it, open the batch
+    path, run the batches. Every refusal comes before the batch path opens (it creates what a sink lacks) and before
+    the start is counted."""
     held = _refuse_unsafe_start(spark, spec)
     spark = _start_spark(spark, spec, publish)
+    held = _refuse_with_spark(spark, spec, held)
+    # What the sinks hold beyond the checkpoint, to replay first; refused here when it cannot be (a batch none holds).
+    beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
     writer = _open_batch_path(spark, spec, held, publish)
-    return _run_batches(spark, spec, held.start, writer, publish, summary, available_now, max_batches, once, warm_up)
+    return _run_batches(
+        spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
+    )
 
 
 def _refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> SinksAtStart:
@@ -202,15 +209,20 @@ def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callab
     return spark
 
 
-def _open_batch_path(
-    spark: SparkSession, spec: PipelineSpec, held: SinksAtStart, publish: Callable[[Event], None]
-) -> BatchWriter:
-    """The refusals that needed Spark (a sink, or the quarantine table, on HDFS or an object store, left unread by
-    checks made without it), then your code checked, then the sinks prepared under the batch writer."""
+def _refuse_with_spark(spark: SparkSession, spec: PipelineSpec, held: SinksAtStart) -> SinksAtStart:
+    """The refusals that needed Spark: a sink, or the quarantine table, on HDFS or an object store, left unread by the
+    checks made without it; returns the reading of every sink."""
     if held.unread:  # judged again whole, the sinks read before as they were: each is read once a start
         held = read_sinks(spark, held.opened, held.start, earlier=held)
         refuse_if_checkpoint_lost(spec, held)
         refuse_if_sink_behind(spec, held)
+    return held
+
+
+def _open_batch_path(
+    spark: SparkSession, spec: PipelineSpec, held: SinksAtStart, publish: Callable[[Event], None]
+) -> BatchWriter:
+    """Your code checked, then the sinks prepared under the batch writer."""
     sinks, exactly_once = held.opened, held.start.wiring.idempotent_sink
     check_derived_columns(spark, spec.transform, exactly_once=exactly_once)
     rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
@@ -221,6 +233,7 @@ def _run_batches(
     spark: SparkSession,
     spec: PipelineSpec,
     start: StartingPoint,
+    beyond: HeldBeyond,
     writer: BatchWriter,
     publish: Callable[[Event], None],
     summary: RunSummary,
@@ -260,7 +273,7 @@ def _run_batches(
         spark.streams.addListener(listener)
         listening = True
         if start.wiring.idempotent_sink and not once:
-            _replay_what_the_sinks_hold(spark, spec, start, writer, stop, summary, publish)
+            _replay_what_the_sinks_hold(spark, spec, start, beyond, writer, stop, summary, publish)
         if not stop.event.is_set():
             query = _run_through_outages(
                 spark, spec, writer, stop, summary, publish, available_now=available_now, once=once
@@ -279,6 +292,7 @@ def _replay_what_the_sinks_hold(
     spark: SparkSession,
     spec: PipelineSpec,
     start: StartingPoint,
+    held: HeldBeyond,
     writer: BatchWriter,
     stop: StopRequest,
     summary: RunSummary,
@@ -290,7 +304,6 @@ def _replay_what_the_sinks_hold(
     Planned by Spark instead, with more records in the source by then, those batches would cover other ranges.
     Those of a stateless pipeline that every sink holds are logged and marked done without running (each sink would
     only skip them): a restore far back costs no query per batch. Proven by ``tests/test_replay_through.py``."""
-    held = held_beyond(spec, writer.sinks, start)  # the start's logs: nothing wrote them since (checkpoint/start.py)
     if not held.offsets:
         return
     checkpoint = spec.checkpoint_dir
