@@ -229,8 +229,9 @@ class DeltaSink(FolderSink):
     _restores: tuple[Restore, ...] = ()  # the RESTOREs met reading back to the pipeline's newest commit in effect
 
     def prepare(self, spark: SparkSession) -> None:
-        """Set the table options of the pipeline file (creating the table with the pipeline's schema if new), and
-        refuse a table partitioned otherwise than ``partition_by`` says."""
+        """Set the table options of the pipeline file (creating the table with the pipeline's schema if new, with
+        them) where the table lacks them, and refuse a table partitioned otherwise than ``partition_by`` says. A
+        start that finds them set commits nothing (tests/test_sink_idempotency.py)."""
         if self.spec.partition_by:
             self._refuse_other_partitioning(spark)
         properties = {
@@ -247,9 +248,12 @@ class DeltaSink(FolderSink):
             builder = builder.partitionedBy(*self.spec.partition_by)
         for name, value in wanted.items():
             builder = builder.property(name, value)
-        builder.execute()
-        assignments = ", ".join(f"'{name}' = '{value}'" for name, value in wanted.items())
-        spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
+        detail = builder.execute().detail().select("properties").first()
+        held = dict(detail[0] or {}) if detail is not None else {}
+        lacking = {name: value for name, value in wanted.items() if held.get(name) != value}
+        if lacking:  # an ALTER commits a version even when it changes nothing: one a start, before
+            assignments = ", ".join(f"'{name}' = '{value}'" for name, value in lacking.items())
+            spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
 
     def _refuse_other_partitioning(self, spark: SparkSession) -> None:
         if not DeltaTable.isDeltaTable(spark, str(self.path)):
