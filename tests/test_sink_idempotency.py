@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from streamproof.config import parse_pipeline
+from streamproof.config import PostgresSinkSpec, parse_pipeline
 from streamproof.errors import PipelineError
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
 from streamproof.sinks import open_sink
@@ -334,6 +334,7 @@ def test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_t
         derived = 'columns = {event_date = "to_date(event_time)"}'
         spec = _spec(sink_text, tmp_path, kafka_broker.bootstrap_servers, derived)
         sink = open_sink(spec, spec.sink_specs[0])
+        sink.refuse_unfit(spark)  # as open_batch_path asks it, before it prepares any sink
         sink.prepare(spark)
         return sink, spec
 
@@ -374,6 +375,50 @@ def test_a_partitioned_delta_sink_writes_its_partitions_and_a_merge_reads_only_t
     refusal = r"partitioned by \['event_date'\] but \[sink\] partition_by is \['amount'\]: set partition_by"
     with pytest.raises(PipelineError, match=refusal):
         opened(merge_text + 'partition_by = ["amount"]')
+
+
+def test_a_sink_whose_table_cannot_take_the_rows_is_refused_before_any_sink_is_prepared(
+    spark: Any, kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """A PostgreSQL table that stands without some of the pipeline's columns, named after a Delta sink that a start
+    would create: the start is refused in one line, and the Delta table is not made (it was, before the refusal)."""
+    import psycopg
+
+    from streamproof.pipeline.batches import open_batch_path
+    from streamproof.sinks import open_sinks
+
+    spec = parse_pipeline(f"""
+name = "unfit"
+checkpoint = "{tmp_path}/checkpoint"
+[source]
+kind = "kafka"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic = "unfit-in"
+[transform]
+schema = "{SCHEMA}"
+[[sinks]]
+label = "delta"
+kind = "delta"
+path = "{tmp_path}/made"
+optimize_write = true
+[[sinks]]
+label = "pg"
+kind = "postgres"
+port = {streamproof_postgres.port}
+password = "${{{PG_PASSWORD_ENV}}}"
+table = "unfit_orders"
+mode = "append"
+""")
+    (pg,) = [sink for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)]
+    with psycopg.connect(pg.conninfo(), autocommit=True) as connection:
+        connection.execute("DROP TABLE IF EXISTS unfit_orders")
+        connection.execute("CREATE TABLE unfit_orders (event_id text, order_id text)")
+    with pytest.raises(PipelineError) as refusal:
+        open_batch_path(spark, spec, open_sinks(spec), None)
+    assert str(refusal.value).startswith("postgresql://") and "unfit_orders exists without column(s) amount" in str(
+        refusal.value
+    ), str(refusal.value)
+    assert not (tmp_path / "made").exists()
 
 
 def test_a_merge_into_a_table_of_other_columns_is_refused_in_one_line(spark: Any, kafka_broker: KafkaBroker,

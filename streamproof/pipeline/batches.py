@@ -346,8 +346,8 @@ def open_batch_path(
 ) -> BatchWriter:
     """What a run, and its warm-up on scratch copies, assemble before their query starts: the schema of your
     transform's rows (:func:`streamproof.your_code.transform.your_rows_schema`, checked before: None without your
-    transform) given to every sink; each sink prepared (its table created if missing, so: after every refusal of the
-    start); the batch writer over them.
+    transform) given to every sink; every sink's standing table checked (:meth:`Sink.refuse_unfit`), then each sink
+    prepared (its table created if missing, so: after every refusal of the start); the batch writer over them.
 
     >>> rows_schema = your_rows_schema(spark, spec, exactly_once=True)                  # doctest: +SKIP
     >>> writer = open_batch_path(spark, spec, open_sinks(spec), rows_schema)            # doctest: +SKIP
@@ -356,5 +356,7 @@ def open_batch_path(
     """
     for sink in sinks:
         sink.rows_schema = rows_schema
+        sink.refuse_unfit(spark)  # every sink's, before any is prepared: a refusal leaves no table made
+    for sink in sinks:
         sink.prepare(spark)
     return BatchWriter(spec, sinks, publish)

@@ -255,6 +255,14 @@ class Sink(ABC):
         """The local folder a write creates its data files in (Delta, Parquet), for the crash harness."""
         return None
 
+    def refuse_unfit(self, spark: SparkSession) -> None:  # noqa: B027 - optional hook
+        """Refuse, in one line, a table that stands and cannot take the pipeline's rows as its file lays them out (a
+        Delta table partitioned otherwise, a PostgreSQL table without some columns). Asked of every sink before any
+        is prepared (:func:`streamproof.pipeline.batches.open_batch_path`), so that a refusal leaves nothing made.
+
+        >>> open_sinks(spec)[0].refuse_unfit(spark)                                        # doctest: +SKIP
+        """
+
     def prepare(self, spark: SparkSession) -> None:  # noqa: B027 - optional hook
         """Create what the sink needs (table, topic) before the first batch; idempotent."""
 

@@ -230,10 +230,8 @@ class DeltaSink(FolderSink):
 
     def prepare(self, spark: SparkSession) -> None:
         """Set the table options of the pipeline file (creating the table with the pipeline's schema if new, with
-        them) where the table lacks them, and refuse a table partitioned otherwise than ``partition_by`` says. A
-        start that finds them set commits nothing (tests/test_sink_idempotency.py)."""
-        if self.spec.partition_by:
-            self._refuse_other_partitioning(spark)
+        them) where the table lacks them. A start that finds them set commits nothing
+        (tests/test_sink_idempotency.py)."""
         properties = {
             "delta.autoOptimize.optimizeWrite": self.spec.optimize_write,
             "delta.autoOptimize.autoCompact": self.spec.auto_compact,
@@ -255,8 +253,9 @@ class DeltaSink(FolderSink):
             assignments = ", ".join(f"'{name}' = '{value}'" for name, value in lacking.items())
             spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
 
-    def _refuse_other_partitioning(self, spark: SparkSession) -> None:
-        if not DeltaTable.isDeltaTable(spark, str(self.path)):
+    def refuse_unfit(self, spark: SparkSession) -> None:
+        """A table partitioned otherwise than ``partition_by`` says."""
+        if not self.spec.partition_by or not DeltaTable.isDeltaTable(spark, str(self.path)):
             return  # the first write creates it, partitioned
         detail = DeltaTable.forPath(spark, str(self.path)).detail().select("partitionColumns").first()
         held = list(detail[0]) if detail is not None else []

@@ -285,14 +285,33 @@ class PostgresSink(ShareSink):
                 "or fix the sink's host, port, user and password variable"
             ) from None
 
-    def prepare(self, spark: SparkSession) -> None:
-        """Create the schema, target table and ledger if missing; check an existing table has the columns."""
+    def refuse_unfit(self, spark: SparkSession) -> None:
+        """An existing target table without some of the pipeline's columns (before anything is created)."""
+        with self._connect(autocommit=True) as connection:
+            existing = {
+                row[0]
+                for row in connection.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+                    (self.spec.db_schema, self.spec.table),
+                )
+            }
+        missing = [name for name in self._columns() if name not in existing]
+        if existing and missing:  # none: the table is not there yet, and prepare creates it whole
+            raise PipelineError(
+                f"{self.location} exists without column(s) {', '.join(missing)}: add them, or write to a new table"
+            )
+
+    def _columns(self) -> dict[str, str]:
         fields = [
             field
             for field in (self.rows_schema or struct_type(self.pipeline.transform.schema_)).fields
             if field.name not in SOURCE_COLUMNS
-        ]  # the coordinates' columns are added below
-        columns = self._table_columns({field.name: postgres_type(field.dataType) for field in fields})
+        ]  # the coordinates' columns are added by _table_columns
+        return self._table_columns({field.name: postgres_type(field.dataType) for field in fields})
+
+    def prepare(self, spark: SparkSession) -> None:
+        """Create the schema, target table and ledger if missing (an existing table's columns: :meth:`refuse_unfit`)."""
+        columns = self._columns()
         definition = ", ".join(f"{quoted(name)} {kind}" for name, kind in columns.items())
         primary = {"upsert": self.spec.key, "accumulate": self.spec.by}.get(self.spec.mode)
         if primary:
@@ -305,18 +324,6 @@ class PostgresSink(ShareSink):
                 "batch_id bigint NOT NULL, source_key text NOT NULL, "
                 "end_offsets text NOT NULL, source_ranges jsonb, rows bigint, committed_at timestamptz NOT NULL "
                 "DEFAULT now(), PRIMARY KEY (pipeline, sink_table, batch_id, source_key))"
-            )
-            existing = {
-                row[0]
-                for row in connection.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
-                    (self.spec.db_schema, self.spec.table),
-                )
-            }
-        missing = [name for name in columns if name not in existing]
-        if missing:
-            raise PipelineError(
-                f"{self.location} exists without column(s) {', '.join(missing)}: add them, or write to a new table"
             )
 
     def _table_columns(self, schema_types: dict[str, str]) -> dict[str, str]:
