@@ -351,16 +351,18 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         _refuse_if_source_lost(spec.source, first, watermarks)
         refuse_if_source_behind(spec, start, watermarks)
     _refuse_if_storage_lost(held)
-    _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
+    stranded_logs = _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
     kept = aside(checkpoint, "before-rewind")
     checkpoint.copy_tree(kept)
     if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text(DONE)
-    # Looked at again, as the strays' removal changed the logs; it took checksums only, never a commit file a log
-    # needs, so this look refuses nothing the first let pass.
-    stranded = _set_aside(_logs_to_set_aside(held, lags))
+    # Removed strays may be among the files listed: then the logs are looked at again. The removal takes checksums
+    # only, never a commit file a log needs, so that look refuses nothing the first let pass.
+    if strays:
+        stranded_logs = _logs_to_set_aside(held, lags)
+    stranded = _set_aside(stranded_logs)
     for batch in range(low + 1, last + 1):
         for log in ("commits", "offsets"):
             for name in (str(batch), f".{batch}.crc"):
