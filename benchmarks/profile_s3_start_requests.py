@@ -36,8 +36,6 @@ from streamproof.infra.s3 import S3_BUCKET, S3Server
 from streamproof.jvm.session import build_session
 from streamproof.pipeline.batches import open_batch_path
 from streamproof.sinks import open_sinks
-from streamproof.transform.records import check_derived_columns
-from streamproof.your_code.transform import your_rows_schema
 
 KINDS = ("LIST", "GET", "PUT", "DELETE")
 SCHEMA = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
@@ -69,9 +67,7 @@ def main() -> None:
         held = step("read_sinks", lambda: read_sinks(spark, sinks, start))
         step("refuse_if_checkpoint_lost", lambda: refuse_if_checkpoint_lost(spec, held))
         step("refuse_if_sink_behind", lambda: refuse_if_sink_behind(spec, held))
-        step("check_derived_columns", lambda: check_derived_columns(spark, spec.transform, exactly_once=True))
-        schema = your_rows_schema(spark, spec, exactly_once=True)
-        writer = step("open_batch_path", lambda: open_batch_path(spark, spec, sinks, schema))
+        writer = step("open_batch_path", lambda: open_batch_path(spark, spec, sinks, exactly_once=True))
         step("RunCounter.count_start", lambda: RunCounter(spec.checkpoint_dir).count_start())
         step("held_beyond", lambda: held_beyond(spec, writer.sinks, start))
         step("run lock released", lambda: lock.__exit__())

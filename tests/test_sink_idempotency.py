@@ -414,7 +414,7 @@ mode = "append"
         connection.execute("DROP TABLE IF EXISTS unfit_orders")
         connection.execute("CREATE TABLE unfit_orders (event_id text, order_id text)")
     with pytest.raises(PipelineError) as refusal:
-        open_batch_path(spark, spec, open_sinks(spec), None)
+        open_batch_path(spark, spec, open_sinks(spec), exactly_once=True)
     assert str(refusal.value).startswith("postgresql://") and "unfit_orders exists without column(s) amount" in str(
         refusal.value
     ), str(refusal.value)

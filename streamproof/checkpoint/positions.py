@@ -1,4 +1,6 @@
-"""Each sink's position against the checkpoint: a sink behind it is refused, and ``checkpoint rewind`` repairs it.
+"""Each sink's position against the checkpoint: a sink behind it is refused, and ``checkpoint rewind`` repairs it;
+and every refusal of a run's start, in the order it makes them (:func:`refuse_unsafe_start`, then
+:func:`refuse_with_spark` for what needed Spark).
 
 Storage can go backwards: a Delta table whose trailing commits vanished (an object store, a restore from
 backup), a PostgreSQL database restored from an older dump. The checkpoint still says those batches are done, so
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
-from streamproof.checkpoint.log import DONE, batch_end_offsets, offsets_entry
+from streamproof.checkpoint.log import DONE, batch_end_offsets, check_readable, offsets_entry
+from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
 from streamproof.config import KafkaSource, PipelineSpec
 from streamproof.errors import PipelineError
@@ -52,6 +55,31 @@ class Behind:
     def missing(self) -> str:
         first, last = self.holds_through + 1, self.committed_through
         return f"batch {first}" if first == last else f"batches {first}-{last}"
+
+
+def refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> SinksAtStart:
+    """Every refusal of the start that can be decided before Spark starts (all of them on local storage; ``spark``
+    is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs and one
+    of each sink readable so far."""
+    start = starting_point(spec)
+    if not start.wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
+        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
+    watermarks = require_available(spec)
+    refuse_if_source_behind(spec, start, watermarks)
+    held = read_sinks(spark, open_sinks(spec), start)  # without a JVM: the sinks readable without it
+    refuse_if_checkpoint_lost(spec, held)
+    refuse_if_sink_behind(spec, held)
+    return held
+
+
+def refuse_with_spark(spark: SparkSession, spec: PipelineSpec, held: SinksAtStart) -> SinksAtStart:
+    """The refusals that needed Spark: a sink, or the quarantine table, on HDFS or an object store, left unread by the
+    checks made without it; returns the reading of every sink."""
+    if held.unread:  # judged again whole, the sinks read before as they were: each is read once a start
+        held = read_sinks(spark, held.opened, held.start, earlier=held)
+        refuse_if_checkpoint_lost(spec, held)
+        refuse_if_sink_behind(spec, held)
+    return held
 
 
 def sinks_behind(spec: PipelineSpec, held: SinksAtStart) -> list[Behind]:

@@ -31,7 +31,6 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
@@ -50,6 +49,7 @@ from streamproof.transform.records import (
     RAW_VALUE,
     REJECT_REASON,
     SOURCE_TIMESTAMP,
+    check_derived_columns,
     late_condition,
     quarantined_records,
     valid_records,
@@ -62,6 +62,7 @@ from streamproof.your_code.transform import (
     YourCode,
     check_determinism,
     check_lineage,
+    your_rows_schema,
 )
 
 
@@ -341,19 +342,23 @@ def open_batch_path(
     spark: SparkSession,
     spec: PipelineSpec,
     sinks: list[Sink],
-    rows_schema: StructType | None,
     publish: Callable[[Event], None] | None = None,
+    *,
+    exactly_once: bool,
 ) -> BatchWriter:
-    """What a run, and its warm-up on scratch copies, assemble before their query starts: the schema of your
-    transform's rows (:func:`streamproof.your_code.transform.your_rows_schema`, checked before: None without your
-    transform) given to every sink; every sink's standing table checked (:meth:`Sink.refuse_unfit`), then each sink
-    prepared (its table created if missing, so: after every refusal of the start); the batch writer over them.
+    """What a run, and its warm-up on scratch copies, assemble before their query starts: your derived columns and
+    your transform checked (:func:`~streamproof.transform.records.check_derived_columns`,
+    :func:`~streamproof.your_code.transform.your_rows_schema`: ``exactly_once`` refuses what a replay would write
+    otherwise), the schema of your transform's rows given to every sink; every sink's standing table checked
+    (:meth:`Sink.refuse_unfit`), then each sink prepared (its table created if missing, so: after every refusal of
+    the start); the batch writer over them.
 
-    >>> rows_schema = your_rows_schema(spark, spec, exactly_once=True)                  # doctest: +SKIP
-    >>> writer = open_batch_path(spark, spec, open_sinks(spec), rows_schema)            # doctest: +SKIP
+    >>> writer = open_batch_path(spark, spec, open_sinks(spec), exactly_once=True)     # doctest: +SKIP
     >>> [sink.name for sink in writer.sinks]                                            # doctest: +SKIP
     ['delta']
     """
+    check_derived_columns(spark, spec.transform, exactly_once=exactly_once)
+    rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)  # None without your transform
     for sink in sinks:
         sink.rows_schema = rows_schema
         sink.refuse_unfit(spark)  # every sink's, before any is prepared: a refusal leaves no table made

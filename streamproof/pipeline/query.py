@@ -28,16 +28,14 @@ from pyspark.sql.streaming import StreamingQuery
 from streamproof import sources
 from streamproof.checkpoint.folder import RunCounter, RunLock
 from streamproof.checkpoint.log import (
-    check_readable,
     commit_without_running,
     committed_batches,
     log_batch,
     logged_batches,
     next_batch_to_run,
 )
-from streamproof.checkpoint.positions import HeldBeyond, held_beyond, refuse_if_sink_behind, refuse_if_source_behind
-from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
-from streamproof.checkpoint.start import SinksAtStart, StartingPoint, read_sinks, starting_point
+from streamproof.checkpoint.positions import HeldBeyond, held_beyond, refuse_unsafe_start, refuse_with_spark
+from streamproof.checkpoint.start import StartingPoint
 from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line, is_transient
 from streamproof.faults import points as faults
@@ -59,10 +57,8 @@ from streamproof.pipeline.events import (
 from streamproof.pipeline.progress import ProgressEvents
 from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
-from streamproof.sinks import open_sinks
 from streamproof.storage.location import Location
-from streamproof.transform.records import check_derived_columns, stateful_stream
-from streamproof.your_code.transform import your_rows_schema
+from streamproof.transform.records import stateful_stream
 
 
 def start_query(
@@ -167,66 +163,20 @@ def _run_locked(
     """The run once it holds the lock: refuse an unsafe start, start Spark, refuse what needed it, open the batch
     path, run the batches. Every refusal comes before the batch path opens (it creates what a sink lacks) and before
     the start is counted."""
-    held = _refuse_unsafe_start(spark, spec)
-    spark = _start_spark(spark, spec, publish)
-    held = _refuse_with_spark(spark, spec, held)
+    held = refuse_unsafe_start(spark, spec)
+    # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
+    warm = "starting Spark" if spark is None else "Spark runs already (warm)"
+    publish(Notice(spec.name, READY, f"checkpoint and sinks checked; {warm}"))
+    spark = spark or run_session(spec)
+    if address := spark.sparkContext.uiWebUrl:
+        publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
+    held = refuse_with_spark(spark, spec, held)
     # What the sinks hold beyond the checkpoint, to replay first; refused here when it cannot be (a batch none holds).
     beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
-    writer = _open_batch_path(spark, spec, held, publish)
+    writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
     return _run_batches(
         spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
     )
-
-
-def _refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> SinksAtStart:
-    """Every refusal of the start that can be decided before Spark starts (all of them on local storage; ``spark``
-    is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs and one
-    of each sink readable so far."""
-    start = starting_point(spec)
-    if not start.wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
-        check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
-    watermarks = sources.require_available(spec)
-    refuse_if_source_behind(spec, start, watermarks)
-    held = read_sinks(spark, open_sinks(spec), start)  # without a JVM: the sinks readable without it
-    refuse_if_checkpoint_lost(spec, held)
-    refuse_if_sink_behind(spec, held)
-    return held
-
-
-def _start_spark(spark: SparkSession | None, spec: PipelineSpec, publish: Callable[[Event], None]) -> SparkSession:
-    # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
-    publish(
-        Notice(
-            spec.name,
-            READY,
-            "checkpoint and sinks checked; " + ("starting Spark" if spark is None else "Spark runs already (warm)"),
-        )
-    )
-    spark = spark or run_session(spec)
-    address = spark.sparkContext.uiWebUrl
-    if address:
-        publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
-    return spark
-
-
-def _refuse_with_spark(spark: SparkSession, spec: PipelineSpec, held: SinksAtStart) -> SinksAtStart:
-    """The refusals that needed Spark: a sink, or the quarantine table, on HDFS or an object store, left unread by the
-    checks made without it; returns the reading of every sink."""
-    if held.unread:  # judged again whole, the sinks read before as they were: each is read once a start
-        held = read_sinks(spark, held.opened, held.start, earlier=held)
-        refuse_if_checkpoint_lost(spec, held)
-        refuse_if_sink_behind(spec, held)
-    return held
-
-
-def _open_batch_path(
-    spark: SparkSession, spec: PipelineSpec, held: SinksAtStart, publish: Callable[[Event], None]
-) -> BatchWriter:
-    """Your code checked, then the sinks prepared under the batch writer."""
-    sinks, exactly_once = held.opened, held.start.wiring.idempotent_sink
-    check_derived_columns(spark, spec.transform, exactly_once=exactly_once)
-    rows_schema = your_rows_schema(spark, spec, exactly_once=exactly_once)
-    return open_batch_path(spark, spec, sinks, rows_schema, publish)
 
 
 def _run_batches(

@@ -46,7 +46,6 @@ from streamproof.faults import points as faults
 from streamproof.pipeline.batches import open_batch_path
 from streamproof.sinks import open_sinks
 from streamproof.storage.location import Location
-from streamproof.your_code.transform import your_rows_schema
 
 WARM_RECORDS = 25_000  # records per warm-up batch (fewer when the pipeline's own batches are smaller)
 WARM_BATCHES = 3  # two batches, then one more after a restart of the query (a run's first write, tables there)
@@ -118,8 +117,7 @@ def _run_batches(spark: SparkSession, warm: PipelineSpec, start: StartQuery, sto
     for wanted, every in ((WARM_BATCHES - 1, WARM_BATCHES - 1), (1, WARM_BATCHES)):  # (this query's, all batches)
         if stop.is_set():
             break
-        rows_schema = your_rows_schema(spark, warm, exactly_once=False)  # your transform's rows, if it has one
-        writer = open_batch_path(spark, warm, open_sinks(warm), rows_schema)
+        writer = open_batch_path(spark, warm, open_sinks(warm), exactly_once=False)
         query = start(spark, warm, writer, available_now=True)
         deadline = time.monotonic() + WARM_TIMEOUT_S
         while (
