@@ -43,6 +43,7 @@ from streamproof.harness.sequence import parse_sequence
 from streamproof.jvm.session import build_session, local_session
 from streamproof.pipeline.events import Event, RunSummary
 from streamproof.pipeline.query import run as run_pipeline
+from streamproof.pipeline.standby import run_standing_by
 from streamproof.reconcile import reports_document, verify_pipeline
 from streamproof.reconcile.independent import verify_independently
 from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
@@ -176,13 +177,8 @@ def run(
             spec, available_now=available_now, max_batches=max_batches, standby=standby, warm_up=warm_up
         )
     else:
-        summary = run_pipeline(
-            spec,
-            available_now=available_now,
-            max_batches=max_batches,
-            on_event=_print_event,
-            standby=standby,
-            warm_up=warm_up,
+        summary = (run_standing_by if standby else run_pipeline)(
+            spec, available_now=available_now, max_batches=max_batches, on_event=_print_event, warm_up=warm_up
         )
     console.print(summary.line(), markup=False)
 
@@ -214,14 +210,8 @@ def _run_with_live_status(
             _print_event(event)
             live.update(status())
 
-        summary = run_pipeline(
-            spec,
-            available_now=available_now,
-            max_batches=max_batches,
-            on_event=show,
-            summary=seen,
-            standby=standby,
-            warm_up=warm_up,
+        summary = (run_standing_by if standby else run_pipeline)(
+            spec, available_now=available_now, max_batches=max_batches, on_event=show, summary=seen, warm_up=warm_up
         )
     return summary
 

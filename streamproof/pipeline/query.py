@@ -55,7 +55,6 @@ from streamproof.pipeline.events import (
     side_channel,
 )
 from streamproof.pipeline.progress import ProgressEvents
-from streamproof.pipeline.standby import StandbyStopped, stand_by
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 from streamproof.storage.location import Location
 from streamproof.transform.records import stateful_stream
@@ -97,23 +96,36 @@ def run(
     on_event: Callable[[Event], None] | None = None,
     summary: RunSummary | None = None,
     once: bool = False,
-    standby: bool = False,
     warm_up: bool = False,
 ) -> RunSummary:
     """Run a pipeline until drained (available-now), ``max_batches`` batches, or SIGTERM/SIGINT; ``once``: a
-    single batch (``checkpoint rewind`` replays the batch logged and not committed with it); ``standby``: when
-    another process runs the pipeline, wait warm and take over when it stops or dies
-    (:mod:`streamproof.pipeline.standby`) instead of refusing to start; ``warm_up``: before reading the source, run
-    the batch path on scratch copies (:mod:`streamproof.pipeline.warm_up`), so that the first batches are not cold.
+    single batch (``checkpoint rewind`` replays the batch logged and not committed with it); ``warm_up``: before
+    reading the source, run the batch path on scratch copies (:mod:`streamproof.pipeline.warm_up`), so that the first
+    batches are not cold. Refused while another process runs it (``run --standby`` waits instead:
+    :func:`streamproof.pipeline.standby.run_standing_by`).
 
     ``on_event`` receives the run's events as they happen (:mod:`streamproof.pipeline.events`; the CLI prints
     their lines); they also go to ``$STREAMPROOF_EVENTS_FD`` when set. ``summary`` (optional) is updated as
     batches commit, for a caller that displays progress.
     """
+    publish, summary = begin_run(spec, on_event, summary)
+    return run_under_lock(
+        spec, publish, summary, available_now=available_now, max_batches=max_batches, once=once, warm_up=warm_up
+    )
+
+
+def begin_run(
+    spec: PipelineSpec, on_event: Callable[[Event], None] | None, summary: RunSummary | None
+) -> tuple[Callable[[Event], None], RunSummary]:
+    """What every run does first, before its JVM starts: crash points armed from the environment, Spark's log file
+    named; returns how the run's events are published (to ``on_event`` and ``$STREAMPROOF_EVENTS_FD``) and the
+    summary it keeps.
+
+    >>> publish, summary = begin_run(spec, print, None)                                  # doctest: +SKIP
+    """
     faults.arm_from_environment()
     _spark_log(spec)
     channel = side_channel()
-    summary = summary or RunSummary(spec.name)
 
     def publish(event: Event) -> None:
         if channel is not None:
@@ -121,23 +133,7 @@ def run(
         if on_event is not None:
             on_event(event)
 
-    # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the session
-    # starts before the run lock is taken. A local one is checked first, so that a refusal costs no JVM start.
-    spark = run_session(spec) if spec.checkpoint_dir.is_remote else None
-    lock = RunLock(spec.checkpoint_dir)
-    if not standby:
-        lock.__enter__()
-    elif (holder := lock.try_acquire()) is not None:
-        try:
-            spark = stand_by(spec, lock, holder, publish, start_query, spark)
-        except StandbyStopped as stopped:
-            summary.stopped_by = str(stopped)
-            return summary
-        warm_up = False  # the standby warmed up already
-    try:
-        return _run_locked(spec, available_now, max_batches, publish, summary, spark, once, warm_up)
-    finally:
-        lock.__exit__()
+    return publish, summary or RunSummary(spec.name)
 
 
 def _spark_log(spec: PipelineSpec) -> Path:
@@ -150,33 +146,49 @@ def _spark_log(spec: PipelineSpec) -> Path:
     return Path(os.environ[SPARK_LOG_ENV])
 
 
-def _run_locked(
+def run_under_lock(
     spec: PipelineSpec,
-    available_now: bool,
-    max_batches: int | None,
     publish: Callable[[Event], None],
     summary: RunSummary,
-    spark: SparkSession | None,
+    *,
+    taken: tuple[RunLock, SparkSession | None] | None = None,
+    available_now: bool = False,
+    max_batches: int | None = None,
     once: bool = False,
     warm_up: bool = False,
 ) -> RunSummary:
-    """The run once it holds the lock: refuse an unsafe start, start Spark, refuse what needed it, open the batch
-    path, run the batches. Every refusal comes before the batch path opens (it creates what a sink lacks) and before
-    the start is counted."""
-    held = refuse_unsafe_start(spark, spec)
-    # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
-    warm = "starting Spark" if spark is None else "Spark runs already (warm)"
-    publish(Notice(spec.name, READY, f"checkpoint and sinks checked; {warm}"))
-    spark = spark or run_session(spec)
-    if address := spark.sparkContext.uiWebUrl:
-        publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
-    held = refuse_with_spark(spark, spec, held)
-    # What the sinks hold beyond the checkpoint, to replay first; refused here when it cannot be (a batch none holds).
-    beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
-    writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
-    return _run_batches(
-        spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
-    )
+    """The run under the checkpoint's run lock: take it (unless ``taken``: the lock a standby took over, and its
+    session), refuse an unsafe start, start Spark, refuse what needed it, open the batch path, run the batches; the
+    lock released at the end. Every refusal comes before the batch path opens (it creates what a sink lacks) and
+    before the start is counted.
+
+    >>> run_under_lock(spec, print, RunSummary(spec.name), available_now=True)          # doctest: +SKIP
+    """
+    if taken is not None:
+        lock, spark = taken
+    else:
+        # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the
+        # session starts before the run lock is taken. A local one is checked first: a refusal costs no JVM start.
+        spark = run_session(spec) if spec.checkpoint_dir.is_remote else None
+        lock = RunLock(spec.checkpoint_dir).__enter__()
+    try:
+        held = refuse_unsafe_start(spark, spec)
+        # Marks the end of Python's own start-up: the recovery benchmark splits a restart at this event.
+        warm = "starting Spark" if spark is None else "Spark runs already (warm)"
+        publish(Notice(spec.name, READY, f"checkpoint and sinks checked; {warm}"))
+        spark = spark or run_session(spec)
+        if address := spark.sparkContext.uiWebUrl:
+            publish(Notice(spec.name, SPARK_UI, f"Spark UI at {address}"))
+        held = refuse_with_spark(spark, spec, held)
+        # What the sinks hold beyond the checkpoint, to replay first; refused here when it cannot be (a batch none
+        # holds).
+        beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
+        writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
+        return _run_batches(
+            spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
+        )
+    finally:
+        lock.__exit__()
 
 
 def _run_batches(

@@ -31,8 +31,9 @@ from streamproof.config import PipelineSpec
 from streamproof.errors import PipelineError, first_line
 from streamproof.faults.points import process_info, process_table
 from streamproof.jvm.session import run_session
-from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice
-from streamproof.pipeline.warm_up import StartQuery, warm_up
+from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice, RunSummary
+from streamproof.pipeline.query import begin_run, run_under_lock, start_query
+from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder
 NOTE_FAMILY_S = 1.0  # how often it notes the processes the holder started (long-lived: its JVM)
@@ -43,15 +44,51 @@ class StandbyStopped(Exception):  # noqa: N818 - a way out, not an error
     """SIGTERM or SIGINT while standing by: nothing was taken over."""
 
 
+def run_standing_by(
+    spec: PipelineSpec,
+    *,
+    available_now: bool = False,
+    max_batches: int | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    summary: RunSummary | None = None,
+    warm_up: bool = False,
+) -> RunSummary:
+    """``streamproof run --standby``: run the pipeline as :func:`streamproof.pipeline.query.run` does, or, while
+    another process of this host runs it, stand by warm (:func:`stand_by`) and run it from the moment that one stops
+    or dies. SIGTERM / SIGINT while standing by: nothing is taken over, and ``summary.stopped_by`` says so.
+
+    >>> run_standing_by(load_pipeline("orders.toml")).stopped_by                       # doctest: +SKIP
+    'SIGTERM while standing by for pid 4242@host'
+    """
+    publish, summary = begin_run(spec, on_event, summary)
+    spark = run_session(spec) if spec.checkpoint_dir.is_remote else None  # the lock is on that storage
+    lock = RunLock(spec.checkpoint_dir)
+    if (holder := lock.try_acquire()) is not None:
+        try:
+            spark = stand_by(spec, lock, holder, publish, spark)
+        except StandbyStopped as stopped:
+            summary.stopped_by = str(stopped)
+            return summary
+        warm_up = False  # the standby warmed up already
+    return run_under_lock(
+        spec,
+        publish,
+        summary,
+        taken=(lock, spark),
+        available_now=available_now,
+        max_batches=max_batches,
+        warm_up=warm_up,
+    )
+
+
 def stand_by(
     spec: PipelineSpec,
     lock: RunLock,
     holder: Holder,
     publish: Callable[[Event], None],
-    start: StartQuery,
     spark: SparkSession | None = None,
 ) -> SparkSession:
-    """Warm a session up (queries started with ``start``) and wait until ``lock`` (held by ``holder``) is free, then
+    """Warm a session up and wait until ``lock`` (held by ``holder``) is free, then
     take it; returns the session, the lock held. Raises :class:`StandbyStopped` on SIGTERM / SIGINT while waiting."""
     if not holder.here:
         raise PipelineError(
@@ -68,7 +105,7 @@ def stand_by(
     publish(Notice(spec.name, STANDBY, f"in use by pid {holder}: starting a warm standby"))  # stoppable from here
     try:
         spark = spark or run_session(spec)
-        _warm_up_and_say(spark, spec, start, stop, holder, publish)
+        _warm_up_and_say(spark, spec, stop, holder, publish)
         gone_at = _wait_for_lock(lock, holder, stop)
     except StandbyStopped as stopped:
         raise StandbyStopped(f"{stopped_by[0]} {stopped}") from None
@@ -83,13 +120,12 @@ def stand_by(
 def _warm_up_and_say(
     spark: SparkSession,
     spec: PipelineSpec,
-    start: StartQuery,
     stop: threading.Event,
     holder: Holder,
     publish: Callable[[Event], None],
 ) -> None:
     try:
-        warm = warm_up(spark, spec, start, stop)
+        warm = warm_up_on_scratch_copies(spark, spec, start_query, stop)
     except Exception as error:  # noqa: BLE001 - a cold takeover is still a takeover
         publish(
             Notice(
