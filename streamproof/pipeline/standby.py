@@ -88,8 +88,8 @@ def stand_by(
     publish: Callable[[Event], None],
     spark: SparkSession | None = None,
 ) -> SparkSession:
-    """Warm a session up and wait until ``lock`` (held by ``holder``) is free, then
-    take it; returns the session, the lock held. Raises :class:`StandbyStopped` on SIGTERM / SIGINT while waiting."""
+    """Warm a session up and wait until ``lock`` (held by ``holder``) is free, then take it; returns the session, the
+    lock held. Raises :class:`StandbyStopped` on SIGTERM / SIGINT while waiting."""
     if not holder.here:
         raise PipelineError(
             f"{lock.path.parent} is in use by pid {holder}: a standby takes over only from a process of its own host "
