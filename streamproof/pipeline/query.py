@@ -146,6 +146,16 @@ def _spark_log(spec: PipelineSpec) -> Path:
     return Path(os.environ[SPARK_LOG_ENV])
 
 
+def session_before_lock(spec: PipelineSpec) -> SparkSession | None:
+    """The session a run starts before it takes the run lock: a checkpoint on distributed storage is reached through
+    Hadoop's FileSystem in Spark's JVM. None for a local one, checked first, so that a refusal costs no JVM start.
+
+    >>> session_before_lock(load_pipeline("examples/orders_to_delta.toml")) is None     # doctest: +SKIP
+    True
+    """
+    return run_session(spec) if spec.checkpoint_dir.is_remote else None
+
+
 def run_under_lock(
     spec: PipelineSpec,
     publish: Callable[[Event], None],
@@ -167,9 +177,7 @@ def run_under_lock(
     if taken is not None:
         lock, spark = taken
     else:
-        # A checkpoint on distributed storage is reached through Hadoop's FileSystem in Spark's JVM: there the
-        # session starts before the run lock is taken. A local one is checked first: a refusal costs no JVM start.
-        spark = run_session(spec) if spec.checkpoint_dir.is_remote else None
+        spark = session_before_lock(spec)
         lock = RunLock(spec.checkpoint_dir).__enter__()
     try:
         held = refuse_unsafe_start(spark, spec)

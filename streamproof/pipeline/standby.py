@@ -32,7 +32,7 @@ from streamproof.errors import PipelineError, first_line
 from streamproof.faults.points import process_info, process_table
 from streamproof.jvm.session import run_session
 from streamproof.pipeline.events import STANDBY, TOOK_OVER, Event, Notice, RunSummary
-from streamproof.pipeline.query import begin_run, run_under_lock, start_query
+from streamproof.pipeline.query import begin_run, run_under_lock, session_before_lock, start_query
 from streamproof.pipeline.warm_up import warm_up as warm_up_on_scratch_copies
 
 POLL_S = 0.1  # how often the standby looks at the lock's holder
@@ -61,7 +61,7 @@ def run_standing_by(
     'SIGTERM while standing by for pid 4242@host'
     """
     publish, summary = begin_run(spec, on_event, summary)
-    spark = run_session(spec) if spec.checkpoint_dir.is_remote else None  # the lock is on that storage
+    spark = session_before_lock(spec)
     lock = RunLock(spec.checkpoint_dir)
     if (holder := lock.try_acquire()) is not None:
         try:
