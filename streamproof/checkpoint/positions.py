@@ -60,7 +60,12 @@ class Behind:
 def refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> SinksAtStart:
     """Every refusal of the start that can be decided before Spark starts (all of them on local storage; ``spark``
     is there already when the checkpoint is on distributed storage), on one reading of the checkpoint's logs and one
-    of each sink readable so far."""
+    of each sink readable so far; returns that reading.
+
+    >>> held = refuse_unsafe_start(None, load_pipeline("examples/orders_to_delta.toml"))  # doctest: +SKIP
+    >>> held.unread                                                                      # doctest: +SKIP
+    False
+    """
     start = starting_point(spec)
     if not start.wiring.progress_before_write:  # at-most-once wipes Spark's logs on every start
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {spec._source_name}`", start.logs)
@@ -74,7 +79,10 @@ def refuse_unsafe_start(spark: SparkSession | None, spec: PipelineSpec) -> Sinks
 
 def refuse_with_spark(spark: SparkSession, spec: PipelineSpec, held: SinksAtStart) -> SinksAtStart:
     """The refusals that needed Spark: a sink, or the quarantine table, on HDFS or an object store, left unread by the
-    checks made without it; returns the reading of every sink."""
+    checks made without it; returns the reading of every sink.
+
+    >>> held = refuse_with_spark(spark, spec, refuse_unsafe_start(None, spec))          # doctest: +SKIP
+    """
     if held.unread:  # judged again whole, the sinks read before as they were: each is read once a start
         held = read_sinks(spark, held.opened, held.start, earlier=held)
         refuse_if_checkpoint_lost(spec, held)
