@@ -26,6 +26,21 @@ from streamproof.cli.base import (
     state_path,
     write_output,
 )
+from streamproof.cli.jobs import (
+    Inputs,
+    JobArgs,
+    JobState,
+    Kafka,
+    LocalRoot,
+    Maps,
+    Sandbox,
+    Topics,
+    is_job,
+    job_maps,
+    no_job_arguments,
+    prove_job_command,
+    run_job_command,
+)
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.demo import run_demo
 from streamproof.errors import ConfigError
@@ -147,7 +162,8 @@ def generate(
 @app.command()
 @friendly_errors
 def run(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML), or your job file (JOB.py).")],
+    job_args: JobArgs = None,
     available_now: Annotated[bool, typer.Option("--available-now", help="Drain what is there, then exit.")] = False,
     max_batches: Annotated[int | None, typer.Option(min=1, help="Stop after this many batches.")] = None,
     master: Annotated[str | None, typer.Option(help="Run on this Spark master instead of [spark] master.")] = None,
@@ -168,8 +184,22 @@ def run(
             "traffic.",
         ),
     ] = False,
+    kafka: Kafka = None,
+    maps: Maps = None,
+    inputs: Inputs = None,
+    topics: Topics = None,
+    job_state: JobState = None,
+    sandbox: Sandbox = None,
+    local_root: LocalRoot = None,
+    state_dir: StateDir = None,
 ) -> None:
-    """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch."""
+    """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch. A job file (JOB.py) runs unchanged
+    with its production addresses mapped (--kafka, --map, --topic), draining what the topic holds."""
+    if is_job(pipeline):
+        job = job_maps(kafka, maps, inputs, topics)
+        run_job_command(pipeline, job_args or [], job, state_dir, job_state, master, sandbox, local_root)
+        return
+    no_job_arguments(pipeline, job_args, kafka, maps)
     spec = load_pipeline(pipeline)
     spec = spec if master is None else spec.on_master(master)
     if console.is_terminal:
@@ -257,7 +287,8 @@ def verify(
 @app.command()
 @friendly_errors
 def prove(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML), or your job file (JOB.py).")],
+    job_args: JobArgs = None,
     matrix: Annotated[bool, typer.Option("--matrix", help="Every guarantee x every crash point.")] = False,
     crash_at: Annotated[
         list[str] | None,
@@ -303,6 +334,13 @@ def prove(
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the result as JSON here.")] = None,
     html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     master: Annotated[str | None, typer.Option(help="Run on this Spark master instead of [spark] master.")] = None,
+    kafka: Kafka = None,
+    maps: Maps = None,
+    inputs: Inputs = None,
+    topics: Topics = None,
+    independent: Annotated[
+        bool, typer.Option("--independent", help="JOB.py: compare without Spark (delta-rs, pyarrow, confluent-kafka).")
+    ] = False,
     state_dir: StateDir = None,
 ) -> None:
     """Crash the pipeline (SIGKILL of its process group; on a cluster, of its machines too), restart it until
@@ -325,6 +363,15 @@ def prove(
         raise ConfigError(
             "choose one of --matrix, --crash-at, --random-kills, --nemesis, --nemesis-replay, --nemesis-resume"
         )
+    if is_job(pipeline):
+        points = [point.strip() for value in crash_at or [] for point in value.split(",") if point.strip()]
+        job = job_maps(kafka, maps, inputs, topics)
+        if not prove_job_command(
+            pipeline, job_args or [], job, state_dir, points or None, master, json_file, independent
+        ):
+            raise typer.Exit(1)
+        return
+    no_job_arguments(pipeline, job_args, kafka, maps)
     spec = load_pipeline(pipeline)
     state = state_path(state_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

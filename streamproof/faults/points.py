@@ -327,7 +327,7 @@ def sink_write(
     done = threading.Event()
     if mid_write_armed(batch_id, sink, first_sink=first_sink) == MID_SINK_WRITE and not in_tasks:
         if files_in is not None:
-            watch = functools.partial(_kill_when_new_file_appears, files_in, _data_files(files_in), batch_id, done)
+            watch = functools.partial(_kill_when_new_file_appears, files_in, data_files(files_in), batch_id, done)
         else:
             watch = functools.partial(_kill_while_group_runs, spark_context, group, batch_id, done)
         threading.Thread(target=watch, name="streamproof-mid-write-crash", daemon=True).start()
@@ -339,7 +339,7 @@ def sink_write(
             spark_context.setLocalProperty(key, None)
 
 
-def _data_files(folder: Path | str) -> set[str]:
+def data_files(folder: Path | str) -> set[str]:
     """The data files under ``folder``, those of a partitioned table's ``column=value`` folders included."""
     found: set[str] = set()
     try:
@@ -347,7 +347,7 @@ def _data_files(folder: Path | str) -> set[str]:
             if entry.name.endswith(".parquet"):
                 found.add(entry.path)
             elif "=" in entry.name and entry.is_dir():
-                found |= _data_files(entry.path)
+                found |= data_files(entry.path)
     except FileNotFoundError:
         pass
     return found
@@ -355,7 +355,7 @@ def _data_files(folder: Path | str) -> set[str]:
 
 def _kill_when_new_file_appears(folder: Path, before: set[str], batch_id: int, done: threading.Event) -> None:
     while not done.is_set():
-        if _data_files(folder) - before and not done.is_set():
+        if data_files(folder) - before and not done.is_set():
             reached(MID_SINK_WRITE, batch_id)
         time.sleep(0.001)
 

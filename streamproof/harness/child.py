@@ -73,6 +73,8 @@ class PipelineChild:
         on_event: Callable[[Event], None] | None = None,
         standby: bool = False,
         warm_up: bool = False,
+        arguments: list[str] | None = None,
+        environment: dict[str, str] | None = None,
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
@@ -92,6 +94,7 @@ class PipelineChild:
         if crashes:
             env[CRASH_ENV] = ",".join(armed.encode() for armed in crashes)
         env[FAULT_DIR_ENV] = str(log_dir / "faults")  # the marker files of faults met in tasks
+        env.update(environment or {})
         env["PYTHONPATH"] = import_path()  # your code (a transform, a sink) imports in the run as it does here
         command = [sys.executable, "-m", "streamproof", "run", str(pipeline_file)]
         if available_now:
@@ -100,6 +103,7 @@ class PipelineChild:
             command.append("--standby")
         if warm_up:  # runs the batch path on scratch copies before reading (streamproof.pipeline.warm_up)
             command.append("--warm-up")
+        command += arguments or []  # a job file's: its maps, its state folder, its own arguments (streamproof.jobs)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,

@@ -220,6 +220,13 @@ def this_batch() -> YourBatch:
     return steps.batch  # type: ignore[no-any-return]
 
 
+def watch_durable_calls() -> None:
+    """Make the durable calls of :mod:`streamproof.your_code.calls` countable now (rather than at the first write): a
+    job run patches Spark's writers first, to map their paths, and the counting wraps those patches, so that a step
+    keeps the job's own address (the same in every sandbox)."""
+    calls.install(_task_job)
+
+
 @contextlib.contextmanager
 def counting(steps: WriteSteps | TaskSteps) -> Iterator[WriteSteps | TaskSteps]:
     """Count ``steps`` in this thread for the length of the block (your write, or one of its tasks)."""

@@ -1,0 +1,209 @@
+"""The moments of a job's batch a proof crashes at, armed in the run, and the SIGKILL that takes them.
+
+Spark's own sinks write in the JVM, where no Python runs during the write; their moments are the checkpoint's own
+entries, which streamproof's checkpoint manager (``jvm/s3``'s ``MomentCheckpointFileManager``, set for every job
+run) stops at when armed, until the driver's Python, watching, SIGKILLs the whole process tree:
+
+* ``before-sink-write``: ``offsets/<b>`` written (the batch is logged), before the sink is handed anything;
+* ``mid-sink-write``: a file sink (Parquet, JSON, ...) is stopped once its files are written, before its commit
+  (``_spark_metadata/<b>``); a Delta table is killed at the first data file of the batch (no commit yet); Spark's Kafka
+  sink while a task of its write runs; your ``foreachBatch`` function or ``ForeachWriter`` after each durable step it
+  takes (``mid-sink-write#k``, :mod:`streamproof.your_code.steps`, no marker needed);
+* ``after-sink-commit``: Spark is about to write ``commits/<b>``: the sink's write returned (committed), the
+  checkpoint not;
+* ``after-checkpoint-commit``: ``commits/<b>`` written.
+
+Before each kill the landing is written where the harness reads it (:func:`streamproof.your_code.steps.record_landing`):
+a crash without a landing did not happen where it was armed, and the proof says so (missed), never "clean".
+
+Example::
+
+    >>> entries("before-sink-write", 1, "/ck", sink="delta", location="/t")
+    ['block:after:/ck/offsets/1']
+    >>> entries("mid-sink-write", 1, "/ck", sink="parquet", location="/out")
+    ['block:before:/out/_spark_metadata/1']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from streamproof.faults import points as faults
+from streamproof.faults.points import data_files
+from streamproof.jobs.inside import is_file_format, local_folder
+from streamproof.jobs.record import QueryRecord
+from streamproof.your_code.steps import record_landing
+
+ARMED_PROPERTY = "streamproof.moments.armed"
+MARKERS_PROPERTY = "streamproof.moments.markers"
+MANAGER_CLASS = "dev.streamproof.proof.MomentCheckpointFileManager"
+MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+YOUR_SINKS = ("foreachBatch", "foreach")
+CRASH_QUERY_ENV = "STREAMPROOF_CRASH_QUERY"  # the query a crash is armed in (a queryName or "query <n>")
+
+
+def _log_entry(root: str, log: str, batch_id: int) -> str:
+    return f"{root.rstrip('/')}/{log}/{batch_id}"
+
+
+def entries(point: str, batch_id: int, checkpoint: str, *, sink: str, location: str | None) -> list[str]:
+    """The checkpoint manager's armed entries (``action:phase:path``) for ``point`` in ``batch_id`` of a query whose
+    checkpoint is ``checkpoint`` and whose sink is ``sink`` (at ``location``); none where Python takes the moment."""
+    offsets, commits = _log_entry(checkpoint, "offsets", batch_id), _log_entry(checkpoint, "commits", batch_id)
+    if point == faults.BEFORE_SINK_WRITE:
+        return [f"block:after:{offsets}"]
+    if point == faults.AFTER_SINK_COMMIT:
+        return [f"block:before:{commits}"]
+    if point == faults.AFTER_CHECKPOINT_COMMIT:
+        return [f"block:after:{commits}"]
+    if point == faults.MID_SINK_WRITE and sink not in YOUR_SINKS:
+        if is_file_format(sink) and location is not None:
+            return [f"block:before:{_log_entry(location, '_spark_metadata', batch_id)}"]
+        return [
+            f"signal:after:{offsets}"
+        ]  # then Python watches the write (a Delta table's files, a Kafka write's tasks)
+    return []
+
+
+WHAT = {
+    faults.BEFORE_SINK_WRITE: "offsets/{b} written, nothing handed to the sink",
+    faults.AFTER_SINK_COMMIT: "the sink's write of batch {b} returned, Spark's commits/{b} not written",
+    faults.AFTER_CHECKPOINT_COMMIT: "Spark's commits/{b} written",
+}
+
+
+class Moments:
+    """The crash armed for this run of the job (``STREAMPROOF_CRASH_AT``), taken at its moment: see the module.
+
+    ``target`` is the query it is armed in (``STREAMPROOF_CRASH_QUERY``: a queryName or ``query <n>``; the first
+    query the job starts when unset).
+    """
+
+    def __init__(self, spark: Any, fault_dir: str, target: str | None = None) -> None:
+        self.spark = spark
+        self.fault_dir = fault_dir
+        self.markers = Path(fault_dir) / "moments"
+        self.armed = faults._ARMED
+        self.target = target
+        self.query: QueryRecord | None = None
+        self._entries: list[str] = []
+        self._watching = False
+
+    def for_query(self, query: QueryRecord) -> bool:
+        """Whether the armed crash is in ``query`` (the first one started, unless a query is named)."""
+        if self.armed is None:
+            return False
+        if self.target is not None:
+            return query.label == self.target
+        return self.query is None or self.query is query
+
+    def arm(self, query: QueryRecord) -> None:
+        """Arm the checkpoint manager for ``query``, before it starts."""
+        if not self.for_query(query) or query.checkpoint is None:
+            return
+        assert self.armed is not None
+        self.query = query
+        self._entries = entries(
+            self.armed.point, self.armed.batch_id, query.checkpoint, sink=query.sink, location=query.location
+        )
+        if not self._entries:
+            return
+        system = self.spark._jvm.java.lang.System
+        system.setProperty(MARKERS_PROPERTY, str(self.markers))
+        system.setProperty(ARMED_PROPERTY, ",".join(self._entries))
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=self._watch, name="streamproof-moments", daemon=True).start()
+
+    def _watch(self) -> None:
+        taken: set[str] = set()
+        deadline = time.monotonic() + 3600
+        while time.monotonic() < deadline:
+            for marker in sorted(self.markers.glob("reached-*")) if self.markers.exists() else []:
+                if marker.name in taken:
+                    continue
+                taken.add(marker.name)
+                index = int(marker.name.rsplit("-", 1)[1]) - 1
+                action = self._entries[index].split(":", 1)[0] if index < len(self._entries) else "block"
+                if action == "block" and self.armed is not None:
+                    what = WHAT.get(self.armed.point, "at its moment").format(b=self.armed.batch_id)
+                    self.kill(what, "checkpoint")
+                else:
+                    self._watch_write()
+            time.sleep(0.002)
+
+    def _watch_write(self) -> None:
+        """``mid-sink-write`` in Spark's own sink, the batch logged: kill inside its write."""
+        query = self.query
+        assert query is not None and self.armed is not None
+        folder = local_folder(query.location) if query.location else None
+        if query.sink == "delta" and folder is not None:
+            before = data_files(folder)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                new = data_files(folder) - before
+                if new:
+                    self.kill(
+                        f"the first data file of batch {self.armed.batch_id} written ({Path(min(new)).name}), "
+                        "not committed",
+                        "sink",
+                    )
+                time.sleep(0.001)
+            return
+        tracker = self.spark.sparkContext.statusTracker()
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            for job_id in tracker.getJobIdsForGroup(query.run_id) if query.run_id else tracker.getActiveJobsIds():
+                job = tracker.getJobInfo(job_id)
+                for stage_id in job.stageIds if job is not None else ():
+                    stage = tracker.getStageInfo(stage_id)
+                    if stage is not None and stage.numActiveTasks > 0:
+                        time.sleep(0.02)  # let the tasks send some of their records first
+                        self.kill(f"a task of batch {self.armed.batch_id}'s write running", "sink")
+            time.sleep(0.002)
+
+    def kill(self, what: str, where: str) -> None:
+        """The landing first (the harness's evidence), then SIGKILL of the whole process tree."""
+        assert self.armed is not None and self.query is not None
+        record_landing(self.fault_dir, self.armed.batch_id, self.query.label, 0, what, where)
+        print(
+            f"[streamproof] {self.armed.point} of {self.query.label} in batch {self.armed.batch_id}: {what}: SIGKILL",
+            file=sys.stderr,
+            flush=True,
+        )
+        faults.kill_own_process_group()
+
+    def moment_in_your_write(self, query: QueryRecord, batch_id: int) -> int | None:
+        """The moment of your write (``mid-sink-write#k``) armed for this batch of ``query``, if one is."""
+        armed = self.armed
+        if armed is None or armed.point != faults.MID_SINK_WRITE or armed.batch_id != batch_id:
+            return None
+        if not self.for_query(query):
+            return None
+        self.query = query
+        return armed.moment or 1
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll ``condition`` until it holds or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def clear_markers(fault_dir: str) -> None:
+    """A run's markers start empty (a folder reused by the next run of a cell)."""
+    folder = Path(fault_dir) / "moments"
+    for marker in folder.glob("*") if folder.exists() else []:
+        with contextlib.suppress(OSError):
+            os.remove(marker)

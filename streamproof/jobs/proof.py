@@ -1,0 +1,380 @@
+"""``streamproof prove JOB.py``: the job crashed at every moment of a batch, restarted, and compared with its twin.
+
+1. **The twin**: the job runs once, uncrashed, in a sandbox of its own (:meth:`AddressMaps.within`): what it writes
+   is the expected output, computed by nothing the crashed runs share but the job and the topic. It also tells what
+   the job is: its queries, their sinks, the moments of its own writes, the columns that differ from run to run.
+2. **A cell per crash**: for each query and each moment (``before-sink-write``, ``mid-sink-write`` (``#k`` for each
+   durable step of your own write), ``after-sink-commit``, ``after-checkpoint-commit``), a fresh sandbox: the job is
+   started armed (:mod:`streamproof.jobs.moments`) and dies by SIGKILL in the batch after its first, then runs again
+   until the topic is drained. The batches are cut alike in every run (``availableNow`` and the same batch size
+   over a topic that gets nothing new; a replay reuses its logged offsets), so the cells and the twin see the same
+   batches, windows and watermarks.
+3. **The comparison**: every output, every reading (:mod:`streamproof.jobs.outputs`), counted against the twin's
+   (:mod:`streamproof.jobs.compare`); the verdict per query (:mod:`streamproof.jobs.verdict`).
+
+A crash that did not land where it was armed is a miss, said in its cell, never clean. The job's own failure (in the
+twin or any run) ends the proof as the job's error, not as a result.
+
+Example::
+
+    >>> proof = prove_job(Path("examples/jobs/orders_bronze.py"), [], maps, workdir=Path("proof"))  # doctest: +SKIP
+    >>> [verdict.guarantee for verdict in proof.verdicts]                                           # doctest: +SKIP
+    ['exactly-once']
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamproof.errors import ConfigError, PipelineError
+from streamproof.faults import points as faults
+from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
+from streamproof.jobs.compare import compare_rows
+from streamproof.jobs.inside import is_file_format, local_folder
+from streamproof.jobs.maps import AddressMaps
+from streamproof.jobs.moments import CRASH_QUERY_ENV
+from streamproof.jobs.outputs import IndependentReader, SparkReader
+from streamproof.jobs.record import JobRecord, QueryRecord
+from streamproof.jobs.scan import JobError, job_digest
+from streamproof.jobs.verdict import JobCell, OutputCheck, guarantee_of, why_of
+from streamproof.your_code.steps import MOMENTS_CRASHED, landed
+
+Emit = Callable[[str], None]
+CRASH_BATCH = 1  # the second batch of a fresh sandbox: the first may be slow, the crash should hit a steady one
+JOB_POINTS = (faults.BEFORE_SINK_WRITE, faults.MID_SINK_WRITE, faults.AFTER_SINK_COMMIT, faults.AFTER_CHECKPOINT_COMMIT)
+
+
+@dataclass
+class QueryVerdict:
+    """What one query of the job gives, from its cells."""
+
+    query: QueryRecord
+    guarantee: str
+    why: str
+    cells: list[JobCell] = field(default_factory=list)
+    by_reading: dict[str, str] = field(default_factory=dict)  # a file sink's readings, each's guarantee
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def proven_clean(self) -> bool:
+        """Every cell's crash landed and left nothing lost, doubled or unexpected, in every reading, and nothing in
+        the query's plan makes a comparison unknowable."""
+        return (
+            bool(self.cells)
+            and not self.query.unknown
+            and all(not cell.missed and cell.outcome == "clean" for cell in self.cells)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "query": self.query.label,
+            "sink": self.query.sink,
+            "writes": self.query.address,
+            "function": self.query.function,
+            "guarantee": self.guarantee,
+            "why": self.why,
+            "by_reading": self.by_reading,
+            "left_out": self.left_out,
+            "unknown": self.query.unknown,
+            "moments": self.query.moments,
+            "cells": [cell.to_dict() for cell in self.cells],
+        }
+
+
+@dataclass
+class JobProof:
+    """The whole proof: the twin's record, the verdicts, and the job's digest before and after."""
+
+    job: Path
+    twin: JobRecord
+    verdicts: list[QueryVerdict]
+    digest_before: str
+    digest_after: str
+    seconds: float
+    checker: str = "Spark"
+
+    @property
+    def ok(self) -> bool:
+        """Every query exactly-once in every cell, nothing missed, the job file unchanged."""
+        unchanged = self.digest_before == self.digest_after
+        return unchanged and all(verdict.proven_clean for verdict in self.verdicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": str(self.job),
+            "sha256_before": self.digest_before,
+            "sha256_after": self.digest_after,
+            "maps": self.twin.maps,
+            "changed": self.twin.overrides,
+            "not_applied": self.twin.not_applied,
+            "queries": [verdict.to_dict() for verdict in self.verdicts],
+            "checker": self.checker,
+            "seconds": round(self.seconds, 1),
+            "ok": self.ok,
+        }
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+class JobProver:
+    """Runs the twin and the cells of one job (see the module)."""
+
+    def __init__(
+        self,
+        job: Path,
+        argv: list[str],
+        maps: AddressMaps,
+        *,
+        workdir: Path,
+        emit: Emit = print,
+        master: str | None = None,
+        timeout_s: float = RUN_TIMEOUT_S,
+    ) -> None:
+        self.job = job.resolve()
+        self.argv = argv
+        self.maps = maps
+        self.workdir = workdir.resolve()
+        self.emit = emit
+        self.master = master
+        self.timeout_s = timeout_s
+        self.stamp = time.strftime("%Y%m%dt%H%M%S")
+
+    def _arguments(self, sandbox: str, folder: Path) -> list[str]:
+        arguments = ["--job-state", str(folder / "state"), "--sandbox", sandbox, "--local-root", str(folder / "local")]
+        if self.maps.kafka:
+            arguments += ["--kafka", self.maps.kafka]
+        for path in self.maps.paths:
+            arguments += ["--input" if path.input else "--map", f"{path.source}={path.target}"]
+        for source, target in self.maps.topics:
+            arguments += ["--topic", f"{source}={target}"]
+        if self.master:
+            arguments += ["--master", self.master]
+        return [*arguments, "--", *self.argv] if self.argv else arguments
+
+    def sandbox(self, name: str) -> tuple[str, Path]:
+        return f"{self.stamp}-{name}", self.workdir / name
+
+    def run_child(
+        self, name: str, run: str, crash: faults.ArmedCrash | None = None, query: str | None = None
+    ) -> tuple[PipelineChild, int]:
+        sandbox, folder = self.sandbox(name)
+        environment = {CRASH_QUERY_ENV: query} if query else {}
+        child = PipelineChild(
+            self.job,
+            folder / "logs",
+            name=run,
+            available_now=False,
+            crash=crash,
+            arguments=self._arguments(sandbox, folder),
+            environment=environment,
+        )
+        try:
+            code = child.wait(self.timeout_s)
+        finally:
+            child.close()
+        return child, code
+
+    def _job_failed(self, child: PipelineChild, code: int, what: str) -> JobError:
+        line = child.error_line()
+        text = line.removeprefix("error: ") if line else f"exited with code {code}"
+        return JobError(f"{text} ({what}; log: {child.log_path})")
+
+    def twin(self) -> JobRecord:
+        """The crash-free twin: the job drained once in a sandbox of its own."""
+        self.emit(f"twin: {self.job.name} uncrashed, in its own sandbox")
+        child, code = self.run_child("twin", "run-1")
+        if code != 0:
+            raise self._job_failed(child, code, "the twin, uncrashed")
+        record = JobRecord.read(self.sandbox("twin")[1] / "state")
+        if record is None:
+            raise PipelineError(f"the twin left no record; log: {child.log_path}")
+        for line in record.overrides:
+            self.emit(f"changed: {line}")
+        return record
+
+    def points_of(self, query: QueryRecord, chosen: list[str] | None) -> list[str]:
+        """The crash points of a query's cells: each moment of its batch, and each durable step of your write."""
+        wanted = chosen or list(JOB_POINTS)
+        points = []
+        for where in wanted:
+            point = faults.split_moment(where)[0]
+            if point not in JOB_POINTS:
+                raise ConfigError(f"--crash-at {where!r}: a job's crash points are {', '.join(JOB_POINTS)} (#k)")
+            if point == faults.MID_SINK_WRITE and query.sink in ("foreachBatch", "foreach") and "#" not in where:
+                steps = max(1, min(len(query.moments), MOMENTS_CRASHED))
+                points += [f"{point}#{k}" for k in range(1, steps + 1)]
+            else:
+                points.append(where)
+        return points
+
+    def cell(self, query: QueryRecord, where: str, twin: JobRecord, reader: Any) -> JobCell:
+        """One crash at ``where`` in ``query``'s batch, the restarts, the comparison."""
+        started = time.monotonic()
+        name = f"{query.order}-{_slug(where)}"
+        point, moment = faults.split_moment(where)
+        armed = faults.ArmedCrash(point, CRASH_BATCH, None, moment)
+        self.emit(f"[{query.label}] crash at {where} in batch {CRASH_BATCH}")
+        child, code = self.run_child(name, "run-1", armed, query.label)
+        folder = self.sandbox(name)[1]
+        landing = landed(folder / "logs" / "faults", CRASH_BATCH, query.label)
+        record = JobRecord.read(folder / "state")
+        cell = JobCell(query.label, where, CRASH_BATCH, landing.get("what") if landing else None, None, runs=1)
+        if code != -signal.SIGKILL:
+            if code != 0:
+                raise self._job_failed(child, code, f"the run armed at {where}")
+            cell.missed = f"the run drained before batch {CRASH_BATCH} reached {where} (too few records?)"
+        elif landing is None:
+            cell.missed = f"killed, but not at {where}: no landing recorded; log: {child.log_path}"
+        elif not landing.get("reached", True):
+            cell.missed = str(landing.get("what"))
+        mine = record.query(query.label) if record is not None else None
+        cell.facts = batch_facts(mine or query, CRASH_BATCH)
+        if cell.missed is None and (contradiction := contradicts(point, cell.facts)):
+            cell.missed = f"{where}: {contradiction}"
+        self.emit(f"[{query.label}] {where}: {cell.landed or cell.missed}; on disk: {cell.facts}")
+        child, code = self.run_child(name, "run-2")
+        cell.runs += 1
+        if code != 0:
+            raise self._job_failed(child, code, f"the restart after {where}")
+        record = JobRecord.read(folder / "state")
+        cell.checks = compare_outputs(twin, record, reader, self.maps)
+        cell.seconds = time.monotonic() - started
+        lost, duplicated, unexpected = cell.damage()
+        self.emit(
+            f"[{query.label}] {where}: {cell.outcome} (lost {lost}, duplicated {duplicated}, unexpected {unexpected})"
+        )
+        return cell
+
+
+def batch_facts(query: QueryRecord, batch_id: int) -> dict[str, Any]:
+    """What a crash in ``batch_id`` left in the query's checkpoint and sink (local storage; {} elsewhere)."""
+    checkpoint = local_folder(query.checkpoint) if query.checkpoint else None
+    if checkpoint is None:
+        return {}
+    facts: dict[str, Any] = {
+        "offsets_logged": (Path(checkpoint) / "offsets" / str(batch_id)).exists(),
+        "checkpoint_committed": (Path(checkpoint) / "commits" / str(batch_id)).exists(),
+    }
+    folder = local_folder(query.location) if query.location else None
+    if folder is not None and query.sink == "delta":
+        facts["sink_has_batch"] = delta_holds(Path(folder), query.query_id, batch_id)
+    elif folder is not None and is_file_format(query.sink):
+        facts["sink_has_batch"] = (Path(folder) / "_spark_metadata" / str(batch_id)).exists()
+    return facts
+
+
+def delta_holds(table: Path, query_id: str | None, batch_id: int) -> bool:
+    """Whether a Delta table's log holds the streaming write of ``batch_id`` by ``query_id`` (its txn action)."""
+    log = table / "_delta_log"
+    for commit in sorted(log.glob("*.json")) if log.is_dir() else []:
+        for line in commit.read_text().splitlines():
+            action = json.loads(line).get("txn") if line.strip() else None
+            if action and action.get("appId") == query_id and int(action.get("version", -1)) == batch_id:
+                return True
+    return False
+
+
+def contradicts(point: str, facts: dict[str, Any]) -> str | None:
+    """Why the facts on disk do not fit a crash at ``point`` (None when they do, or nothing could be read).
+
+    >>> contradicts("after-sink-commit", {"offsets_logged": True, "checkpoint_committed": True})
+    'Spark had already committed the batch'
+    """
+    if not facts:
+        return None
+    if not facts.get("offsets_logged"):
+        return "the batch was not in the offset log"
+    committed = facts.get("checkpoint_committed")
+    if point == faults.AFTER_CHECKPOINT_COMMIT:
+        return None if committed else "Spark had not committed the batch"
+    if committed:
+        return "Spark had already committed the batch"
+    held = facts.get("sink_has_batch")
+    if point in (faults.BEFORE_SINK_WRITE, faults.MID_SINK_WRITE) and held:
+        return "the sink already held the batch"
+    if point == faults.AFTER_SINK_COMMIT and held is False:
+        return "the sink did not hold the batch"
+    return None
+
+
+def compare_outputs(twin: JobRecord, run: JobRecord | None, reader: Any, maps: AddressMaps) -> list[OutputCheck]:
+    """Every output of the twin or the run, every reading, compared."""
+    checks = []
+    outputs = run.outputs if run is not None else {}
+    for address in sorted({*twin.outputs, *outputs}):
+        expected, held = twin.outputs.get(address), outputs.get(address)
+        anyone = expected or held
+        assert anyone is not None
+        query = twin.query(anyone.query) if anyone.query else None
+        left_out = query.left_out if query is not None and query.sink not in ("foreachBatch", "foreach") else {}
+        twin_rows = reader.read(expected) if expected is not None else {}
+        run_rows = reader.read(held) if held is not None else {}
+        for reading in sorted({*twin_rows, *run_rows}):
+            counts = compare_rows(twin_rows.get(reading, []), run_rows.get(reading, []), left_out)
+            checks.append(OutputCheck(address, reading, anyone.query, counts))
+    return checks
+
+
+def prove_job(
+    job: Path,
+    argv: list[str],
+    maps: AddressMaps,
+    *,
+    workdir: Path,
+    points: list[str] | None = None,
+    emit: Emit = print,
+    master: str | None = None,
+    independent: bool = False,
+    spark: Any = None,
+    timeout_s: float = RUN_TIMEOUT_S,
+) -> JobProof:
+    """The proof of ``job`` (see the module): the twin, a cell per query and crash point, the verdicts."""
+    started = time.monotonic()
+    before = job_digest(job)
+    prover = JobProver(job, argv, maps, workdir=workdir, emit=emit, master=master, timeout_s=timeout_s)
+    twin = prover.twin()
+    reader = IndependentReader(maps) if independent else SparkReader(spark, maps)
+    verdicts = []
+    for query in twin.queries:
+        cells = [prover.cell(query, where, twin, reader) for where in prover.points_of(query, points)]
+        verdicts.append(verdict_of(query, cells))
+    return JobProof(
+        job,
+        twin,
+        verdicts,
+        before,
+        job_digest(job),
+        time.monotonic() - started,
+        "independent" if independent else "Spark",
+    )
+
+
+def verdict_of(query: QueryRecord, cells: list[JobCell]) -> QueryVerdict:
+    """The query's verdict from its cells: the guarantee (the weakest reading's, a file sink's readings each said)."""
+    readings = sorted({check.reading for cell in cells for check in cell.checks if check.query == query.label})
+    mine = [_only(cell, query.label) for cell in cells]
+    by_reading = (
+        {reading: guarantee_of(mine, query.unknown, reading) for reading in readings} if len(readings) > 1 else {}
+    )
+    guarantee = guarantee_of(mine, query.unknown)
+    left_out = {name: why for cell in mine for check in cell.checks for name, why in check.counts.left_out.items()}
+    return QueryVerdict(
+        query, guarantee, why_of(query.sink, query.function, mine, query.moments), cells, by_reading, left_out
+    )
+
+
+def _only(cell: JobCell, label: str) -> JobCell:
+    """The cell with the checks of one query's outputs (a crash kills the whole job: others are judged by theirs)."""
+    return JobCell(
+        cell.query, cell.point, cell.batch_id, cell.landed, cell.missed,
+        [check for check in cell.checks if check.query in (label, None)], cell.facts, cell.seconds, cell.runs,
+    )  # fmt: skip
