@@ -26,9 +26,9 @@ class PaymentsWriter:
             cursor.execute(
                 "SELECT 1 FROM payments_epochs WHERE partition_id = %s AND epoch_id = %s", (partition_id, epoch_id)
             )
-            seen = cursor.fetchone() is not None
+            self.seen = cursor.fetchone() is not None
         self.connection.commit()
-        return not seen
+        return not self.seen
 
     def process(self, row):
         self.connection.execute(
@@ -37,7 +37,7 @@ class PaymentsWriter:
         )
 
     def close(self, error):
-        if error is None:
+        if error is None and not self.seen:
             self.connection.execute(
                 "INSERT INTO payments_epochs VALUES (%s, %s)", (self.partition_id, self.epoch_id)
             )

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -40,6 +41,7 @@ from streamproof.errors import ConfigError
 from streamproof.faults import points as faults
 from streamproof.faults.in_tasks import fault_folder
 from streamproof.jobs import inside
+from streamproof.jobs.inside import local_folder
 from streamproof.jobs.maps import AddressMaps, refusals
 from streamproof.jobs.moments import CRASH_QUERY_ENV, MANAGER_CLASS, MANAGER_CONF, Moments
 from streamproof.jobs.patches import Patches, install_stream_patches
@@ -87,6 +89,8 @@ class JobRun:
         self.spark: Any = None
         self.moments: Moments | None = None
         self.sources: list[dict[str, Any]] = []
+        self.published: dict[str, int] = {}  # query id -> the last batch whose progress was published
+        self.listener: Any = None
         self.yours = YourWrite(self)
 
     def publish(self, event: Event) -> None:
@@ -117,8 +121,29 @@ class JobRun:
             if location:
                 self.spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
         self.moments = Moments(self.spark, fault_folder(), os.environ.get(CRASH_QUERY_ENV))
-        self.spark.streams.addListener(_Progress(self))
+        self.listener = _Progress(self)
+        self.spark.streams.addListener(self.listener)
         return self.spark
+
+    def _last_events(self, timeout_s: float = 10.0) -> None:
+        """Spark posts a batch's progress to listeners after the query moved on: wait (bounded) until the last batch
+        of every query was published, then stop listening, so that the run's end loses no batch and no callback of
+        the listener bus meets a closed gateway."""
+        deadline = time.monotonic() + timeout_s
+        for query in self.record.queries:
+            if query.query_id is None:
+                continue
+            while time.monotonic() < deadline and self.published.get(query.query_id, -1) < self._last_batch(query):
+                time.sleep(0.05)
+        with contextlib.suppress(Exception):
+            self.spark.streams.removeListener(self.listener)
+
+    def _last_batch(self, query: QueryRecord) -> int:
+        folder = local_folder(query.checkpoint) if query.checkpoint else None
+        commits = Path(folder) / "commits" if folder else None
+        if commits is None or not commits.is_dir():
+            return -1
+        return max((int(name.name) for name in commits.iterdir() if name.name.isdigit()), default=-1)
 
     def session_for_job(self, builder: Any, get_or_create: Callable[[], Any]) -> Any:
         """``getOrCreate()``: the run's session with the job's runtime settings; the others listed as not applied."""
@@ -181,17 +206,18 @@ class JobRun:
         servers = options.get("kafka.bootstrap.servers")
         if not topics or servers is None:
             return
-        held = sum(
-            high - low
+        marks = [
+            mark
             for topic in topics
-            for low, high in require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers)).values()
-        )
+            for mark in require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers)).values()
+        ]
+        held = sum(high - low for low, high in marks)
         if held == 0:
             raise ConfigError(
                 f"topic {', '.join(topics)} on {servers} holds no records: fill it first (e.g. `streamproof generate "
                 f"--topic {topics[0]} --count 20000`), a proof needs batches to crash between"
             )
-        size = max(1, math.ceil(held / PROOF_BATCHES))
+        size = math.ceil(held / PROOF_BATCHES) + len(marks)  # Spark rounds each partition's share down
         job_size = written.get("maxoffsetspertrigger")
         if job_size is None:
             self.changed(f"no maxOffsetsPerTrigger -> {size}: the topic's {held:,} records in {PROOF_BATCHES} batches")
@@ -330,7 +356,8 @@ class JobRun:
 
     def install(self) -> None:
         install_stream_patches(self.patches, self)
-        inside.install_inside_patches(self.patches, inside.Steering(self.maps, self.record))
+        steering = inside.Steering(self.maps, self.record, folder=str(self.state_dir))
+        inside.install_inside_patches(self.patches, steering)
         watch_durable_calls()  # after the maps: a step is named by the job's own address
 
     def run(self) -> JobRecord:
@@ -351,6 +378,7 @@ class JobRun:
             self._failed(error)
         finally:
             sys.argv, sys.path = saved_argv, saved_path
+            self._last_events()
             self.patches.undo()
         refused = refusals()
         if refused:  # the job may have caught it: a refusal is never swallowed
@@ -404,9 +432,17 @@ class _Progress:
                 query = next((q for q in run.record.queries if q.query_id == str(progress.id)), None)
                 label = query.label if query is not None else str(progress.name or progress.id)
                 rows = int(progress.numInputRows)
+                run.published[str(progress.id)] = max(run.published.get(str(progress.id), -1), int(progress.batchId))
                 run.publish(
                     BatchCommitted(
-                        label, int(progress.batchId), rows, rows, 0, (progress.batchDuration or 0) / 1000.0, None
+                        label,
+                        int(progress.batchId),
+                        rows,
+                        rows,
+                        0,
+                        (progress.batchDuration or 0) / 1000.0,
+                        None,
+                        job=True,
                     )
                 )
 

@@ -23,11 +23,12 @@ import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from streamproof.jobs.maps import AddressMaps, scheme_of
 from streamproof.jobs.patches import Patches
-from streamproof.jobs.record import JobRecord
+from streamproof.jobs.record import JobRecord, Output, note_output
 
 FILE_FORMATS = ("parquet", "json", "csv", "orc", "text", "xml")
 
@@ -39,14 +40,22 @@ class Steering:
     maps: AddressMaps
     record: JobRecord | None = None
     query: str | None = None  # the query whose batch is being written, when one is
+    folder: str | None = None  # in a worker: the run's state folder, where its outputs are noted (record.py)
 
     def mapped_path(self, value: Any, where: str, *, writing: bool, format: str | None = None) -> Any:
         if not isinstance(value, str):
             return value
         mapped = self.maps.path(value, where, writing=writing)
-        if writing and self.record is not None and format is not None:
-            self.record.wrote(value, mapped, format, self.query)
+        if writing and format is not None:
+            self.wrote(value, mapped, format)
         return mapped
+
+    def wrote(self, address: str, location: str, format: str) -> None:
+        """An output: in the record (the driver), or a note beside it (a worker: :func:`note_output`)."""
+        if self.record is not None:
+            self.record.wrote(address, location, format, self.query)
+        elif self.folder is not None:
+            note_output(Path(self.folder), address, Output(location, format, self.query))
 
 
 _STEERING: Steering | None = None  # this process's: the driver's, or a worker's (maps only)
@@ -121,8 +130,7 @@ def _patch_spark_io(patches: Patches, steering: Steering) -> None:
     @functools.wraps(jdbc)
     def jdbc_write(self: Any, url: str, table: str, *args: Any, **kwargs: Any) -> Any:
         mapped = steering.maps.jdbc_url(url, "DataFrameWriter.jdbc(url)")
-        if steering.record is not None:
-            steering.record.wrote(_database_of(url), _database_of(mapped), "postgresql", steering.query)
+        steering.wrote(_database_of(url), _database_of(mapped), "postgresql")
         return jdbc(self, mapped, table, *args, **kwargs)
 
     patches.replace(DataFrameWriter, "jdbc", jdbc_write)
@@ -253,12 +261,9 @@ def _patch_psycopg(patches: Patches, steering: Steering, psycopg: Any) -> None:
     def connected(cls: Any, conninfo: str = "", **kwargs: Any) -> Any:
         settings = {key: str(value) for key, value in conninfo_to_dict(conninfo, **kwargs).items() if value is not None}
         mapped = steering.maps.database(settings, "psycopg.connect")
-        if steering.record is not None:
-            named = (
-                f"postgresql://{settings.get('host', '')}:{settings.get('port', '5432')}/{settings.get('dbname', '')}"
-            )
-            where = f"postgresql://{mapped.get('host')}:{mapped.get('port', '5432')}/{mapped.get('dbname', '')}"
-            steering.record.wrote(named, where, "postgresql", steering.query)
+        named = f"postgresql://{settings.get('host', '')}:{settings.get('port', '5432')}/{settings.get('dbname', '')}"
+        where = f"postgresql://{mapped.get('host')}:{mapped.get('port', '5432')}/{mapped.get('dbname', '')}"
+        steering.wrote(named, where, "postgresql")
         return connect(cls, make_conninfo(**mapped))
 
     patches.replace(psycopg.Connection, "connect", classmethod(connected))
@@ -284,8 +289,7 @@ def _patch_confluent(patches: Patches, steering: Steering, confluent_kafka: Any)
 
         def produce(self, topic: str, *args: Any, **kwargs: Any) -> Any:
             mapped = steering.maps.topic(topic, writing=True)
-            if steering.record is not None:
-                steering.record.wrote(f"kafka:{topic}", mapped, "kafka", steering.query)
+            steering.wrote(f"kafka:{topic}", mapped, "kafka")
             return super().produce(mapped, *args, **kwargs)
 
     class Consumer(consumer_class):  # type: ignore[misc, valid-type]
@@ -299,11 +303,16 @@ def _patch_confluent(patches: Patches, steering: Steering, confluent_kafka: Any)
     patches.replace(confluent_kafka, "Consumer", Consumer)
 
 
-def in_worker(maps: AddressMaps, function: Callable[..., Any], *args: Any) -> Any:
-    """Run ``function`` in a Python worker with the run's maps in place there (installed once per worker)."""
+def in_worker(
+    maps: AddressMaps, folder: str | None, query: str | None, function: Callable[..., Any], *args: Any
+) -> Any:
+    """Run ``function`` in a Python worker with the run's maps in place there (installed once per worker); what it
+    writes is noted in ``folder`` as an output of ``query``."""
     global _STEERING
+    if _STEERING is not None and _STEERING.record is None:
+        _STEERING.folder, _STEERING.query = folder, query
     if _STEERING is None or _STEERING.maps != maps:
-        _STEERING = Steering(maps)
+        _STEERING = Steering(maps, folder=folder, query=query)
         patches = Patches()
         with contextlib.suppress(ImportError):
             import psycopg
@@ -323,10 +332,10 @@ def _patch_tasks(patches: Patches, steering: Steering) -> None:
     each_partition, each_row = RDD.foreachPartition, RDD.foreach
 
     def partitions(self: Any, f: Callable[..., Any]) -> Any:
-        return each_partition(self, functools.partial(in_worker, steering.maps, f))
+        return each_partition(self, functools.partial(in_worker, steering.maps, steering.folder, steering.query, f))
 
     def rows(self: Any, f: Callable[..., Any]) -> Any:
-        return each_row(self, functools.partial(in_worker, steering.maps, f))
+        return each_row(self, functools.partial(in_worker, steering.maps, steering.folder, steering.query, f))
 
     patches.replace(RDD, "foreachPartition", partitions)
     patches.replace(RDD, "foreach", rows)

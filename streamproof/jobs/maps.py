@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from streamproof.errors import ConfigError
+from streamproof.infra.postgres import PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, PG_USER
 
 # Schemes of storage that is somewhere else: never reached unless a map sends it elsewhere.
 REMOTE_SCHEMES = frozenset(
@@ -293,6 +294,9 @@ class AddressMaps:
         {'host': '127.0.0.1', 'dbname': 'sp', 'user': 'me', 'port': '5432', 'password': 'pw'}
         >>> maps.within("twin").database({"host": "orders-db", "dbname": "orders"}, "psycopg.connect")["dbname"]
         'sp_twin'
+        >>> AddressMaps(paths=(PathMap("postgresql://db/o", "postgresql://127.0.0.1/sp"),)).database(
+        ...     {"host": "db", "dbname": "o", "user": "app", "password": "prod-secret"}, "connect")["user"]
+        'streamproof'
         """
         host = (conninfo.get("host") or "").lower()
         port = conninfo.get("port") or "5432"
@@ -316,10 +320,9 @@ class AddressMaps:
         target = urlsplit(found.target.removeprefix("jdbc:"))
         mapped = {**conninfo, "host": target.hostname or "127.0.0.1", "port": str(target.port or 5432)}
         mapped["dbname"] = sandbox_database(target.path.strip("/") or database, self.sandbox)
-        if target.username:
-            mapped["user"] = target.username
-        if target.password:
-            mapped["password"] = target.password
+        # Production's credentials never reach the local server: the target's, else the local server's own.
+        mapped["user"] = target.username or PG_USER
+        mapped["password"] = target.password or os.environ.get(PG_PASSWORD_ENV, PG_DEFAULT_PASSWORD)
         return mapped
 
     def jdbc_url(self, url: str, where: str) -> str:

@@ -74,6 +74,7 @@ def entries(point: str, batch_id: int, checkpoint: str, *, sink: str, location: 
 
 WHAT = {
     faults.BEFORE_SINK_WRITE: "offsets/{b} written, nothing handed to the sink",
+    faults.MID_SINK_WRITE: "the files of batch {b} written, the sink's commit (_spark_metadata/{b}) not",
     faults.AFTER_SINK_COMMIT: "the sink's write of batch {b} returned, Spark's commits/{b} not written",
     faults.AFTER_CHECKPOINT_COMMIT: "Spark's commits/{b} written",
 }

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
@@ -32,13 +33,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.faults import points as faults
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
+from streamproof.infra.postgres import PG_DATABASE, PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, PG_USER
 from streamproof.jobs.compare import compare_rows
 from streamproof.jobs.inside import is_file_format, local_folder
-from streamproof.jobs.maps import AddressMaps
+from streamproof.jobs.maps import AddressMaps, sandbox_database
 from streamproof.jobs.moments import CRASH_QUERY_ENV
 from streamproof.jobs.outputs import IndependentReader, SparkReader
 from streamproof.jobs.record import JobRecord, QueryRecord
@@ -167,6 +170,8 @@ class JobProver:
         self, name: str, run: str, crash: faults.ArmedCrash | None = None, query: str | None = None
     ) -> tuple[PipelineChild, int]:
         sandbox, folder = self.sandbox(name)
+        if not folder.exists():
+            make_sandbox_databases(self.maps, sandbox)
         environment = {CRASH_QUERY_ENV: query} if query else {}
         child = PipelineChild(
             self.job,
@@ -253,6 +258,39 @@ class JobProver:
             f"[{query.label}] {where}: {cell.outcome} (lost {lost}, duplicated {duplicated}, unexpected {unexpected})"
         )
         return cell
+
+
+def make_sandbox_databases(maps: AddressMaps, sandbox: str) -> list[str]:
+    """Each PostgreSQL map's database for a sandbox: a copy of the target database (``CREATE DATABASE ... TEMPLATE``),
+    so that the tables the job expects are there, and nothing of one sandbox in another's."""
+    import psycopg
+
+    made = []
+    for path in maps.paths:
+        target = urlsplit(path.target.removeprefix("jdbc:"))
+        if path.input or target.scheme not in ("postgresql", "postgres"):
+            continue
+        template = target.path.strip("/") or PG_DATABASE
+        database = sandbox_database(template, sandbox)
+        settings: dict[str, Any] = {
+            "host": target.hostname or "127.0.0.1",
+            "port": target.port or 5432,
+            "user": target.username or PG_USER,
+            "password": target.password or os.environ.get(PG_PASSWORD_ENV, PG_DEFAULT_PASSWORD),
+            "dbname": "postgres",
+            "autocommit": True,
+            "connect_timeout": 10,
+        }
+        try:
+            with psycopg.connect(**settings) as connection:
+                connection.execute(f'CREATE DATABASE "{database}" TEMPLATE "{template}"')
+        except psycopg.Error as error:
+            raise ConfigError(
+                f"--map {path.source}={path.target}: cannot copy database {template!r} for a sandbox "
+                f"({str(error).strip().splitlines()[0]}): close its other sessions, or map to a database nobody uses"
+            ) from None
+        made.append(database)
+    return made
 
 
 def batch_facts(query: QueryRecord, batch_id: int) -> dict[str, Any]:
@@ -343,10 +381,10 @@ def prove_job(
     prover = JobProver(job, argv, maps, workdir=workdir, emit=emit, master=master, timeout_s=timeout_s)
     twin = prover.twin()
     reader = IndependentReader(maps) if independent else SparkReader(spark, maps)
-    verdicts = []
-    for query in twin.queries:
-        cells = [prover.cell(query, where, twin, reader) for where in prover.points_of(query, points)]
-        verdicts.append(verdict_of(query, cells))
+    cells = [
+        prover.cell(query, where, twin, reader) for query in twin.queries for where in prover.points_of(query, points)
+    ]
+    verdicts = [verdict_of(query, cells) for query in twin.queries]
     return JobProof(
         job,
         twin,
@@ -359,22 +397,28 @@ def prove_job(
 
 
 def verdict_of(query: QueryRecord, cells: list[JobCell]) -> QueryVerdict:
-    """The query's verdict from its cells: the guarantee (the weakest reading's, a file sink's readings each said)."""
-    readings = sorted({check.reading for cell in cells for check in cell.checks if check.query == query.label})
-    mine = [_only(cell, query.label) for cell in cells]
+    """The query's verdict from every cell of the job (a crash armed in another query kills this one at some moment
+    of its own), each judged by the query's outputs: the guarantee (the weakest reading's; a file sink's readings
+    each said). Its cells are those armed in it, then those of other queries that damaged it."""
+    judged = [_only(cell, query.label) for cell in cells]
+    mine = [cell for cell in judged if cell.query == query.label]
+    mine += [cell for cell in judged if cell.query != query.label and not cell.missed and cell.outcome != "clean"]
+    readings = sorted({check.reading for cell in mine for check in cell.checks})
     by_reading = (
         {reading: guarantee_of(mine, query.unknown, reading) for reading in readings} if len(readings) > 1 else {}
     )
     guarantee = guarantee_of(mine, query.unknown)
     left_out = {name: why for cell in mine for check in cell.checks for name, why in check.counts.left_out.items()}
     return QueryVerdict(
-        query, guarantee, why_of(query.sink, query.function, mine, query.moments), cells, by_reading, left_out
+        query, guarantee, why_of(query.sink, query.function, mine, query.moments), mine, by_reading, left_out
     )
 
 
 def _only(cell: JobCell, label: str) -> JobCell:
-    """The cell with the checks of one query's outputs (a crash kills the whole job: others are judged by theirs)."""
+    """The cell with the checks of one query's outputs (a crash kills the whole job: others are judged by theirs). A
+    cell with no output of the query to compare proves nothing: missed, never clean."""
+    checks = [check for check in cell.checks if check.query in (label, None)]
+    missed = cell.missed or (None if checks else f"no output of {label} was found to compare (it wrote nothing seen)")
     return JobCell(
-        cell.query, cell.point, cell.batch_id, cell.landed, cell.missed,
-        [check for check in cell.checks if check.query in (label, None)], cell.facts, cell.seconds, cell.runs,
-    )  # fmt: skip
+        cell.query, cell.point, cell.batch_id, cell.landed, missed, checks, cell.facts, cell.seconds, cell.runs
+    )

@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 RECORD_FILE = "record.json"
+OUTPUTS_FOLDER = "outputs"  # what the job's tasks wrote, noted by each (a worker cannot write the record itself)
 
 
 @dataclass
@@ -120,11 +123,29 @@ class JobRecord:
 
     @classmethod
     def read(cls, folder: Path) -> JobRecord | None:
-        """The record a run left in ``folder``; None when it left none (it failed before the job ran)."""
+        """The record a run left in ``folder`` with the outputs its tasks noted beside it; None when it left none (it
+        failed before the job ran)."""
         try:
-            return cls.from_dict(json.loads((folder / RECORD_FILE).read_text()))
+            record = cls.from_dict(json.loads((folder / RECORD_FILE).read_text()))
         except (OSError, ValueError):
             return None
+        for note in sorted((folder / OUTPUTS_FOLDER).glob("*.json")) if (folder / OUTPUTS_FOLDER).is_dir() else []:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                address, output = json.loads(note.read_text())
+                record.outputs.setdefault(address, Output(**output))
+        return record
 
     def query(self, label: str) -> QueryRecord | None:
         return next((query for query in self.queries if query.label == label), None)
+
+
+def note_output(folder: Path, address: str, output: Output) -> None:
+    """An output a task of the job wrote, noted beside the record (once per address, from any process)."""
+    notes = folder / OUTPUTS_FOLDER
+    target = notes / f"{hashlib.sha256(address.encode()).hexdigest()[:16]}.json"
+    if target.exists():
+        return
+    notes.mkdir(parents=True, exist_ok=True)
+    partial = notes / f".{target.name}.{os.getpid()}"
+    partial.write_text(json.dumps([address, asdict(output)]))
+    os.replace(partial, target)

@@ -46,7 +46,8 @@ def query_lines(verdict: QueryVerdict) -> list[str]:
         if query.sink in ("foreachBatch", "foreach")
         else f"Spark's {query.sink} sink"
     )
-    lines = [f"query {query.label}: {kind}" + (f", writes {query.address}" if query.address else "")]
+    heading = query.label if query.label.startswith("query ") else f"query {query.label}"
+    lines = [f"{heading}: {kind}" + (f", writes {query.address}" if query.address else "")]
     lines.append(f"  guarantee: {verdict.guarantee}")
     for reading, guarantee in verdict.by_reading.items():
         lines.append(f"    read {reading_label(reading)}: {guarantee}")

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from streamproof.errors import ConfigError
 from streamproof.jobs.maps import AddressMaps, Unmapped, is_remote, looks_like_brokers, scheme_of
+from streamproof.sinks.python import your_exception
 
 
 class JobError(ConfigError):
@@ -168,22 +170,32 @@ def scan_job(job: Path, maps: AddressMaps) -> list[Refusal]:
     return sorted(refusals, key=lambda refusal: (str(refusal.file), refusal.line_number))
 
 
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
 def where_in_job(error: BaseException, job: Path) -> str:
-    """``file:line`` of the innermost frame of the traceback in the job's folder (its file or its own modules)."""
+    """``file:line`` of the innermost frame in the job's folder (its file or its own modules): in the traceback, or in
+    the text of a Python worker's traceback that Spark wraps a failed task's error in."""
     folder, ours = str(job.parent), str(Path(__file__).resolve().parents[1])
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if frame.filename.startswith(folder) and not frame.filename.startswith(ours)
-    ]
+
+    def mine(filename: str) -> bool:
+        return filename.startswith(folder) and not filename.startswith(ours)
+
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
+    in_text = [(name, line) for name, line in _FRAME.findall(str(error)) if mine(name)]
+    if in_text:
+        return f"{in_text[-1][0]}:{in_text[-1][1]}"
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if mine(frame.filename)]
     if not frames:
         return str(job)
     return f"{frames[-1].filename}:{frames[-1].lineno}"
 
 
 def one_line(error: BaseException) -> str:
-    """The job's exception in one line (Spark's long messages cut to their first line)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text[:300]}".rstrip(": ")
+    """The job's exception in one line: its own, or the last Python exception Spark wraps a failed task's in.
+
+    >>> one_line(KeyError("customer"))
+    "KeyError: 'customer'"
+    """
+    return your_exception(error)

@@ -77,6 +77,7 @@ class BatchCommitted:
     # Where the batch's time went, in order (streamproof.pipeline.phases); for programs, not in the line.
     phases: dict[str, float] = field(default_factory=dict)
     queued_s: float | None = None  # the batch's oldest record's wait in the source before the trigger started
+    job: bool = False  # a batch of your job file (streamproof.jobs): rows in, nothing of a pipeline's own terms
 
     @property
     def rows_per_second(self) -> float:
@@ -84,6 +85,11 @@ class BatchCommitted:
 
     def line(self) -> str:
         """The one progress line of the batch."""
+        if self.job:
+            return (
+                f"[{self.pipeline}] batch {self.batch_id} committed: {self.rows_in:,} rows in, "
+                f"{self.rows_per_second:,.0f} rows/s, {self.duration_s:.1f} s"
+            )
         lag_text = "?" if self.lag is None else str(self.lag)
         line = (
             f"[{self.pipeline}] batch {self.batch_id} committed: {self.rows_in} rows in, {self.rows_out} to sink, "
