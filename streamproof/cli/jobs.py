@@ -20,6 +20,7 @@ from streamproof.jobs.maps import AddressMaps
 from streamproof.jobs.proof import prove_job
 from streamproof.jobs.report import proof_lines
 from streamproof.jobs.scan import scan_job
+from streamproof.jobs.verify import verification_lines, verify_job
 from streamproof.jvm.session import local_session
 from streamproof.pipeline.events import Event, side_channel
 
@@ -146,3 +147,26 @@ def prove_job_command(
     console.print(f"cells and their logs under {workdir}", markup=False)
     write_output(json_file, json.dumps(proof.to_dict(), indent=2, default=str))
     return proof.ok
+
+
+def verify_job_command(
+    job: Path, argv: list[str], maps: AddressMaps, state_dir: Path | None, json_file: Path | None, independent: bool
+) -> bool:
+    """``streamproof verify JOB.py``: the last run's outputs against a fresh twin; True when clean (and agreed)."""
+    refuse_before_running(job, maps)
+    folder = state_path(state_dir) / "jobs" / job.stem
+    spark = local_session(app_name=f"streamproof-verify:{job.stem}")
+    found = verify_job(
+        job,
+        argv,
+        maps,
+        record_folder=folder,
+        workdir=folder / "verify",
+        emit=emit_plain,
+        spark=spark,
+        independent=independent,
+    )
+    for line in verification_lines(found):
+        console.print(line, markup=False)
+    write_output(json_file, json.dumps(found.to_dict(), indent=2, default=str))
+    return found.ok

@@ -40,6 +40,7 @@ from streamproof.cli.jobs import (
     no_job_arguments,
     prove_job_command,
     run_job_command,
+    verify_job_command,
 )
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.demo import run_demo
@@ -249,7 +250,8 @@ def _run_with_live_status(
 @app.command()
 @friendly_errors
 def verify(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML).")],
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline file (TOML), or your job file (JOB.py).")],
+    job_args: JobArgs = None,
     json_file: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON here.")] = None,
     html_file: Annotated[Path | None, typer.Option("--html", help="Write an HTML page here.")] = None,
     independent: Annotated[
@@ -260,13 +262,24 @@ def verify(
             "pyarrow and the checker's own JSON parsing (docs/guarantees.md).",
         ),
     ] = False,
+    kafka: Kafka = None,
+    maps: Maps = None,
+    inputs: Inputs = None,
+    topics: Topics = None,
     state_dir: StateDir = None,
 ) -> None:
-    """Reconcile the topic against the sink and quarantine tables.
+    """Reconcile the topic against the sink and quarantine tables. For a job file (JOB.py): what `streamproof run
+    JOB.py` wrote against a crash-free twin of the job (--independent: both checkers, term by term).
 
     Exit 0: ok (nothing lost, duplicated or unexpected, every record accounted for); 1: damaged; 3: unknown (no
     damage found, but the counts do not add up: the report says why).
     """
+    if is_job(pipeline):
+        job = job_maps(kafka, maps, inputs, topics)
+        if not verify_job_command(pipeline, job_args or [], job, state_dir, json_file, independent):
+            raise typer.Exit(1)
+        return
+    no_job_arguments(pipeline, job_args, kafka, maps)
     spec = load_pipeline(pipeline)
     started = time.monotonic()
     if independent:

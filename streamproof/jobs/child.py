@@ -206,11 +206,11 @@ class JobRun:
         servers = options.get("kafka.bootstrap.servers")
         if not topics or servers is None:
             return
-        marks = [
-            mark
-            for topic in topics
-            for mark in require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers)).values()
-        ]
+        marks = []
+        for topic in topics:
+            found = require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers))
+            self.record.topics[topic] = {str(partition): high for partition, (_, high) in found.items()}
+            marks += found.values()
         held = sum(high - low for low, high in marks)
         if held == 0:
             raise ConfigError(

@@ -73,6 +73,7 @@ class JobRecord:
     queries: list[QueryRecord] = field(default_factory=list)
     outputs: dict[str, Output] = field(default_factory=dict)
     tables: dict[str, str] = field(default_factory=dict)  # catalog tables the job made: name -> location
+    topics: dict[str, dict[str, int]] = field(default_factory=dict)  # the topics read: their end offsets at the start
     error: str | None = None  # the job's own error, one line
     error_file: str | None = None  # its traceback
     path: str | None = None  # where the record is kept (not written)
