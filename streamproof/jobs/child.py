@@ -206,7 +206,7 @@ class JobRun:
         servers = options.get("kafka.bootstrap.servers")
         if not topics or servers is None:
             return
-        marks = []
+        marks: list[tuple[int, int]] = []
         for topic in topics:
             found = require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers))
             self.record.topics[topic] = {str(partition): high for partition, (_, high) in found.items()}
