@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV := .venv
 PY := $(VENV)/bin/python
-INSTALLED := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+INSTALLED := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
 .PHONY: demo test test-all setup system-packages jars jvm-archive lint clean
 
@@ -26,7 +26,7 @@ system-packages:
 
 # uv installs what pip would (the same versions, checked with `pip freeze`), with its downloads in parallel: on an empty
 # cache 35.6 s (+2.3 s for uv itself) against pip's 77.5 s, measured here. pip stays the way in if uv cannot run.
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml setup.py
 	@test -x $(PY) || $$(scripts/python311.sh) -m venv $(VENV)
 	$(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) -e '.[dev]' \

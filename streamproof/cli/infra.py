@@ -1,4 +1,5 @@
-"""``streamproof infra up|down|status``: the local daemons (Kafka, PostgreSQL, a Spark cluster, HDFS, S3)."""
+"""``streamproof setup`` (what the machine needs, once) and ``streamproof infra up|down|status`` (the local daemons:
+Kafka, PostgreSQL, a Spark cluster, HDFS, S3)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import typer
 
 from streamproof.cli.base import (
     StateDir,
+    app,
     console,
+    emit_plain,
     friendly_errors,
     infra_app,
     state_path,
@@ -17,8 +20,23 @@ from streamproof.cli.base import (
 from streamproof.errors import InfraError
 from streamproof.infra import HdfsCluster, KafkaBroker, KafkaCluster, PostgresServer, S3Server, SparkCluster
 from streamproof.infra.common import LocalDaemon
+from streamproof.infra.machine import get_ready
 
 Daemon = KafkaBroker | KafkaCluster | PostgresServer | HdfsCluster | SparkCluster | S3Server
+
+
+@app.command()
+@friendly_errors
+def setup(
+    archive: Annotated[
+        bool, typer.Option("--archive/--no-archive", help="Make the JVM's class-data archive (about a minute, once).")
+    ] = True,
+) -> None:
+    """After `pip install streamproof`: check Java, resolve the jars into the cache with Maven, make the JVM's
+    class-data archive. Idempotent: a second run finds everything made and touches no network. Exit 2 when something
+    required is missing (each said in one line, with the command that installs it)."""
+    if not get_ready(emit_plain, archive=archive).ready:
+        raise typer.Exit(2)
 
 
 @infra_app.command("up")

@@ -40,7 +40,16 @@ from pathlib import Path
 from streamproof.errors import SetupError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-JVM_DIR = REPO_ROOT / "jvm"
+
+
+def maven_folder() -> Path:
+    """The Maven projects (poms, settings, streamproof's own Java): ``jvm/`` of a checkout, or, installed from a
+    wheel, the package's ``jvm/maven/`` (setup.py ships ``jvm/`` there)."""
+    installed = Path(__file__).resolve().parent / "maven"
+    return installed if (installed / "settings.xml").is_file() else REPO_ROOT / "jvm"
+
+
+JVM_DIR = maven_folder()
 MAVEN_SETTINGS = JVM_DIR / "settings.xml"
 JAR_SETS = ("spark", "kafka", "hdfs")
 OWN_CLASSES = JVM_DIR / "s3"  # streamproof's own Java (a checkpoint manager and a Delta LogStore for S3): built
@@ -166,10 +175,13 @@ def resolve(name: str, *, quiet: bool = True) -> list[Path]:
 
 def _build_own_classes(mvn: str, staging: Path, *, quiet: bool) -> None:
     """``mvn package`` of :data:`OWN_CLASSES` (compiled against jars already present: nothing transitive fetched),
-    its jar put with the set's."""
+    its jar put with the set's. Built in a copy beside the staging folder: an installed package's folder may not be
+    writable, and a checkout keeps no build output."""
+    sources = staging.parent / "own-classes"
+    shutil.copytree(OWN_CLASSES, sources, ignore=shutil.ignore_patterns("target"))
     goals = ["package", "-DskipTests"]
-    _maven(mvn, OWN_CLASSES / "pom.xml", goals, quiet=quiet, failure=f"could not build {OWN_CLASSES}")
-    for jar in (OWN_CLASSES / "target").glob("streamproof-*.jar"):
+    _maven(mvn, sources / "pom.xml", goals, quiet=quiet, failure=f"could not build {OWN_CLASSES}")
+    for jar in (sources / "target").glob("streamproof-*.jar"):
         shutil.copy2(jar, staging / jar.name)
 
 
