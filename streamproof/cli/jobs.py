@@ -130,7 +130,7 @@ def prove_job_command(
     for line in maps.describe():
         emit_plain(f"maps {line}")
     workdir = state_path(state_dir) / "jobs" / job.stem / time.strftime("%Y%m%dT%H%M%S")
-    spark = None if independent else local_session(app_name=f"streamproof-prove:{job.stem}")
+    spark = local_session(app_name=f"streamproof-prove:{job.stem}")
     proof = prove_job(
         job,
         argv,

@@ -352,7 +352,12 @@ def prove(
     inputs: Inputs = None,
     topics: Topics = None,
     independent: Annotated[
-        bool, typer.Option("--independent", help="JOB.py: compare without Spark (delta-rs, pyarrow, confluent-kafka).")
+        bool,
+        typer.Option(
+            "--independent",
+            help="JOB.py: compare every output again without Spark (delta-rs, pyarrow, confluent-kafka, psycopg): the "
+            "two checkers must agree term by term.",
+        ),
     ] = False,
     state_dir: StateDir = None,
 ) -> None:

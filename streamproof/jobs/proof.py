@@ -107,7 +107,12 @@ class JobProof:
     def ok(self) -> bool:
         """Every query exactly-once in every cell, nothing missed, the job file unchanged."""
         unchanged = self.digest_before == self.digest_after
-        return unchanged and all(verdict.proven_clean for verdict in self.verdicts)
+        return unchanged and self.checkers_agree and all(verdict.proven_clean for verdict in self.verdicts)
+
+    @property
+    def checkers_agree(self) -> bool:
+        """Every other checker counted the same terms as the first in every cell (term by term)."""
+        return all(cell.checkers_agree for verdict in self.verdicts for cell in verdict.cells)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +124,7 @@ class JobProof:
             "not_applied": self.twin.not_applied,
             "queries": [verdict.to_dict() for verdict in self.verdicts],
             "checker": self.checker,
+            "checkers_agree": self.checkers_agree,
             "seconds": round(self.seconds, 1),
             "ok": self.ok,
         }
@@ -221,7 +227,7 @@ class JobProver:
                 points.append(where)
         return points
 
-    def cell(self, query: QueryRecord, where: str, twin: JobRecord, reader: Any) -> JobCell:
+    def cell(self, query: QueryRecord, where: str, twin: JobRecord, readers: dict[str, Any]) -> JobCell:
         """One crash at ``where`` in ``query``'s batch, the restarts, the comparison."""
         started = time.monotonic()
         name = f"{query.order}-{_slug(where)}"
@@ -251,7 +257,11 @@ class JobProver:
         if code != 0:
             raise self._job_failed(child, code, f"the restart after {where}")
         record = JobRecord.read(folder / "state")
+        (first, reader), *others = readers.items()
         cell.checks = compare_outputs(twin, record, reader, self.maps)
+        cell.checker = first
+        for name, other in others:  # every output read again by each other checker: the terms must be the same
+            cell.also[name] = compare_outputs(twin, record, other, self.maps)
         cell.seconds = time.monotonic() - started
         lost, duplicated, unexpected = cell.damage()
         self.emit(
@@ -380,20 +390,16 @@ def prove_job(
     before = job_digest(job)
     prover = JobProver(job, argv, maps, workdir=workdir, emit=emit, master=master, timeout_s=timeout_s)
     twin = prover.twin()
-    reader = IndependentReader(maps) if independent else SparkReader(spark, maps)
+    readers: dict[str, Any] = {"Spark": SparkReader(spark, maps)} if spark is not None else {}
+    if independent:
+        readers["independent"] = IndependentReader(maps)
+    if not readers:
+        raise ConfigError("a proof needs a checker: a Spark session, or independent=True")
     cells = [
-        prover.cell(query, where, twin, reader) for query in twin.queries for where in prover.points_of(query, points)
+        prover.cell(query, where, twin, readers) for query in twin.queries for where in prover.points_of(query, points)
     ]
     verdicts = [verdict_of(query, cells) for query in twin.queries]
-    return JobProof(
-        job,
-        twin,
-        verdicts,
-        before,
-        job_digest(job),
-        time.monotonic() - started,
-        "independent" if independent else "Spark",
-    )
+    return JobProof(job, twin, verdicts, before, job_digest(job), time.monotonic() - started, " and ".join(readers))
 
 
 def verdict_of(query: QueryRecord, cells: list[JobCell]) -> QueryVerdict:
@@ -419,6 +425,8 @@ def _only(cell: JobCell, label: str) -> JobCell:
     cell with no output of the query to compare proves nothing: missed, never clean."""
     checks = [check for check in cell.checks if check.query in (label, None)]
     missed = cell.missed or (None if checks else f"no output of {label} was found to compare (it wrote nothing seen)")
+    also = {name: [check for check in found if check.query in (label, None)] for name, found in cell.also.items()}
     return JobCell(
-        cell.query, cell.point, cell.batch_id, cell.landed, missed, checks, cell.facts, cell.seconds, cell.runs
-    )
+        cell.query, cell.point, cell.batch_id, cell.landed, missed, checks, cell.facts, cell.seconds, cell.runs,
+        cell.checker, also,
+    )  # fmt: skip

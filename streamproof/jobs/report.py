@@ -65,6 +65,10 @@ def query_lines(verdict: QueryVerdict) -> list[str]:
             f"  {cell.point:<26} {cell.outcome:<10} lost {lost:,}, duplicated {duplicated:,}, unexpected {unexpected:,}"
             f"  ({where})"
         )
+        for name, checks in cell.also.items():
+            same = "the same terms" if cell.checkers_agree else "OTHER TERMS: the checkers disagree"
+            terms = ", ".join("/".join(map(str, c.counts.terms())) for c in checks)
+            lines.append(f"      {name} checker: {same} ({terms} lost/duplicated/unexpected)")
         for check in cell.checks:
             if check.counts.clean:
                 continue

@@ -68,6 +68,16 @@ class JobCell:
     facts: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     runs: int = 0
+    checker: str = "Spark"  # who counted ``checks``
+    also: dict[str, list[OutputCheck]] = field(default_factory=dict)  # the same outputs counted by other checkers
+
+    @property
+    def checkers_agree(self) -> bool:
+        """Whether every other checker counted the same terms, output by output and reading by reading."""
+        mine = sorted((c.address, c.reading, c.counts.terms()) for c in self.checks)
+        return all(
+            sorted((c.address, c.reading, c.counts.terms()) for c in other) == mine for other in self.also.values()
+        )
 
     def damage(self, reading: str | None = None) -> tuple[int, int, int]:
         """Lost, duplicated and unexpected summed over the cell's outputs (of one reading, when given)."""
@@ -104,6 +114,9 @@ class JobCell:
             "runs": self.runs,
             "seconds": round(self.seconds, 1),
             "outputs": [check.to_dict() for check in self.checks],
+            "checker": self.checker,
+            "also": {name: [check.to_dict() for check in checks] for name, checks in self.also.items()},
+            "checkers_agree": self.checkers_agree,
         }
 
 
