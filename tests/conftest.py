@@ -25,6 +25,10 @@ CLI_TIMEOUT_S = 600
 
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
+# tests/data holds files the tests read, never run as tests: its job files start a SparkSession when imported, which
+# --doctest-modules would do in a worker (and leave that worker a session without the jars).
+collect_ignore = ["data"]
+
 SLOW_TIER = {
     "tests/test_s3.py::test_a_quarantine_table_on_s3_behind_a_local_checkpoint_is_refused_at_start_then_rewound":
         "tests/test_s3.py::test_checkpoint_commands_and_maintenance_work_on_s3 (a table on S3 that lost its newest "

@@ -18,6 +18,7 @@ from streamproof.errors import ConfigError
 from streamproof.jobs.child import JobRun
 from streamproof.jobs.maps import AddressMaps
 from streamproof.jobs.proof import prove_job
+from streamproof.jobs.record import JobRecord
 from streamproof.jobs.report import proof_lines
 from streamproof.jobs.scan import scan_job
 from streamproof.jobs.verify import verification_lines, verify_job
@@ -48,6 +49,9 @@ JobState = Annotated[Path | None, typer.Option("--job-state", hidden=True, help=
 Sandbox = Annotated[str | None, typer.Option("--sandbox", hidden=True, help="A proof's sandbox this run is in.")]
 LocalRoot = Annotated[
     Path | None, typer.Option("--local-root", hidden=True, help="Where the sandbox's local paths go.")
+]
+RecomputeFrom = Annotated[
+    Path | None, typer.Option("--recompute-from", hidden=True, help="A twin's state: recompute its queries as batches.")
 ]
 JobArgs = Annotated[list[str] | None, typer.Argument(help="JOB.py: after --, the job's own arguments (its sys.argv).")]
 
@@ -88,8 +92,10 @@ def run_job_command(
     master: str | None,
     sandbox: str | None = None,
     local_root: Path | None = None,
+    recompute_from: Path | None = None,
 ) -> None:
-    """``streamproof run JOB.py``: the job once, under the maps, its changes printed as they are made."""
+    """``streamproof run JOB.py``: the job once, under the maps, its changes printed as they are made (with
+    ``recompute_from``, a twin's state: its queries recomputed as batches, streamproof.jobs.recompute)."""
     refuse_before_running(job, maps)
     if sandbox is not None:
         maps = maps.within(sandbox, str(local_root) if local_root else None)
@@ -104,7 +110,11 @@ def run_job_command(
             emit_plain(event.line())
 
     folder = job_state or state_path(state_dir) / "jobs" / job.stem
-    record = JobRun(job, argv, maps, folder, master=master, publish=publish).run()
+    twin = JobRecord.read(recompute_from) if recompute_from is not None else None
+    if recompute_from is not None and twin is None:
+        raise ConfigError(f"--recompute-from {recompute_from}: no record of a twin there")
+    ends = twin.topics if twin is not None else None
+    record = JobRun(job, argv, maps, folder, master=master, publish=publish, recompute=ends).run()
     queries = ", ".join(f"{query.label} ({query.sink})" for query in record.queries)
     emit_plain(f"[{job.stem}] done: {len(record.queries)} queries ({queries}); record {folder / 'record.json'}")
 

@@ -33,6 +33,7 @@ from streamproof.cli.jobs import (
     Kafka,
     LocalRoot,
     Maps,
+    RecomputeFrom,
     Sandbox,
     Topics,
     is_job,
@@ -192,13 +193,16 @@ def run(
     job_state: JobState = None,
     sandbox: Sandbox = None,
     local_root: LocalRoot = None,
+    recompute_from: RecomputeFrom = None,
     state_dir: StateDir = None,
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch. A job file (JOB.py) runs unchanged
     with its production addresses mapped (--kafka, --map, --topic), draining what the topic holds."""
     if is_job(pipeline):
         job = job_maps(kafka, maps, inputs, topics)
-        run_job_command(pipeline, job_args or [], job, state_dir, job_state, master, sandbox, local_root)
+        run_job_command(
+            pipeline, job_args or [], job, state_dir, job_state, master, sandbox, local_root, recompute_from
+        )
         return
     no_job_arguments(pipeline, job_args, kafka, maps)
     spec = load_pipeline(pipeline)

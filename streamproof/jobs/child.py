@@ -36,16 +36,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql.classic.dataframe import DataFrame
+
 from streamproof.config import KafkaSource, SparkSettings
 from streamproof.errors import ConfigError
 from streamproof.faults import points as faults
 from streamproof.faults.in_tasks import fault_folder
+from streamproof.harness.cluster import event_log_conf
 from streamproof.jobs import inside
 from streamproof.jobs.inside import local_folder
 from streamproof.jobs.maps import AddressMaps, refusals
 from streamproof.jobs.moments import CRASH_QUERY_ENV, MANAGER_CLASS, MANAGER_CONF, Moments
 from streamproof.jobs.patches import Patches, install_stream_patches
 from streamproof.jobs.plan import plan_facts
+from streamproof.jobs.recompute import BatchWriter, batch_options
 from streamproof.jobs.record import RECORD_FILE, JobRecord, QueryRecord
 from streamproof.jobs.scan import JobError, job_digest, one_line, where_in_job
 from streamproof.jobs.yours import YourWrite
@@ -72,6 +76,7 @@ class JobRun:
         *,
         master: str | None = None,
         publish: Callable[[Event], None] | None = None,
+        recompute: dict[str, dict[str, int]] | None = None,
     ) -> None:
         self.job = job.resolve()
         self.argv = argv
@@ -91,6 +96,7 @@ class JobRun:
         self.sources: list[dict[str, Any]] = []
         self.published: dict[str, int] = {}  # query id -> the last batch whose progress was published
         self.listener: Any = None
+        self.recompute = recompute  # the topics' ends a recomputation reads to (streamproof.jobs.recompute)
         self.yours = YourWrite(self)
 
     def publish(self, event: Event) -> None:
@@ -112,6 +118,8 @@ class JobRun:
             "spark.sql.warehouse.dir": str(self.state_dir / "warehouse"),
             NO_DATA_BATCHES: "true",  # Spark's own default: a job's windows close as they would in production
         }
+        if self.master and not self.master.startswith("local"):  # the evidence of faults of the machines
+            conf.update(event_log_conf(Path(fault_folder()).parent / "spark-events"))
         settings = SparkSettings(conf=conf, **({"master": self.master} if self.master else {}))
         self.spark = build_session(settings, app_name=f"streamproof-job:{self.job.stem}")
         for name, location in self.record.tables.items():  # the catalog lives as long as the run: made again
@@ -188,12 +196,15 @@ class JobRun:
             return "PLAINTEXT"
         return value
 
-    def before_load(self, reader: Any, state: dict[str, Any], set_option: Callable[[str, Any], Any]) -> None:
-        """At ``load()`` of a Kafka source: where it starts and how big its batches are (see the module)."""
+    def before_load(self, reader: Any, state: dict[str, Any], set_option: Callable[[str, Any], Any]) -> Any:
+        """At ``load()`` of a Kafka source: where it starts and how big its batches are (see the module); in a
+        recomputation, the batch DataFrame of the records the twin read, which ``load()`` returns instead."""
         options, written = state["options"], state["written"]
         self.sources.append({"format": state["format"], "options": dict(written)})
         if state["format"] != "kafka":
-            return
+            return None
+        if self.recompute is not None:
+            return self.spark.read.format("kafka").options(**batch_options(options, self.recompute)).load()
         if written.get("startingoffsets", "latest") == "latest":
             was = (
                 f"startingOffsets={written['startingoffsets']}"
@@ -205,7 +216,7 @@ class JobRun:
         topics = [t for t in str(options.get("subscribe", "")).split(",") if t]
         servers = options.get("kafka.bootstrap.servers")
         if not topics or servers is None:
-            return
+            return None
         marks: list[tuple[int, int]] = []
         for topic in topics:
             found = require_topic(KafkaSource(kind="kafka", topic=topic, bootstrap_servers=servers))
@@ -227,8 +238,9 @@ class JobRun:
                 f"at {job_size}"
             )
         else:
-            return
+            return None
         set_option("maxOffsetsPerTrigger", str(size))
+        return None
 
     # --- the sink ----------------------------------------------------------------------------------------------------
 
@@ -356,6 +368,16 @@ class JobRun:
 
     def install(self) -> None:
         install_stream_patches(self.patches, self)
+        if self.recompute is not None:
+            streaming = DataFrame.writeStream
+            started: list[str] = []
+
+            def write_stream(frame: Any) -> Any:
+                if frame.isStreaming:
+                    return streaming.fget(frame)  # type: ignore[attr-defined]
+                return BatchWriter(frame, self.state_dir, started)
+
+            self.patches.replace(DataFrame, "writeStream", property(write_stream))
         steering = inside.Steering(self.maps, self.record, folder=str(self.state_dir))
         inside.install_inside_patches(self.patches, steering)
         watch_durable_calls()  # after the maps: a step is named by the job's own address
@@ -385,7 +407,7 @@ class JobRun:
             raise ConfigError(refused[0])
         if self.record.error is not None:
             raise JobError(f"job error: {self.record.error} (traceback: {self.record.error_file})")
-        if not self.record.queries:
+        if not self.record.queries and self.recompute is None:
             raise JobError(
                 f"job error: {self.job} started no streaming query (no writeStream ... start() or toTable()): "
                 "nothing to prove"

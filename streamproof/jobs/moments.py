@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.faults import points as faults
+from streamproof.faults.in_tasks import EXECUTOR_MAIN, fault_folder, fires_once
 from streamproof.faults.points import data_files
 from streamproof.jobs.inside import is_file_format, local_folder
 from streamproof.jobs.record import QueryRecord
@@ -190,6 +192,51 @@ class Moments:
             return None
         self.query = query
         return armed.moment or 1
+
+
+def executors_of(application: str) -> dict[int, int]:
+    """The executor JVMs of ``application`` on this machine, by executor id: their pids (``/proc``'s command lines).
+
+    >>> executors_of("app-none")
+    {}
+    """
+    found = {}
+    for pid in faults.process_table():
+        words = faults.process_cmdline(pid).split()
+        if EXECUTOR_MAIN in words and application in words and "--executor-id" in words:
+            found[int(words[words.index("--executor-id") + 1])] = pid
+    return found
+
+
+def kill_an_executor_mid_write(spark: Any, group: str, batch_id: int, label: str, done: threading.Event) -> None:
+    """``executor-mid-write`` in a job on a cluster: once the write's tasks (job group ``group``) keep every executor
+    of the application busy, SIGKILL one executor JVM (from the driver: the job's own tasks run JVM code only); Spark
+    retries its tasks on the others and the run goes on. Once per batch (a marker in the fault folder); what was
+    killed is recorded as the fault's landing, and Spark's event log is the evidence (an attempt lost with its
+    executor)."""
+    tracker = spark.sparkContext.statusTracker()
+    application = spark.sparkContext.applicationId
+    deadline = time.monotonic() + 600
+    while not done.is_set() and time.monotonic() < deadline:
+        running = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                running += stage.numActiveTasks if stage is not None else 0
+        executors = executors_of(application) if running else {}  # /proc read only while the write runs
+        if (
+            executors
+            and running >= len(executors)
+            and fires_once(fault_folder(), f"{faults.EXECUTOR_MID_WRITE}@{batch_id}")
+        ):
+            executor, pid = min(executors.items())
+            os.kill(pid, signal.SIGKILL)
+            what = f"executor {executor} (pid {pid}) SIGKILLed while {running} tasks of batch {batch_id}'s write ran"
+            record_landing(fault_folder(), batch_id, label, 0, what, f"executor {executor}")
+            print(f"[streamproof] {faults.EXECUTOR_MID_WRITE} in batch {batch_id}: {what}", file=sys.stderr, flush=True)
+            return
+        time.sleep(0.005)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:

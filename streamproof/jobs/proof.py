@@ -38,13 +38,15 @@ from urllib.parse import urlsplit
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.faults import points as faults
 from streamproof.harness.child import RUN_TIMEOUT_S, PipelineChild
+from streamproof.harness.cluster import fault_happened, write_attempts
 from streamproof.infra.postgres import PG_DATABASE, PG_DEFAULT_PASSWORD, PG_PASSWORD_ENV, PG_USER
-from streamproof.jobs.compare import compare_rows
+from streamproof.jobs.compare import RowCounts, compare_rows
 from streamproof.jobs.inside import is_file_format, local_folder
 from streamproof.jobs.maps import AddressMaps, sandbox_database
-from streamproof.jobs.moments import CRASH_QUERY_ENV
+from streamproof.jobs.moments import CRASH_QUERY_ENV, YOUR_SINKS
 from streamproof.jobs.outputs import IndependentReader, SparkReader
-from streamproof.jobs.record import JobRecord, QueryRecord
+from streamproof.jobs.recompute import recomputed_folder
+from streamproof.jobs.record import JobRecord, Output, QueryRecord
 from streamproof.jobs.scan import JobError, job_digest
 from streamproof.jobs.verdict import JobCell, OutputCheck, guarantee_of, why_of
 from streamproof.your_code.steps import MOMENTS_CRASHED, landed
@@ -64,6 +66,8 @@ class QueryVerdict:
     cells: list[JobCell] = field(default_factory=list)
     by_reading: dict[str, str] = field(default_factory=dict)  # a file sink's readings, each's guarantee
     left_out: dict[str, str] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # why no comparison can say ok
+    recomputed: RowCounts | None = None  # the twin against a recomputation of the plan as a batch (stateless only)
 
     @property
     def proven_clean(self) -> bool:
@@ -71,7 +75,7 @@ class QueryVerdict:
         the query's plan makes a comparison unknowable."""
         return (
             bool(self.cells)
-            and not self.query.unknown
+            and not self.unknown
             and all(not cell.missed and cell.outcome == "clean" for cell in self.cells)
         )
 
@@ -85,7 +89,8 @@ class QueryVerdict:
             "why": self.why,
             "by_reading": self.by_reading,
             "left_out": self.left_out,
-            "unknown": self.query.unknown,
+            "unknown": self.unknown,
+            "twin_against_recomputation": list(self.recomputed.terms()) if self.recomputed is not None else None,
             "moments": self.query.moments,
             "cells": [cell.to_dict() for cell in self.cells],
         }
@@ -173,7 +178,12 @@ class JobProver:
         return f"{self.stamp}-{name}", self.workdir / name
 
     def run_child(
-        self, name: str, run: str, crash: faults.ArmedCrash | None = None, query: str | None = None
+        self,
+        name: str,
+        run: str,
+        crash: faults.ArmedCrash | None = None,
+        query: str | None = None,
+        arguments: list[str] | None = None,
     ) -> tuple[PipelineChild, int]:
         sandbox, folder = self.sandbox(name)
         if not folder.exists():
@@ -185,7 +195,7 @@ class JobProver:
             name=run,
             available_now=False,
             crash=crash,
-            arguments=self._arguments(sandbox, folder),
+            arguments=[*(arguments or []), *self._arguments(sandbox, folder)],
             environment=environment,
         )
         try:
@@ -212,20 +222,95 @@ class JobProver:
             self.emit(f"changed: {line}")
         return record
 
+    def recompute(self, twin: JobRecord, reader: Any) -> dict[str, RowCounts]:
+        """The second oracle (:mod:`streamproof.jobs.recompute`): each stateless query of Spark's own sink, its plan
+        run once as a batch over the twin's records, compared with what the twin wrote (by query)."""
+        stateless = [
+            query for query in twin.queries if not query.stateful and query.sink not in YOUR_SINKS and query.address
+        ]
+        if not stateless or not twin.topics:
+            return {}
+        self.emit(f"recomputation: {', '.join(q.label for q in stateless)} as one batch over the twin's records")
+        twin_state = self.sandbox("twin")[1] / "state"
+        child, code = self.run_child("recompute", "run-1", arguments=["--recompute-from", str(twin_state)])
+        if code != 0:
+            raise self._job_failed(child, code, "its recomputation as a batch")
+        found = {}
+        for query in stateless:
+            address = str(query.address)
+            output = twin.outputs.get(address if query.sink != "kafka" else f"kafka:{address}")
+            if output is None:
+                continue
+            reading = "spark" if is_file_format(query.sink) else "rows"
+            folder = recomputed_folder(self.sandbox("recompute")[1] / "state", query.label)
+            batch = reader.read(Output(str(folder), "parquet"))["spark"]
+            found[query.label] = compare_rows(reader.read(output).get(reading, []), batch, query.left_out)
+            counts = found[query.label]
+            self.emit(f"[{query.label}] the twin against its recomputation: lost {counts.lost}, duplicated "
+                      f"{counts.duplicated}, unexpected {counts.unexpected} of {counts.twin_rows:,} rows")  # fmt: skip
+        return found
+
     def points_of(self, query: QueryRecord, chosen: list[str] | None) -> list[str]:
         """The crash points of a query's cells: each moment of its batch, and each durable step of your write."""
         wanted = chosen or list(JOB_POINTS)
         points = []
         for where in wanted:
             point = faults.split_moment(where)[0]
+            if point == faults.EXECUTOR_MID_WRITE:
+                if not self.master or self.master.startswith("local"):
+                    raise ConfigError(
+                        f"--crash-at {point}: a fault of a cluster's machines needs --master spark://... "
+                        "(`streamproof infra up --spark-workers 2`, docs/cluster.md)"
+                    )
+                if query.sink not in ("foreachBatch", "foreach"):
+                    raise ConfigError(
+                        f"--crash-at {point}: {query.label} writes with Spark's own {query.sink} sink; an executor is "
+                        "killed mid-write in a job's foreachBatch or foreach write (docs/jobs.md)"
+                    )
+                points.append(where)
+                continue
             if point not in JOB_POINTS:
-                raise ConfigError(f"--crash-at {where!r}: a job's crash points are {', '.join(JOB_POINTS)} (#k)")
+                raise ConfigError(
+                    f"--crash-at {where!r}: a job's crash points are {', '.join(JOB_POINTS)} (#k), and "
+                    f"{faults.EXECUTOR_MID_WRITE} on a cluster"
+                )
             if point == faults.MID_SINK_WRITE and query.sink in ("foreachBatch", "foreach") and "#" not in where:
                 steps = max(1, min(len(query.moments), MOMENTS_CRASHED))
                 points += [f"{point}#{k}" for k in range(1, steps + 1)]
             else:
                 points.append(where)
         return points
+
+    def _survived(
+        self, cell: JobCell, child: PipelineChild, code: int, twin: JobRecord, readers: dict[str, Any], started: float
+    ) -> JobCell:
+        """A fault of the machines: the run must survive it and drain; Spark's event log must show it happened."""
+        if code != 0:
+            raise self._job_failed(child, code, f"the run through {cell.point}")
+        events = child.log_path.parent / "spark-events"
+        cell.facts = write_attempts(events, cell.batch_id, cell.query)
+        if cell.landed is None:
+            cell.missed = f"{cell.point}: the write of batch {cell.batch_id} ended before every executor was busy"
+        elif missed := fault_happened(cell.point, cell.facts):
+            cell.missed = f"{missed}; event log: {events}"
+        self.emit(f"[{cell.query}] {cell.point}: {cell.landed or cell.missed}; Spark's event log: {cell.facts}")
+        return self._compared(cell, child.log_path.parent.parent, twin, readers, started)
+
+    def _compared(
+        self, cell: JobCell, folder: Path, twin: JobRecord, readers: dict[str, Any], started: float
+    ) -> JobCell:
+        """The cell's drained outputs against the twin's, by every checker."""
+        record = JobRecord.read(folder / "state")
+        (first, reader), *others = readers.items()
+        cell.checks = compare_outputs(twin, record, reader, self.maps)
+        cell.checker = first
+        for name, other in others:  # every output read again by each other checker: the terms must be the same
+            cell.also[name] = compare_outputs(twin, record, other, self.maps)
+        cell.seconds = time.monotonic() - started
+        lost, duplicated, unexpected = cell.damage()
+        terms = f"lost {lost}, duplicated {duplicated}, unexpected {unexpected}"
+        self.emit(f"[{cell.query}] {cell.point}: {cell.outcome} ({terms})")
+        return cell
 
     def cell(self, query: QueryRecord, where: str, twin: JobRecord, readers: dict[str, Any]) -> JobCell:
         """One crash at ``where`` in ``query``'s batch, the restarts, the comparison."""
@@ -239,6 +324,8 @@ class JobProver:
         landing = landed(folder / "logs" / "faults", CRASH_BATCH, query.label)
         record = JobRecord.read(folder / "state")
         cell = JobCell(query.label, where, CRASH_BATCH, landing.get("what") if landing else None, None, runs=1)
+        if point in faults.CLUSTER_POINTS:  # the run survives it: no restart, its own drain is the cell's
+            return self._survived(cell, child, code, twin, readers, started)
         if code != -signal.SIGKILL:
             if code != 0:
                 raise self._job_failed(child, code, f"the run armed at {where}")
@@ -256,18 +343,7 @@ class JobProver:
         cell.runs += 1
         if code != 0:
             raise self._job_failed(child, code, f"the restart after {where}")
-        record = JobRecord.read(folder / "state")
-        (first, reader), *others = readers.items()
-        cell.checks = compare_outputs(twin, record, reader, self.maps)
-        cell.checker = first
-        for name, other in others:  # every output read again by each other checker: the terms must be the same
-            cell.also[name] = compare_outputs(twin, record, other, self.maps)
-        cell.seconds = time.monotonic() - started
-        lost, duplicated, unexpected = cell.damage()
-        self.emit(
-            f"[{query.label}] {where}: {cell.outcome} (lost {lost}, duplicated {duplicated}, unexpected {unexpected})"
-        )
-        return cell
+        return self._compared(cell, folder, twin, readers, started)
 
 
 def make_sandbox_databases(maps: AddressMaps, sandbox: str) -> list[str]:
@@ -395,14 +471,15 @@ def prove_job(
         readers["independent"] = IndependentReader(maps)
     if not readers:
         raise ConfigError("a proof needs a checker: a Spark session, or independent=True")
+    recomputed = prover.recompute(twin, next(iter(readers.values())))
     cells = [
         prover.cell(query, where, twin, readers) for query in twin.queries for where in prover.points_of(query, points)
     ]
-    verdicts = [verdict_of(query, cells) for query in twin.queries]
+    verdicts = [verdict_of(query, cells, recomputed.get(query.label)) for query in twin.queries]
     return JobProof(job, twin, verdicts, before, job_digest(job), time.monotonic() - started, " and ".join(readers))
 
 
-def verdict_of(query: QueryRecord, cells: list[JobCell]) -> QueryVerdict:
+def verdict_of(query: QueryRecord, cells: list[JobCell], recomputed: RowCounts | None = None) -> QueryVerdict:
     """The query's verdict from every cell of the job (a crash armed in another query kills this one at some moment
     of its own), each judged by the query's outputs: the guarantee (the weakest reading's; a file sink's readings
     each said). Its cells are those armed in it, then those of other queries that damaged it."""
@@ -410,14 +487,18 @@ def verdict_of(query: QueryRecord, cells: list[JobCell]) -> QueryVerdict:
     mine = [cell for cell in judged if cell.query == query.label]
     mine += [cell for cell in judged if cell.query != query.label and not cell.missed and cell.outcome != "clean"]
     readings = sorted({check.reading for cell in mine for check in cell.checks})
-    by_reading = (
-        {reading: guarantee_of(mine, query.unknown, reading) for reading in readings} if len(readings) > 1 else {}
-    )
-    guarantee = guarantee_of(mine, query.unknown)
+    unknown = list(query.unknown)
+    if recomputed is not None and not recomputed.clean:
+        lost, duplicated, unexpected = recomputed.terms()
+        unknown.append(
+            f"the twin and a recomputation of the job's plan as one batch over the same records disagree (lost "
+            f"{lost:,}, duplicated {duplicated:,}, unexpected {unexpected:,}): the twin is no oracle for this query"
+        )
+    guarantee = guarantee_of(mine, unknown)
+    by_reading = {reading: guarantee_of(mine, unknown, reading) for reading in readings} if len(readings) > 1 else {}
     left_out = {name: why for cell in mine for check in cell.checks for name, why in check.counts.left_out.items()}
-    return QueryVerdict(
-        query, guarantee, why_of(query.sink, query.function, mine, query.moments), mine, by_reading, left_out
-    )
+    why = why_of(query.sink, query.function, mine, query.moments)
+    return QueryVerdict(query, guarantee, why, mine, by_reading, left_out, unknown, recomputed)
 
 
 def _only(cell: JobCell, label: str) -> JobCell:

@@ -54,8 +54,13 @@ def query_lines(verdict: QueryVerdict) -> list[str]:
     if verdict.left_out:
         named = ", ".join(f"{name} ({why})" for name, why in sorted(verdict.left_out.items()))
         lines.append(f"  left out of the comparison: {named}")
-    for reason in query.unknown:
+    for reason in verdict.unknown:
         lines.append(f"  unknown: {reason}")
+    if verdict.recomputed is not None and verdict.recomputed.clean:
+        lines.append(
+            f"  the twin's {verdict.recomputed.twin_rows:,} rows agree with the job's plan recomputed as one batch "
+            "over the same records"
+        )
     if query.moments:
         lines.append(f"  its write's durable steps: {'; '.join(query.moments)}")
     for cell in verdict.cells:

@@ -20,14 +20,16 @@ Example::
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from streamproof.faults import points as faults
 from streamproof.faults.in_tasks import fault_folder
 from streamproof.jobs import inside
 from streamproof.jobs.maps import refusals
-from streamproof.jobs.moments import Moments
+from streamproof.jobs.moments import Moments, kill_an_executor_mid_write
 from streamproof.jobs.patches import state_of
 from streamproof.jobs.record import JobRecord
 from streamproof.jobs.scan import one_line, where_in_job
@@ -76,6 +78,13 @@ class YourWrite:
         steering = inside.steering()
         if steering is not None:
             steering.query = query.label
+        context = batch_df.sparkSession.sparkContext
+        group = f"streamproof-{batch_id}-{query.label}"  # the write's jobs, as Spark's event log names them
+        context.setJobGroup(group, f"streamproof: batch {batch_id} -> {query.label}")
+        written_now = threading.Event()
+        if faults.mid_write_armed(batch_id, query.label, first_sink=True) == faults.EXECUTOR_MID_WRITE:
+            watch = functools.partial(kill_an_executor_mid_write, batch_df.sparkSession, group, batch_id, query.label)
+            threading.Thread(target=watch, args=(written_now,), name="streamproof-executor-fault", daemon=True).start()
         try:
             with your_steps.counting(steps):
                 if foreach:
@@ -88,6 +97,9 @@ class YourWrite:
                 run.record.failed(line, run.traceback_file(error))
             raise
         finally:
+            written_now.set()
+            for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+                context.setLocalProperty(key, None)
             if steering is not None:
                 steering.query = None
         if refusals():
