@@ -186,3 +186,30 @@ def test_checkpoint_commands_work_on_hdfs(proven: Any, kafka_broker: KafkaBroker
         assert report.source_records == EVENTS + 4_000 and report.ok, report.to_json()
     compacted = list(maintain(spark, spec, compact=True, vacuum_hours=None))
     assert len(compacted) == 2 and all("OPTIMIZE removed" in line for line in compacted), compacted
+
+
+def test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally(
+    cluster: ClusterFaults, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """examples/jobs/orders_ledger.py proven with `--master spark://...` on the test cluster, as a user types it: an
+    executor JVM SIGKILLed while the job's data append keeps both executors busy (Spark runs the lost tasks again
+    elsewhere: nothing written twice, its event log shows the attempt lost with its executor), and the SIGKILL of
+    the whole job between its two commits: batch 1 duplicated, at-least-once, as in local mode (tests/test_jobs.py)."""
+    import json
+
+    assert cluster.spark is not None
+    generate(kafka_broker.bootstrap_servers, "cluster-ledger", 2_000, malformed=0.005, seed=13)
+    report = tmp_path / "proof.json"
+    done = run_cli(
+        "prove", str(REPO / "examples" / "jobs" / "orders_ledger.py"), "--kafka", kafka_broker.bootstrap_servers,
+        "--map", f"s3://prod/={tmp_path / 'prod'}/", "--topic", "orders=cluster-ledger", "--master",
+        cluster.spark.master_url, "--crash-at", "executor-mid-write,mid-sink-write#1", "--json", str(report),
+        "--state-dir", str(tmp_path / "state"), timeout=1500,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (query,) = json.loads(report.read_text())["queries"]
+    assert query["guarantee"] == "at-least-once", query
+    executor, between = query["cells"]
+    assert executor["point"] == EXECUTOR_MID_WRITE and executor["missed"] is None, executor
+    assert executor["outcome"] == "clean" and executor["facts"]["ends"].get("ExecutorLostFailure"), executor
+    assert between["point"] == "mid-sink-write#1" and between["lost"] == 0 and 600 <= between["duplicated"] <= 700
