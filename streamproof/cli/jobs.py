@@ -18,7 +18,7 @@ from streamproof.errors import ConfigError
 from streamproof.jobs.child import JobRun
 from streamproof.jobs.maps import AddressMaps
 from streamproof.jobs.proof import prove_job
-from streamproof.jobs.record import JobRecord
+from streamproof.jobs.recompute import RECOMPUTED
 from streamproof.jobs.report import proof_lines
 from streamproof.jobs.scan import scan_job
 from streamproof.jobs.verify import verification_lines, verify_job
@@ -50,8 +50,9 @@ Sandbox = Annotated[str | None, typer.Option("--sandbox", hidden=True, help="A p
 LocalRoot = Annotated[
     Path | None, typer.Option("--local-root", hidden=True, help="Where the sandbox's local paths go.")
 ]
-RecomputeFrom = Annotated[
-    Path | None, typer.Option("--recompute-from", hidden=True, help="A twin's state: recompute its queries as batches.")
+ThenRecompute = Annotated[
+    bool,
+    typer.Option("--then-recompute", hidden=True, help="A proof's twin: then its plan again as one batch, in-process."),
 ]
 JobArgs = Annotated[list[str] | None, typer.Argument(help="JOB.py: after --, the job's own arguments (its sys.argv).")]
 
@@ -92,10 +93,11 @@ def run_job_command(
     master: str | None,
     sandbox: str | None = None,
     local_root: Path | None = None,
-    recompute_from: Path | None = None,
+    then_recompute: bool = False,
 ) -> None:
-    """``streamproof run JOB.py``: the job once, under the maps, its changes printed as they are made (with
-    ``recompute_from``, a twin's state: its queries recomputed as batches, streamproof.jobs.recompute)."""
+    """``streamproof run JOB.py``: the job once, under the maps, its changes printed as they are made (a proof's
+    twin, ``then_recompute``: then the job again in this process, its plan as one batch over the same records,
+    streamproof.jobs.recompute)."""
     refuse_before_running(job, maps)
     if sandbox is not None:
         maps = maps.within(sandbox, str(local_root) if local_root else None)
@@ -110,11 +112,10 @@ def run_job_command(
             emit_plain(event.line())
 
     folder = job_state or state_path(state_dir) / "jobs" / job.stem
-    twin = JobRecord.read(recompute_from) if recompute_from is not None else None
-    if recompute_from is not None and twin is None:
-        raise ConfigError(f"--recompute-from {recompute_from}: no record of a twin there")
-    ends = twin.topics if twin is not None else None
-    record = JobRun(job, argv, maps, folder, master=master, publish=publish, recompute=ends).run()
+    record = JobRun(job, argv, maps, folder, master=master, publish=publish).run()
+    if then_recompute and record.topics:  # the same JVM, warm: a second oracle for the proof at a run's cost of none
+        again = maps.within(f"{maps.sandbox}-recompute", str(local_root) + "-recompute") if maps.sandbox else maps
+        JobRun(job, argv, again, folder / RECOMPUTED, master=master, recompute=record.topics).run()
     queries = ", ".join(f"{query.label} ({query.sink})" for query in record.queries)
     emit_plain(f"[{job.stem}] done: {len(record.queries)} queries ({queries}); record {folder / 'record.json'}")
 

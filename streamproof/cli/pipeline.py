@@ -33,8 +33,8 @@ from streamproof.cli.jobs import (
     Kafka,
     LocalRoot,
     Maps,
-    RecomputeFrom,
     Sandbox,
+    ThenRecompute,
     Topics,
     is_job,
     job_maps,
@@ -193,7 +193,7 @@ def run(
     job_state: JobState = None,
     sandbox: Sandbox = None,
     local_root: LocalRoot = None,
-    recompute_from: RecomputeFrom = None,
+    then_recompute: ThenRecompute = False,
     state_dir: StateDir = None,
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch. A job file (JOB.py) runs unchanged
@@ -201,7 +201,7 @@ def run(
     if is_job(pipeline):
         job = job_maps(kafka, maps, inputs, topics)
         run_job_command(
-            pipeline, job_args or [], job, state_dir, job_state, master, sandbox, local_root, recompute_from
+            pipeline, job_args or [], job, state_dir, job_state, master, sandbox, local_root, then_recompute
         )
         return
     no_job_arguments(pipeline, job_args, kafka, maps)

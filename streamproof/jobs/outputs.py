@@ -8,7 +8,8 @@ list of rows (dicts), which :mod:`streamproof.jobs.compare` counts against the t
   sink's ``_spark_metadata`` log (the files of committed batches only), ``files`` reads every data file in the folder,
   as pyarrow, Hive or Trino do (Spark too, given the files); without Spark both are read with pyarrow;
 * a Kafka topic: key and value of every record, read committed (Spark's Kafka source; confluent-kafka);
-* a PostgreSQL database: every table of the ``public`` schema, each a reading of its own (psycopg, both).
+* a PostgreSQL database: every table of the ``public`` schema, each a reading of its own (Spark's JDBC source;
+  psycopg).
 
 Example::
 
@@ -93,7 +94,7 @@ class SparkReader:
 
     def read(self, output: Output) -> dict[str, Rows]:
         if output.format == "postgresql":
-            return read_database(output.location, self.maps)
+            return self._database(output.location)
         if output.format == "kafka":
             return {"rows": self._topic(output.location)}
         location = output.location
@@ -107,6 +108,31 @@ class SparkReader:
             return {"spark": _collect(reader.load(location)), "files": _collect(by_files) if by_files else []}
         kind = "delta" if output.format in ("delta", "table") and _is_delta(location) else "parquet"
         return {"rows": _collect(self.spark.read.format(kind).load(location))}
+
+    def _database(self, location: str) -> dict[str, Rows]:
+        """Every table of the database's ``public`` schema, through Spark's JDBC source (the PostgreSQL driver is in
+        the jars); the independent checker reads them with psycopg."""
+        settings = database_settings(location, self.maps)
+        url = f"jdbc:postgresql://{settings['host']}:{settings['port']}/{settings['dbname']}"
+
+        def jdbc(table: str) -> Any:
+            return (
+                self.spark.read.format("jdbc")
+                .option("url", url)
+                .option("dbtable", table)
+                .option("user", settings["user"])
+                .option("password", settings["password"])
+                .load()
+            )
+
+        try:
+            names = jdbc("(SELECT table_name FROM information_schema.tables WHERE table_schema = 'public') t")
+            tables = sorted(str(row[0]) for row in names.collect())
+        except Exception as error:  # noqa: BLE001 - a sandbox whose database was never made holds nothing
+            if "does not exist" in str(error):
+                return {}
+            raise
+        return {f"table {table}": _collect(jdbc(f'public."{table}"')) for table in tables}
 
     def _topic(self, topic: str) -> Rows:
         frame = (
@@ -221,20 +247,24 @@ def _partition_values(name: str, folder: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in relative.split(os.sep) if "=" in part)
 
 
-def read_database(location: str, maps: AddressMaps) -> dict[str, Rows]:
-    """Every table of the database's ``public`` schema, each a reading (``table <name>``)."""
-    import psycopg
-
+def database_settings(location: str, maps: AddressMaps) -> dict[str, Any]:
+    """How to reach a database output (``postgresql://host:port/db``): its credentials are the map target's, else
+    the local server's (as the run used them)."""
     parts = urlsplit(location)
-    password = _password_for(parts.hostname or "127.0.0.1", maps)
-    settings: dict[str, Any] = {
+    return {
         "host": parts.hostname or "127.0.0.1",
         "port": parts.port or 5432,
         "dbname": parts.path.strip("/"),
         "user": parts.username or PG_USER,
-        "password": password,
-        "connect_timeout": 10,
+        "password": _password_for(parts.hostname or "127.0.0.1", maps),
     }
+
+
+def read_database(location: str, maps: AddressMaps) -> dict[str, Rows]:
+    """Every table of the database's ``public`` schema with psycopg, each a reading (``table <name>``)."""
+    import psycopg
+
+    settings = {**database_settings(location, maps), "connect_timeout": 10}
     readings: dict[str, Rows] = {}
     try:
         connection = psycopg.connect(**settings)

@@ -45,7 +45,7 @@ from streamproof.jobs.inside import is_file_format, local_folder
 from streamproof.jobs.maps import AddressMaps, sandbox_database
 from streamproof.jobs.moments import CRASH_QUERY_ENV, YOUR_SINKS
 from streamproof.jobs.outputs import IndependentReader, SparkReader
-from streamproof.jobs.recompute import recomputed_folder
+from streamproof.jobs.recompute import RECOMPUTED, recomputed_folder
 from streamproof.jobs.record import JobRecord, Output, QueryRecord
 from streamproof.jobs.scan import JobError, job_digest
 from streamproof.jobs.verdict import JobCell, OutputCheck, guarantee_of, why_of
@@ -162,7 +162,7 @@ class JobProver:
         self.timeout_s = timeout_s
         self.stamp = time.strftime("%Y%m%dt%H%M%S")
 
-    def _arguments(self, sandbox: str, folder: Path) -> list[str]:
+    def _arguments(self, sandbox: str, folder: Path, local: bool = False) -> list[str]:
         arguments = ["--job-state", str(folder / "state"), "--sandbox", sandbox, "--local-root", str(folder / "local")]
         if self.maps.kafka:
             arguments += ["--kafka", self.maps.kafka]
@@ -170,7 +170,7 @@ class JobProver:
             arguments += ["--input" if path.input else "--map", f"{path.source}={path.target}"]
         for source, target in self.maps.topics:
             arguments += ["--topic", f"{source}={target}"]
-        if self.master:
+        if self.master and not local:
             arguments += ["--master", self.master]
         return [*arguments, "--", *self.argv] if self.argv else arguments
 
@@ -184,6 +184,7 @@ class JobProver:
         crash: faults.ArmedCrash | None = None,
         query: str | None = None,
         arguments: list[str] | None = None,
+        local: bool = False,
     ) -> tuple[PipelineChild, int]:
         sandbox, folder = self.sandbox(name)
         if not folder.exists():
@@ -195,7 +196,7 @@ class JobProver:
             name=run,
             available_now=False,
             crash=crash,
-            arguments=[*(arguments or []), *self._arguments(sandbox, folder)],
+            arguments=[*(arguments or []), *self._arguments(sandbox, folder, local)],
             environment=environment,
         )
         try:
@@ -209,10 +210,12 @@ class JobProver:
         text = line.removeprefix("error: ") if line else f"exited with code {code}"
         return JobError(f"{text} ({what}; log: {child.log_path})")
 
-    def twin(self) -> JobRecord:
-        """The crash-free twin: the job drained once in a sandbox of its own."""
+    def twin(self, recompute: bool = False) -> JobRecord:
+        """The crash-free twin: the job drained once in a sandbox of its own, in local mode (it shares neither a
+        cluster nor its executors with the crashed runs); with ``recompute``, then its plan as one batch over the same
+        records, in the same process (:meth:`recompute` compares them)."""
         self.emit(f"twin: {self.job.name} uncrashed, in its own sandbox")
-        child, code = self.run_child("twin", "run-1")
+        child, code = self.run_child("twin", "run-1", arguments=["--then-recompute"] if recompute else [], local=True)
         if code != 0:
             raise self._job_failed(child, code, "the twin, uncrashed")
         record = JobRecord.read(self.sandbox("twin")[1] / "state")
@@ -231,10 +234,6 @@ class JobProver:
         if not stateless or not twin.topics:
             return {}
         self.emit(f"recomputation: {', '.join(q.label for q in stateless)} as one batch over the twin's records")
-        twin_state = self.sandbox("twin")[1] / "state"
-        child, code = self.run_child("recompute", "run-1", arguments=["--recompute-from", str(twin_state)])
-        if code != 0:
-            raise self._job_failed(child, code, "its recomputation as a batch")
         found = {}
         for query in stateless:
             address = str(query.address)
@@ -242,7 +241,7 @@ class JobProver:
             if output is None:
                 continue
             reading = "spark" if is_file_format(query.sink) else "rows"
-            folder = recomputed_folder(self.sandbox("recompute")[1] / "state", query.label)
+            folder = recomputed_folder(self.sandbox("twin")[1] / "state" / RECOMPUTED, query.label)
             batch = reader.read(Output(str(folder), "parquet"))["spark"]
             found[query.label] = compare_rows(reader.read(output).get(reading, []), batch, query.left_out)
             counts = found[query.label]
@@ -465,7 +464,7 @@ def prove_job(
     started = time.monotonic()
     before = job_digest(job)
     prover = JobProver(job, argv, maps, workdir=workdir, emit=emit, master=master, timeout_s=timeout_s)
-    twin = prover.twin()
+    twin = prover.twin(recompute=True)
     readers: dict[str, Any] = {"Spark": SparkReader(spark, maps)} if spark is not None else {}
     if independent:
         readers["independent"] = IndependentReader(maps)
