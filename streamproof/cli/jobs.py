@@ -6,6 +6,7 @@ Arguments parsing only: the maps from the flags, the job's text checked before a
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -141,7 +142,7 @@ def prove_job_command(
     for line in maps.describe():
         emit_plain(f"maps {line}")
     workdir = state_path(state_dir) / "jobs" / job.stem / time.strftime("%Y%m%dT%H%M%S")
-    spark = local_session(app_name=f"streamproof-prove:{job.stem}")
+    spark = functools.partial(local_session, app_name=f"streamproof-prove:{job.stem}")  # started once needed
     proof = prove_job(
         job,
         argv,
@@ -166,7 +167,7 @@ def verify_job_command(
     """``streamproof verify JOB.py``: the last run's outputs against a fresh twin; True when clean (and agreed)."""
     refuse_before_running(job, maps)
     folder = state_path(state_dir) / "jobs" / job.stem
-    spark = local_session(app_name=f"streamproof-verify:{job.stem}")
+    spark = functools.partial(local_session, app_name=f"streamproof-verify:{job.stem}")  # started once needed
     found = verify_job(
         job,
         argv,

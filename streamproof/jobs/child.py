@@ -46,13 +46,14 @@ from streamproof.harness.cluster import event_log_conf
 from streamproof.jobs import inside
 from streamproof.jobs.inside import local_folder
 from streamproof.jobs.maps import AddressMaps, refusals
-from streamproof.jobs.moments import CRASH_QUERY_ENV, MANAGER_CLASS, MANAGER_CONF, Moments
+from streamproof.jobs.moments import CRASH_QUERY_ENV, MANAGER_CLASS, MANAGER_CONF, Moments, holding_conf
 from streamproof.jobs.patches import Patches, install_stream_patches
 from streamproof.jobs.plan import plan_facts
 from streamproof.jobs.recompute import BatchWriter, batch_options
 from streamproof.jobs.record import RECORD_FILE, JobRecord, QueryRecord
 from streamproof.jobs.scan import JobError, job_digest, one_line, where_in_job
 from streamproof.jobs.yours import YourWrite
+from streamproof.jvm.jars import cached_jars
 from streamproof.jvm.session import NO_DATA_BATCHES, build_session
 from streamproof.kafka_client import require_topic
 from streamproof.pipeline.events import STARTED, BatchCommitted, Event, Notice
@@ -120,6 +121,7 @@ class JobRun:
         }
         if self.master and not self.master.startswith("local"):  # the evidence of faults of the machines
             conf.update(event_log_conf(Path(fault_folder()).parent / "spark-events"))
+            conf.update(holding_conf(cached_jars("spark"), fault_folder()))
         settings = SparkSettings(conf=conf, **({"master": self.master} if self.master else {}))
         self.spark = build_session(settings, app_name=f"streamproof-job:{self.job.stem}")
         for name, location in self.record.tables.items():  # the catalog lives as long as the run: made again

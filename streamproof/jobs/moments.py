@@ -126,21 +126,21 @@ class Moments:
             threading.Thread(target=self._watch, name="streamproof-moments", daemon=True).start()
 
     def _watch(self) -> None:
-        taken: set[str] = set()
+        """Polls for the marker of each armed entry (``reached-<n>``, one stat each: the batch's thread is stopped
+        while it waits, so a few milliseconds change nothing but the CPU the watch costs)."""
+        waiting = {index: self.markers / f"reached-{index + 1}" for index in range(len(self._entries))}
         deadline = time.monotonic() + 3600
-        while time.monotonic() < deadline:
-            for marker in sorted(self.markers.glob("reached-*")) if self.markers.exists() else []:
-                if marker.name in taken:
+        while waiting and time.monotonic() < deadline:
+            for index, marker in list(waiting.items()):
+                if not marker.exists():
                     continue
-                taken.add(marker.name)
-                index = int(marker.name.rsplit("-", 1)[1]) - 1
-                action = self._entries[index].split(":", 1)[0] if index < len(self._entries) else "block"
-                if action == "block" and self.armed is not None:
+                del waiting[index]
+                if self._entries[index].startswith("block:") and self.armed is not None:
                     what = WHAT.get(self.armed.point, "at its moment").format(b=self.armed.batch_id)
                     self.kill(what, "checkpoint")
                 else:
                     self._watch_write()
-            time.sleep(0.002)
+            time.sleep(0.005)
 
     def _watch_write(self) -> None:
         """``mid-sink-write`` in Spark's own sink, the batch logged: kill inside its write."""
@@ -208,35 +208,63 @@ def executors_of(application: str) -> dict[int, int]:
     return found
 
 
+HOLD_CLASS = "dev.streamproof.proof.HoldingLocalFileSystem"
+HOLD_FOLDER = "streamproof.hold.folder"
+
+
+def holding_conf(jars: list[Path], folder: str) -> dict[str, str]:
+    """The settings of a job's run on a cluster that let :func:`kill_an_executor_mid_write` hold a write task with
+    its first data file open (``jvm/s3``'s ``HoldingLocalFileSystem`` in place of Hadoop's local file system, on the
+    JVMs' own class path: spark-submit and an executor load it before any ``spark.jars`` is theirs).
+
+    >>> conf = holding_conf([Path("/cache/delta-spark.jar"), Path("/cache/streamproof-s3-1.jar")], "/tmp/faults")
+    >>> conf["spark.executor.extraClassPath"], conf["spark.hadoop.streamproof.hold.folder"]
+    ('/cache/streamproof-s3-1.jar', '/tmp/faults')
+    """
+    own = [str(jar) for jar in jars if jar.name.startswith("streamproof-")]
+    return {
+        "spark.hadoop.fs.file.impl": HOLD_CLASS,
+        f"spark.hadoop.{HOLD_FOLDER}": folder,
+        "spark.executor.extraClassPath": ":".join(own),
+        "spark.driver.extraClassPath": ":".join(own),
+    }
+
+
 def kill_an_executor_mid_write(spark: Any, group: str, batch_id: int, label: str, done: threading.Event) -> None:
-    """``executor-mid-write`` in a job on a cluster: once the write's tasks (job group ``group``) keep every executor
-    of the application busy, SIGKILL one executor JVM (from the driver: the job's own tasks run JVM code only); Spark
-    retries its tasks on the others and the run goes on. Once per batch (a marker in the fault folder); what was
-    killed is recorded as the fault's landing, and Spark's event log is the evidence (an attempt lost with its
-    executor)."""
-    tracker = spark.sparkContext.statusTracker()
-    application = spark.sparkContext.applicationId
+    """``executor-mid-write`` in a job on a cluster: the write's first task (job group ``group``) to open a data
+    file is held there by the executor's file system (:func:`holding_conf`), which names its JVM; SIGKILL that JVM
+    from the driver (the job's own tasks run JVM code only). Spark retries the task on another executor and the run
+    goes on. Once per batch (a marker in the fault folder); what was killed is recorded as the fault's landing, and
+    Spark's event log is the evidence (an attempt lost with its executor). A write that opens no local data file
+    (another file system) is never held: the cell's evidence then says the fault did not happen."""
+    folder = Path(fault_folder())
+    folder.mkdir(parents=True, exist_ok=True)
+    if not fires_once(str(folder), f"{faults.EXECUTOR_MID_WRITE}@{batch_id}"):
+        return
+    armed, held = folder / f"hold-{group}", folder / f"held-{group}"
+    armed.touch()
+    try:
+        pid = _held_executor(held, done)
+        if pid is None:
+            return
+        executors = executors_of(spark.sparkContext.applicationId)  # read while it lives: the task holds
+        executor = next((number for number, known in executors.items() if known == pid), "?")
+        os.kill(pid, signal.SIGKILL)
+        what = f"executor {executor} (pid {pid}) SIGKILLed, its task of batch {batch_id}'s write holding a file open"
+        record_landing(str(folder), batch_id, label, 0, what, f"executor {executor}")
+        print(f"[streamproof] {faults.EXECUTOR_MID_WRITE} in batch {batch_id}: {what}", file=sys.stderr, flush=True)
+    finally:
+        armed.unlink(missing_ok=True)
+
+
+def _held_executor(held: Path, done: threading.Event) -> int | None:
+    """The pid the held task wrote into ``held`` (None when the write ended without one)."""
     deadline = time.monotonic() + 600
     while not done.is_set() and time.monotonic() < deadline:
-        running = 0
-        for job_id in tracker.getJobIdsForGroup(group):
-            job = tracker.getJobInfo(job_id)
-            for stage_id in job.stageIds if job is not None else ():
-                stage = tracker.getStageInfo(stage_id)
-                running += stage.numActiveTasks if stage is not None else 0
-        executors = executors_of(application) if running else {}  # /proc read only while the write runs
-        if (
-            executors
-            and running >= len(executors)
-            and fires_once(fault_folder(), f"{faults.EXECUTOR_MID_WRITE}@{batch_id}")
-        ):
-            executor, pid = min(executors.items())
-            os.kill(pid, signal.SIGKILL)
-            what = f"executor {executor} (pid {pid}) SIGKILLed while {running} tasks of batch {batch_id}'s write ran"
-            record_landing(fault_folder(), batch_id, label, 0, what, f"executor {executor}")
-            print(f"[streamproof] {faults.EXECUTOR_MID_WRITE} in batch {batch_id}: {what}", file=sys.stderr, flush=True)
-            return
+        with contextlib.suppress(OSError, ValueError):
+            return int(held.read_text())  # the file exists before its pid is in it: read again until it is
         time.sleep(0.005)
+    return None
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:

@@ -86,11 +86,18 @@ def committed_files(folder: str) -> list[str]:
 
 
 class SparkReader:
-    """The Spark checker's reading of outputs, in a session of the checker's own (see the module)."""
+    """The Spark checker's reading of outputs, in a session of the checker's own (see the module): ``spark`` is the
+    session, or what makes it when the first output is read (a proof whose twin fails never starts it)."""
 
     def __init__(self, spark: Any, maps: AddressMaps) -> None:
-        self.spark = spark
+        self._spark = spark
         self.maps = maps
+
+    @property
+    def spark(self) -> Any:
+        if callable(self._spark):
+            self._spark = self._spark()
+        return self._spark
 
     def read(self, output: Output) -> dict[str, Rows]:
         if output.format == "postgresql":
