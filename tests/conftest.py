@@ -30,6 +30,13 @@ CLI_TIMEOUT_S = 600
 collect_ignore = ["data"]
 
 SLOW_TIER = {
+    "tests/test_foreach_batch.py::test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_"
+    "checkpoint_refused":
+        "tests/test_foreach_batch.py::test_the_textbook_ledger_s_lost_checkpoint_is_refused_before_it_writes_then_"
+        "recovered (the lost checkpoint refused twice, recovered, drained 0/0/0), tests/test_your_code.py::test_your_"
+        "sinks_get_the_guarantee_their_code_gives (a ledger checked before the rows, SIGKILLed between its two commits "
+        "at a moment found without a marker: duplicated) and tests/test_cluster.py::test_the_ledger_job_on_the_"
+        "cluster_gives_the_verdict_it_gives_locally (this textbook Delta ledger, duplicated between its two commits)",
     "tests/test_jobs.py::test_the_ledger_job_duplicates_when_killed_between_its_two_commits_and_is_clean_after_the_"
     "second":
         "tests/test_cluster.py::test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally (the same job, "

@@ -106,6 +106,51 @@ def test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_
 
 
 @pytest.mark.integration
+def test_the_textbook_ledger_s_lost_checkpoint_is_refused_before_it_writes_then_recovered(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast twin of the textbook ledger's test (its crashes are proven by tests/test_your_code.py's
+    ledger-checked-before and tests/test_cluster.py's ledger job): 2,000 events through ``idempotent_write`` as
+    written, drained; then the checkpoint is lost and 500 events more arrive. The start is refused before anything is
+    written, by the batches handed to the sink, and (those records moved aside) by the quarantine table; ``checkpoint
+    recover`` rebuilds the checkpoint from the records, and the pipeline drains: 2,500 records, 0/0/0."""
+    monkeypatch.setenv("PYTHONPATH", str(EXAMPLE))
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    topic = "textbook-ledger-lost"
+    generate(kafka_broker.bootstrap_servers, topic, 2_000, partitions=4, malformed=0.005, seed=41)
+    pipeline = _ledger_pipeline(tmp_path, kafka_broker, topic)
+    first = run_cli("run", str(pipeline), "--available-now")
+    assert first.returncode == 0, first.stderr[-3000:]
+    spec = load_pipeline(pipeline)
+    held = spark.read.format("delta").load(str(tmp_path / "orders")).count()
+    assert held > 1_900
+
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint-lost")
+    generate(kafka_broker.bootstrap_servers, topic, 500, partitions=4, malformed=0.005, seed=42)
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    handed = spec.state_dir / "handed" / "control-table-ledger"
+    assert ("your sink control-table-ledger (python:shop.foreach_batch:idempotent_write) was handed batches of "
+            "pipeline 'shop-foreach-batch' up to batch 2 (offsets") in refused.stderr, refused.stderr  # fmt: skip
+    assert f"recorded in {handed}: the checkpoint was lost" in refused.stderr
+    assert "Traceback" not in refused.stderr and "py4j" not in refused.stderr
+    handed.path.rename(tmp_path / "handed-aside")
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2 and "is empty but the quarantine table already holds batches" in refused.stderr, (
+        refused.stderr[-3000:])  # fmt: skip
+    (tmp_path / "handed-aside").rename(handed.path)
+    assert spark.read.format("delta").load(str(tmp_path / "orders")).count() == held  # nothing written meanwhile
+
+    recovered = run_cli("checkpoint", "recover", str(pipeline))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    (report,) = verify_pipeline(spark, load_pipeline(pipeline))
+    assert report.source_records == 2_500, report.to_json()
+    assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
+
+
+@pytest.mark.integration
 def test_an_exception_in_your_code_is_one_line_naming_the_function_the_batch_and_the_exception(
     kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:

@@ -18,11 +18,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from conftest import REPO, run_cli
 from streamproof.generator import generate
-from streamproof.infra import KafkaBroker
+from streamproof.infra import KafkaBroker, PostgresServer
 from streamproof.jobs.maps import AddressMaps, PathMap
 from streamproof.jobs.outputs import IndependentReader, SparkReader
 from streamproof.jobs.proof import compare_outputs
@@ -219,22 +220,34 @@ def test_a_job_failing_on_its_own_is_reported_as_its_error_with_its_line_and_a_j
 
 @pytest.mark.integration
 def test_verify_after_a_clean_run_agrees_with_the_independent_checker_term_by_term(
-    kafka_broker: KafkaBroker, tmp_path: Path
+    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, tmp_path: Path
 ) -> None:
-    """`streamproof run JOB.py`, then `streamproof verify JOB.py --independent`: a fresh twin, and the run's outputs
-    counted against it by Spark and again without Spark (delta-rs), the same terms: 0/0/0."""
+    """`streamproof run` of examples/jobs/payments_to_postgres.py (a ForeachWriter's psycopg rows, its production
+    database mapped to one of this test's), then `streamproof verify JOB.py --independent`: a fresh twin in a copy of
+    that database, and each table the run wrote counted against it by Spark (its JDBC source) and again without Spark
+    (psycopg), the same terms: 0/0/0. (The Delta reading of both checkers: the wheel's test.)"""
+    database = f"jobs_verify_{os.getpid()}"
+    with psycopg.connect(streamproof_postgres.conninfo(), autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{database}"')
+        connection.execute(f'CREATE DATABASE "{database}"')
+    target = (f"postgresql://streamproof:{streamproof_postgres.password}@127.0.0.1:{streamproof_postgres.port}/"
+              f"{database}")  # fmt: skip
     topic = _topic(kafka_broker, "jobs-verify")
-    flags = _flags(kafka_broker, tmp_path, topic)
-    done = run_cli("run", str(JOBS / "orders_bronze.py"), *flags, timeout=600)
+    flags = [*_flags(kafka_broker, tmp_path, topic, source="payments"),
+             "--map", f"postgresql://payments-db.prod.internal/payments={target}"]  # fmt: skip
+    job = JOBS / "payments_to_postgres.py"
+    done = run_cli("run", str(job), *flags, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = tmp_path / "verify.json"
-    done = run_cli("verify", str(JOBS / "orders_bronze.py"), *flags, "--independent", "--json", str(report),
-                   timeout=600)  # fmt: skip
+    done = run_cli("verify", str(job), *flags, "--independent", "--json", str(report), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert streamproof_postgres.password not in done.stdout + done.stderr
     found = json.loads(report.read_text())
     assert found["agree"] and found["ok"]
     terms = {
-        checker: [(c["output"], c["lost"], c["duplicated"], c["unexpected"], c["rows"]) for c in checks]
+        checker: {c["reading"]: (c["lost"], c["duplicated"], c["unexpected"], c["rows"]) for c in checks}
         for checker, checks in found["checkers"].items()
     }
-    assert terms["Spark"] == terms["independent"] and terms["Spark"][0][4] > 1900, terms
+    assert terms["Spark"] == terms["independent"], terms
+    assert set(terms["Spark"]) == {"table payments", "table payments_epochs"}, terms
+    assert terms["Spark"]["table payments"][:3] == (0, 0, 0) and terms["Spark"]["table payments"][3] > 1900, terms

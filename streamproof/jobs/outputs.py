@@ -126,6 +126,7 @@ class SparkReader:
             return (
                 self.spark.read.format("jdbc")
                 .option("url", url)
+                .option("driver", "org.postgresql.Driver")  # spark.jars are not DriverManager's: named, it loads
                 .option("dbtable", table)
                 .option("user", settings["user"])
                 .option("password", settings["password"])

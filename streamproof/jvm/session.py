@@ -134,6 +134,8 @@ def session_conf(
     }
     if not settings.master.startswith("local"):
         conf.update(CLUSTER_DEFAULTS)
+        if jit_option(settings):  # an executor of a short run compiles with C2 as much as a driver does
+            conf["spark.executor.extraJavaOptions"] = jit_option(settings)
         if settings.on_this_machine:  # executors reach the driver on the loopback it binds (SPARK_LOCAL_IP)
             conf["spark.driver.host"] = "127.0.0.1"
     conf.update(settings.conf)
