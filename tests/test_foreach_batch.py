@@ -49,6 +49,40 @@ def _ledger_pipeline(workdir: Path, broker: KafkaBroker, topic: str) -> Path:
     return path
 
 
+def _lost_checkpoint_refused_then_recovered(
+    spark: Any, broker: KafkaBroker, pipeline: Path, topic: str, more: int, seed: int, handed_up_to: int
+) -> Any:
+    """The ledger pipeline's checkpoint lost and ``more`` events arriving: the start refused before anything is
+    written, by the batches handed to the sink (up to ``handed_up_to``), and (those records moved aside) by the
+    quarantine table; ``checkpoint recover``, a drain; the verify report."""
+    workdir = pipeline.parent
+    spec = load_pipeline(pipeline)
+    held = spark.read.format("delta").load(str(workdir / "orders")).count()
+    (workdir / "checkpoint").rename(workdir / "checkpoint-lost")
+    generate(broker.bootstrap_servers, topic, more, partitions=4, malformed=0.005, seed=seed)
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    handed = spec.state_dir / "handed" / "control-table-ledger"
+    assert ("your sink control-table-ledger (python:shop.foreach_batch:idempotent_write) was handed batches of "
+            f"pipeline 'shop-foreach-batch' up to batch {handed_up_to} (offsets") in refused.stderr, (
+        refused.stderr)  # fmt: skip
+    assert f"recorded in {handed}: the checkpoint was lost" in refused.stderr
+    assert "Traceback" not in refused.stderr and "py4j" not in refused.stderr
+    handed.path.rename(workdir / "handed-aside")
+    refused = run_cli("run", str(pipeline), "--available-now")
+    assert refused.returncode == 2 and "is empty but the quarantine table already holds batches" in refused.stderr, (
+        refused.stderr[-3000:])  # fmt: skip
+    (workdir / "handed-aside").rename(handed.path)
+    assert spark.read.format("delta").load(str(workdir / "orders")).count() == held  # nothing written meanwhile
+
+    recovered = run_cli("checkpoint", "recover", str(pipeline))
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    drained = run_cli("run", str(pipeline), "--available-now")
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    (report,) = verify_pipeline(spark, load_pipeline(pipeline))
+    return report
+
+
 @pytest.mark.integration
 @pytest.mark.crash
 def test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_checkpoint_refused(
@@ -79,28 +113,7 @@ def test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_
     doubled = report.duplicated
     assert 900 < doubled <= 1_000, report.to_json()  # the batch killed after its data append, written twice
 
-    held = spark.read.format("delta").load(str(tmp_path / "orders")).count()
-    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint-lost")
-    generate(kafka_broker.bootstrap_servers, topic, 1_000, partitions=4, malformed=0.005, seed=39)
-    refused = run_cli("run", str(pipeline), "--available-now")
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    handed = spec.state_dir / "handed" / "control-table-ledger"
-    assert ("your sink control-table-ledger (python:shop.foreach_batch:idempotent_write) was handed batches of "
-            "pipeline 'shop-foreach-batch' up to batch 4 (offsets") in refused.stderr, refused.stderr  # fmt: skip
-    assert f"recorded in {handed}: the checkpoint was lost" in refused.stderr
-    assert "Traceback" not in refused.stderr and "py4j" not in refused.stderr
-    handed.path.rename(tmp_path / "handed-aside")
-    refused = run_cli("run", str(pipeline), "--available-now")
-    assert refused.returncode == 2 and "is empty but the quarantine table already holds batches" in refused.stderr, (
-        refused.stderr[-3000:])  # fmt: skip
-    (tmp_path / "handed-aside").rename(handed.path)
-    assert spark.read.format("delta").load(str(tmp_path / "orders")).count() == held  # nothing written meanwhile
-
-    recovered = run_cli("checkpoint", "recover", str(pipeline))
-    assert recovered.returncode == 0, recovered.stderr[-3000:]
-    drained = run_cli("run", str(pipeline), "--available-now")
-    assert drained.returncode == 0, drained.stderr[-3000:]
-    (report,) = verify_pipeline(spark, load_pipeline(pipeline))
+    report = _lost_checkpoint_refused_then_recovered(spark, kafka_broker, pipeline, topic, 1_000, 39, 4)
     assert report.source_records == 5_000 and report.lost == 0 and report.unexpected == 0, report.to_json()
     assert report.duplicated == doubled, report.to_json()  # the ledger's own duplicate, nothing more
 
@@ -121,31 +134,8 @@ def test_the_textbook_ledger_s_lost_checkpoint_is_refused_before_it_writes_then_
     pipeline = _ledger_pipeline(tmp_path, kafka_broker, topic)
     first = run_cli("run", str(pipeline), "--available-now")
     assert first.returncode == 0, first.stderr[-3000:]
-    spec = load_pipeline(pipeline)
-    held = spark.read.format("delta").load(str(tmp_path / "orders")).count()
-    assert held > 1_900
-
-    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint-lost")
-    generate(kafka_broker.bootstrap_servers, topic, 500, partitions=4, malformed=0.005, seed=42)
-    refused = run_cli("run", str(pipeline), "--available-now")
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    handed = spec.state_dir / "handed" / "control-table-ledger"
-    assert ("your sink control-table-ledger (python:shop.foreach_batch:idempotent_write) was handed batches of "
-            "pipeline 'shop-foreach-batch' up to batch 2 (offsets") in refused.stderr, refused.stderr  # fmt: skip
-    assert f"recorded in {handed}: the checkpoint was lost" in refused.stderr
-    assert "Traceback" not in refused.stderr and "py4j" not in refused.stderr
-    handed.path.rename(tmp_path / "handed-aside")
-    refused = run_cli("run", str(pipeline), "--available-now")
-    assert refused.returncode == 2 and "is empty but the quarantine table already holds batches" in refused.stderr, (
-        refused.stderr[-3000:])  # fmt: skip
-    (tmp_path / "handed-aside").rename(handed.path)
-    assert spark.read.format("delta").load(str(tmp_path / "orders")).count() == held  # nothing written meanwhile
-
-    recovered = run_cli("checkpoint", "recover", str(pipeline))
-    assert recovered.returncode == 0, recovered.stderr[-3000:]
-    drained = run_cli("run", str(pipeline), "--available-now")
-    assert drained.returncode == 0, drained.stderr[-3000:]
-    (report,) = verify_pipeline(spark, load_pipeline(pipeline))
+    assert spark.read.format("delta").load(str(tmp_path / "orders")).count() > 1_900
+    report = _lost_checkpoint_refused_then_recovered(spark, kafka_broker, pipeline, topic, 500, 42, 2)
     assert report.source_records == 2_500, report.to_json()
     assert (report.lost, report.duplicated, report.unexpected) == (0, 0, 0), report.to_json()
 
