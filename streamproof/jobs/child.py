@@ -55,7 +55,7 @@ from streamproof.jobs.scan import JobError, job_digest, one_line, where_in_job
 from streamproof.jobs.yours import YourWrite
 from streamproof.jvm.jars import cached_jars
 from streamproof.jvm.session import NO_DATA_BATCHES, build_session
-from streamproof.kafka_client import require_topic
+from streamproof.kafka_client import ensure_topic, require_topic
 from streamproof.pipeline.events import STARTED, BatchCommitted, Event, Notice
 from streamproof.your_code.steps import watch_durable_calls
 
@@ -290,6 +290,11 @@ class JobRun:
                 f"{label}: a Kafka sink without option('topic', ...) writes to the topics its rows name; streamproof "
                 "maps only named topics: set the topic option"
             )
+        if sink == "kafka" and self.maps.sandbox is not None and options.get("kafka.bootstrap.servers"):
+            # A sandbox's topic is new, and a broker that creates no topic on a first write (streamproof's own, as
+            # production brokers often are) fails the write after a minute: made here, with one partition (the
+            # rows are compared as multisets, whatever partition they went to).
+            ensure_topic(options["kafka.bootstrap.servers"], options["topic"], 1)
         checkpoint = options.get("checkpointlocation")
         conf_root = self.spark.conf.get("spark.sql.streaming.checkpointLocation", None)
         if checkpoint is None and conf_root and state["query_name"]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamproof.jobs.maps import AddressMaps, scheme_of
+from streamproof.jobs.maps import AddressMaps, file_path, scheme_of
 from streamproof.jobs.patches import Patches
 from streamproof.jobs.record import JobRecord, Output, note_output
 
@@ -351,8 +351,11 @@ def is_file_format(format: str) -> bool:
 
 
 def local_folder(location: str) -> str | None:
-    """The local folder of a location (None on another store)."""
-    scheme = scheme_of(location)
-    if scheme is None:
-        return location
-    return location[len("file://") :] if scheme == "file" else None
+    """The local folder of a location (None on another store).
+
+    >>> local_folder("/tmp/w/orders"), local_folder("file:/tmp/w/orders"), local_folder("s3a://b/orders")
+    ('/tmp/w/orders', '/tmp/w/orders', None)
+    """
+    if location.startswith("file:"):  # file:/x too, which has no "://" for scheme_of
+        return file_path(location)
+    return location if scheme_of(location) is None else None

@@ -254,8 +254,7 @@ class AddressMaps:
             )
         if self.local_root is None:
             return value
-        scheme = scheme_of(value)
-        local = value[len("file://") :] if scheme == "file" else value
+        local = file_path(value) if value.startswith("file:") else value
         return _joined(self.local_root, os.path.abspath(local).lstrip("/"))
 
     def servers(self, value: str, where: str) -> str:
@@ -377,6 +376,15 @@ def _same_database(source: str, host: str, port: str, database: str) -> bool:
         return False
     wanted = parts.path.strip("/")
     return not wanted or wanted == database
+
+
+def file_path(uri: str) -> str:
+    """The path of a ``file:`` URI, in each of its spellings (Hadoop and Spark's catalog write ``file:/x``).
+
+    >>> file_path("file:/tmp/w/orders"), file_path("file:///tmp/w/orders"), file_path("file://localhost/tmp/w")
+    ('/tmp/w/orders', '/tmp/w/orders', '/tmp/w')
+    """
+    return urlsplit(uri).path
 
 
 def sandbox_database(database: str, sandbox: str | None) -> str:
