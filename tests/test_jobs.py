@@ -75,8 +75,13 @@ def _installed_wheel(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
         assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "dist").glob("streamproof-*.whl")
-    done = subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)],
-                          capture_output=True, text=True, timeout=600, env=environment)  # fmt: skip
+    # Offline first: the package index here answers every revalidation as modified, and uv then downloads and builds
+    # pyspark's source distribution again (20 s of CPU); make setup's install left everything the wheel needs cached.
+    for mode in ("--offline", "--no-progress"):
+        done = subprocess.run([uv, "pip", "install", "-q", mode, "--python", str(venv / "bin" / "python"), str(wheel)],
+                              capture_output=True, text=True, timeout=600, env=environment)  # fmt: skip
+        if done.returncode == 0:
+            break
     assert done.returncode == 0, done.stderr
     return venv / "bin" / "streamproof", environment
 
