@@ -42,8 +42,10 @@ def test_a_live_holder_is_refused_in_one_line_and_a_dead_one_is_taken_over(tmp_p
         live.kill()
         live.wait()
     (tmp_path / RunLock.NAME).write_text(str(_dead_pid()))  # an older lock: a bare pid, of this host
-    with RunLock(checkpoint):
-        assert (tmp_path / RunLock.NAME).read_text() == f"{os.getpid()}@{socket.gethostname()}"
+    with RunLock(checkpoint) as lock:
+        written = Holder.parse((tmp_path / RunLock.NAME).read_text())
+        assert written is not None and (written.pid, written.host) == (os.getpid(), socket.gethostname())
+        assert written == lock.mine and written.epoch == 1 and written.lease_s > 0
     assert not (tmp_path / RunLock.NAME).exists()
 
 

@@ -21,10 +21,13 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from streamproof.checkpoint.log import Checkpoint
@@ -78,38 +81,106 @@ class ProgressFile:
                 (self.checkpoint / name).delete(recursive=True)
 
 
+LEASE_ENV = "STREAMPROOF_LEASE_S"
+DEFAULT_LEASE_S = 10.0  # a takeover after a crash on another machine waits this long, plus LEASE_GRACE_S
+LEASE_GRACE_S = 1.0  # a taker waits the lease and this much more: a renewal written at the lease's last moment counts
+
+
+def lease_seconds() -> float:
+    """The run lock's lease (``$STREAMPROOF_LEASE_S``, else :data:`DEFAULT_LEASE_S`): how long a holder of another
+    machine may go without renewing before it is taken over.
+
+    >>> lease_seconds() > 0
+    True
+    """
+    return float(os.environ.get(LEASE_ENV) or DEFAULT_LEASE_S)
+
+
+def this_machine() -> str:
+    """Where a pid names one process: this kernel's boot and this PID namespace. Two containers with one hostname,
+    or a process in a namespace of its own, are other machines for the run lock: their pids mean nothing here.
+
+    >>> this_machine() == this_machine()
+    True
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return socket.gethostname()
+    return f"{boot}/{namespace}"
+
+
+def _process_started(pid: int) -> int:
+    """The process's start time (clock ticks after boot; 0 when unknown): a pid reused later is another process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 @dataclass(frozen=True)
 class Holder:
-    """The process named in a run lock: its pid and host (``pid@host``; a bare pid, as older locks hold, is of this
-    host). Shown as the pid, with the host when it is another one.
+    """The run named in a run lock. A lease lock (JSON) names a random id, its host, pid and machine for people and
+    liveness, an epoch raised by each takeover and its lease; an older lock holds ``pid@host`` (a bare pid: this
+    host), never renewed. Shown as the pid, with the host when it is another machine's.
 
-    >>> Holder.parse("4242@worker-7")
-    Holder(pid=4242, host='worker-7')
+    >>> Holder.parse("4242@worker-7") == Holder(4242, "worker-7")
+    True
     >>> str(Holder(4242, "worker-7")), Holder.parse("oops")
     ('4242 on host worker-7', None)
+    >>> mine = Holder.me(lease_s=10.0)
+    >>> Holder.parse(mine.to_text()) == mine and mine.here
+    True
     """
 
     pid: int
     host: str
+    holder: str = ""  # a random id, new for each run (lease locks)
+    machine: str = ""  # :func:`this_machine` of the holder
+    started: int = 0  # the holder's start time (:func:`_process_started`)
+    epoch: int = 0  # raised by each takeover
+    lease_s: float = 0.0  # 0: an older lock, never renewed
+    renewals: int = 0
+    renewed_at: float = 0.0  # wall clock, for people
 
     @classmethod
-    def me(cls) -> Holder:
-        return cls(os.getpid(), socket.gethostname())
+    def me(cls, *, lease_s: float = 0.0, epoch: int = 1) -> Holder:
+        pid = os.getpid()
+        if not lease_s:
+            return cls(pid, socket.gethostname())
+        return cls(pid, socket.gethostname(), uuid.uuid4().hex, this_machine(), _process_started(pid), epoch,
+                   lease_s, 0, time.time())  # fmt: skip
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
+        if text.lstrip().startswith("{"):
+            try:
+                return cls(**json.loads(text))
+            except (json.JSONDecodeError, TypeError):
+                return None
         pid, _, host = text.strip().partition("@")
         try:
             return cls(int(pid), host or socket.gethostname())
         except ValueError:
             return None
 
+    def to_text(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
     @property
     def here(self) -> bool:
-        return self.host == socket.gethostname()
+        """Whether its pid can be checked from here: the same machine and PID namespace (an older lock: the same
+        hostname)."""
+        return self.machine == this_machine() if self.machine else self.host == socket.gethostname()
+
+    @property
+    def is_this_process(self) -> bool:
+        return self.here and self.pid == os.getpid()
 
     def alive(self) -> bool:
-        """Whether the process runs. One on another host is taken to: its liveness cannot be checked from here."""
+        """Whether the process runs. One of another machine is taken to: its liveness cannot be checked from here
+        (its lease can: :meth:`RunLock.try_acquire`)."""
         if not self.here:
             return True
         try:
@@ -118,6 +189,8 @@ class Holder:
             return False
         except PermissionError:
             return True
+        if self.started and _process_started(self.pid) != self.started:
+            return False  # the pid names another process now
         return process_state(self.pid) not in ("Z", None)  # a killed process its parent has not reaped yet: gone
 
     def __str__(self) -> str:
@@ -131,13 +204,20 @@ def process_state(pid: int) -> str | None:
 
 
 class RunLock:
-    """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a second run, a backup or a
-    restore is refused while the process that holds it is alive (a stale file, left by a killed run, is taken
-    over; one that exists but cannot be read is refused, never taken over). The file is created only if absent
-    (atomically, on HDFS too), so two starts at the same moment cannot both hold it; taking over a stale one happens
-    under a lock of this host, one process at a time, so two that find it stale together cannot both take it. A
-    holder's liveness is checked on this machine: a lock held from another host is refused until its file is
-    removed.
+    """``<checkpoint>/_streamproof_run.pid`` while a pipeline runs on the checkpoint: a lease. A second run, a backup or
+    a restore is refused while its holder lives.
+
+    - The file is created only if absent (atomically, on HDFS and S3 too), so two starts cannot both hold it.
+    - The holder renews its lease every third of it (:data:`DEFAULT_LEASE_S`) from a thread of its own, after reading
+      that the file still names it.
+    - A holder of this machine and PID namespace is judged by its pid (and the pid's start time); a dead one is taken
+      over at once. One of another machine, or of another PID namespace with the same hostname, is taken over when
+      its lease was not renewed for the lease plus :data:`LEASE_GRACE_S`, as watched from here; never while it renews.
+      An older ``pid@host`` lock of another host is never renewed, so it is refused until its file is removed.
+    - Each takeover raises the epoch. A run that lost its lease (taken over, or not renewed in time: paused, cut off)
+      stops at its next :meth:`check`, which the batch path calls before each write and before Spark's commit; its
+      exit deletes the file only while it names this run.
+    - A file that exists but cannot be read is refused, never taken over.
 
     Example::
 
@@ -150,17 +230,30 @@ class RunLock:
     NAME = "_streamproof_run.pid"
     READS = 5  # an unreadable lock file is read this many times, READ_PAUSE_S apart, before it is refused
     READ_PAUSE_S = 0.2
+    WATCH_PAUSE_S = 0.1  # how often a taker looks at a lease it waits out
 
-    def __init__(self, checkpoint: Location) -> None:
+    def __init__(self, checkpoint: Location, lease_s: float | None = None) -> None:
         self.path = checkpoint / self.NAME
+        self.lease_s = lease_s if lease_s is not None else lease_seconds()
+        self.mine: Holder | None = None
+        self.took_over: str | None = None  # why the lock was taken over, when it was
+        self._lost: Holder | None = None
+        self._lost_at = 0.0
+        self._valid_until = 0.0  # monotonic: past it, this run no longer trusts its lease
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     def holder(self) -> Holder | None:
         """The live process (other than this one) holding the lock, else None (:meth:`_written_holder`: a lock file
-        that exists but cannot be read is refused, never taken for "no holder")."""
+        that exists but cannot be read is refused, never taken for "no holder"). One of another machine counts as
+        live: only waiting out its lease tells otherwise (:meth:`try_acquire`)."""
         holder = self._written_holder()
-        if holder is None or holder == Holder.me() or not holder.alive():
+        if holder is None or self._is_mine(holder) or not holder.alive():
             return None
         return holder
+
+    def _is_mine(self, holder: Holder) -> bool:
+        return holder.is_this_process or (self.mine is not None and holder.holder == self.mine.holder != "")
 
     def _written_holder(self) -> Holder | None:
         """The process the lock file names; None only when the file does not exist. A file that exists but cannot
@@ -186,34 +279,141 @@ class RunLock:
             f"{self.path.parent}, delete it"
         )
 
-    def try_acquire(self) -> Holder | None:
-        """Take the lock, taking over a stale one; returns None when taken, else the live process that holds it."""
-        mine = f"{os.getpid()}@{socket.gethostname()}"
+    def try_acquire(self, *, wait_out_leases: bool = True) -> Holder | None:
+        """Take the lock, taking over a stale one (its process gone, or its lease not renewed: watched for up to the
+        lease plus :data:`LEASE_GRACE_S` when ``wait_out_leases``); returns None when taken (and renewed from then
+        on), else the live holder."""
         for _ in range(5):
-            if self.path.create_new(mine):
+            started = time.monotonic()
+            mine = Holder.me(lease_s=self.lease_s)
+            if self.path.create_new(mine.to_text()):
+                self._hold(mine, started)
                 return None
-            with _host_mutex(self.path):
-                written = self._written_holder()
-                if written is None:
-                    continue  # released in between: try to create it again
-                if written != Holder.me() and written.alive():
+            written = self._written_holder()
+            if written is None:
+                continue  # released in between: try to create it again
+            if self._is_mine(written):
+                return None
+            if written.here:
+                if written.alive():
                     return written
-                # Stale: its process is gone. The file exists, so no start can create it, and no other process
-                # deletes it while this one holds the mutex: what is deleted is the stale file, never a fresh one.
+                why = f"its process {written.pid} is gone"
+            elif not written.lease_s or not wait_out_leases:
+                return written  # an older pid@host lock of another host is never renewed: never judged stale
+            else:
+                # Watched without the host's mutex: a holder of this host renews under it.
+                waited = self._wait_out(written)
+                if waited is None:
+                    now = self._written_holder()
+                    if now is not None and now.holder == written.holder:
+                        return now  # it renewed its lease: it lives
+                    continue  # released or taken by another: look again
+                why = f"its lease of {written.lease_s:g} s was not renewed for {waited:.1f} s"
+            with _host_mutex(self.path):
+                if self._written_holder() != written:
+                    continue  # renewed or taken in between
+                # Stale. The file exists, so no start can create it, and no process of this host deletes it while
+                # this one holds the mutex: what is deleted is the stale file (or, from another machine, a renewal
+                # written in its last instant, whose holder then finds the lock taken and stops before its next
+                # commit).
+                started = time.monotonic()
+                taker = Holder.me(lease_s=self.lease_s, epoch=written.epoch + 1)
                 self.path.delete()
+                if self.path.create_new(taker.to_text()):
+                    self.took_over = (
+                        f"took over the run lock of {self.path.parent} from pid {written} (epoch {taker.epoch}): {why}"
+                    )
+                    print(f"[streamproof] {self.took_over}", file=sys.stderr, flush=True)
+                    self._hold(taker, started)
+                    return None
         raise PipelineError(f"{self.path}: other processes kept taking and leaving the run lock; try again")
+
+    def _wait_out(self, written: Holder) -> float | None:
+        """Watch ``written``'s lease from here; the seconds it went unrenewed, or None when the file changed (renewed,
+        released or taken)."""
+        first_seen = time.monotonic()
+        while (waited := time.monotonic() - first_seen) < written.lease_s + LEASE_GRACE_S:
+            time.sleep(self.WATCH_PAUSE_S)
+            if self._written_holder() != written:
+                return None
+        return waited
+
+    def _hold(self, mine: Holder, started: float) -> None:
+        self.mine, self._lost = mine, None
+        self._valid_until = started + self.lease_s - LEASE_GRACE_S
+        self._stop.clear()
+        self._keeper = threading.Thread(target=self._keep, name="streamproof-lease", daemon=True)
+        self._keeper.start()
+
+    def _keep(self) -> None:
+        """Renew the lease every third of it, while the file names this run; note a loss and stop when it does not."""
+        while not self._stop.wait(self.lease_s / 3):
+            started = time.monotonic()
+            try:
+                with _host_mutex(self.path):
+                    written = self._written_holder()
+                    assert self.mine is not None
+                    if written is None or written.holder != self.mine.holder:
+                        self._lost, self._lost_at = written, time.time()
+                        return
+                    renewed = replace(self.mine, renewals=self.mine.renewals + 1, renewed_at=time.time())
+                    self.path.replace_with_text(renewed.to_text())
+                    self.mine = renewed
+                    self._valid_until = started + self.lease_s - LEASE_GRACE_S
+            except (OSError, PipelineError) as error:  # the store away for a moment: check() stops the run in time
+                print(f"[streamproof] renewing the run lock {self.path} failed ({error}); retrying",
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+    def check(self) -> None:
+        """Raise :class:`PipelineError` when this run no longer holds its lease (taken over, or not renewed within
+        it): called before each durable write of a batch, so a run that lost it stops before its next commit.
+
+        >>> import tempfile
+        >>> with RunLock(Location(tempfile.mkdtemp())) as lock:
+        ...     lock.check()
+        """
+        if self.mine is None or (self._lost is None and time.monotonic() < self._valid_until):
+            return
+        holder = self._lost
+        if holder is None:
+            try:
+                written = self._written_holder()
+            except PipelineError:
+                written = None
+            if written is not None and written.holder == self.mine.holder:
+                raise PipelineError(
+                    f"this run could not renew its lease on {self.path} within {self.lease_s:g} s (paused, or the "
+                    "store was away): it stops before its next commit; start it again"
+                )
+            holder = written
+        at = time.strftime("%H:%M:%S", time.localtime(holder.renewed_at if holder else self._lost_at or time.time()))
+        to = f"pid {holder} (epoch {holder.epoch})" if holder is not None else "nobody (its file was removed)"
+        raise PipelineError(f"this run lost its lease to {to} at {at}: it stops before its next commit")
 
     def __enter__(self) -> RunLock:
         holder = self.try_acquire()
         if holder is not None:
-            hint = "" if holder.here else f" (not checked from here: if it is gone, delete {self.path})"
+            hint = (
+                "" if holder.here or holder.lease_s else f" (not checked from here: if it is gone, delete {self.path})"
+            )
             raise PipelineError(
                 f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first{hint}"
             )
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.path.delete()
+        """Stop renewing; delete the file only while it names this run (after a takeover it is the new holder's)."""
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=5)
+        with _host_mutex(self.path):
+            try:
+                written = self._written_holder()
+            except PipelineError:
+                return
+            if written is not None and self._is_mine(written):
+                self.path.delete()
+        self.mine = None
 
 
 @contextlib.contextmanager

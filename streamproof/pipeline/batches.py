@@ -107,6 +107,8 @@ class BatchWriter:
         self.code = YourCode.of(spec)
         self.lookup_versions = LookupVersions.of(spec) if spec.lookups else None
         self.determinism_checked = not self.wiring.idempotent_sink  # exactly-once checks it on a run's first batch
+        # The run lock's check (RunLock.check): a run that lost its lease stops before its next durable write.
+        self.lease_check: Callable[[], None] = lambda: None
 
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:
         """Your transform on the batch's valid records, lookups at the versions recorded for the batch (recorded
@@ -163,6 +165,7 @@ class BatchWriter:
 
     def __call__(self, parsed: DataFrame, batch_id: int) -> None:
         faults.batch_starting(batch_id)
+        self.lease_check()
         end_offsets = batch_end_offsets(self.spec.checkpoint_dir, batch_id)
         if self.progress is not None:
             self.progress.mark_done(end_offsets, batch_id)  # at-most-once: done before written
@@ -221,6 +224,7 @@ class BatchWriter:
                     reason = F.when(late, F.lit(LATE)).otherwise(F.col(REJECT_REASON))
                     records = records.withColumn(REJECT_REASON, reason)
                 started = time.monotonic()
+                self.lease_check()
                 self.quarantine.append(quarantined_records(records), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
                     QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
@@ -235,6 +239,7 @@ class BatchWriter:
                 started = time.monotonic()
                 armed = replace(batch, task_fault=point if in_tasks else None)
                 rows = kept if in_tasks else held_back(kept, point, batch_id)
+                self.lease_check()
                 with faults.sink_write(
                     batch_id,
                     context,
@@ -255,6 +260,7 @@ class BatchWriter:
             if transformed is not None:
                 transformed.unpersist()
             parsed.unpersist()
+        self.lease_check()  # Spark writes the batch's commit next
         faults.reached(faults.AFTER_SINK_COMMIT, batch_id)
         faults.kill_when_batch_committed(batch_id, (self.spec.checkpoint_dir / "commits" / str(batch_id)).exists)
         self.results[batch_id] = BatchResult(

@@ -192,6 +192,7 @@ def run_under_lock(
         # holds).
         beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
         writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
+        writer.lease_check = lock.check
         return _run_batches(
             spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
         )

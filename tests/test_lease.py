@@ -1,0 +1,135 @@
+"""The run lock as a lease: a driver that moves takes over by itself, a paused one harms nothing when it wakes.
+
+Real processes, no Spark (tests/data/hold_run_lock.py takes the lock and checks it as the batch path does before each
+write). "Another host" is a process in UTS and PID namespaces of its own (``unshare --uts --pid --fork
+--mount-proc``), with a hostname of its own: its pids mean nothing to the first, and the first's nothing to it, as on
+two machines or two containers. Each lease is 2 s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from streamproof.checkpoint.folder import LEASE_GRACE_S, Holder, RunLock
+
+LEASE_S = 2.0
+HOLDER = REPO / "tests" / "data" / "hold_run_lock.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                                reason="another host is a namespace of its own: unshare, as root")  # fmt: skip
+
+
+def _holder(checkpoint: Path, seconds: float, host: str | None = None) -> subprocess.Popen[str]:
+    """A run holding ``checkpoint``'s lock; on ``host``, a UTS and PID namespace of its own named so."""
+    command = [sys.executable, str(HOLDER), str(checkpoint), str(LEASE_S), str(seconds)]
+    if host is not None:
+        command = ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                   f'hostname {host} && exec "$@"', "holder", *command]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)  # fmt: skip
+
+
+def _first_line(process: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    line = process.stdout.readline()  # the holder prints one line as soon as it holds or is refused
+    assert line and time.monotonic() < deadline, process.stderr.read() if process.stderr else ""
+    return line.strip()
+
+
+def _finish(process: subprocess.Popen[str], timeout_s: float = 30) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout_s)
+    return process.returncode, out, err
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def _written(checkpoint: Path) -> Holder:
+    holder = Holder.parse((checkpoint / RunLock.NAME).read_text())
+    assert holder is not None
+    return holder
+
+
+def test_a_holder_killed_on_host_a_is_taken_over_from_host_b_within_its_lease_with_no_file_removed(
+    tmp_path: Path,
+) -> None:
+    """Host A's run SIGKILLed; host B's start waits out A's lease (it cannot see A's process) and takes over by
+    itself, epoch 2, within the lease plus its grace and a few seconds; nobody removed a file."""
+    a = _holder(tmp_path, seconds=120)
+    try:
+        assert _first_line(a).startswith("held 1 ")
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(timeout=30)
+        killed_at = time.monotonic()
+        b = _holder(tmp_path, seconds=1, host="host-b")
+        try:
+            assert _first_line(b) == "held 2 1", b  # pid 1: the first process of its own namespace
+            took = time.monotonic() - killed_at
+            code, _, err = _finish(b)
+        finally:
+            _kill(b)
+    finally:
+        _kill(a)
+    assert LEASE_S <= took <= LEASE_S + LEASE_GRACE_S + 5, took
+    assert code == 0, err
+    assert f"its lease of {LEASE_S:g} s was not renewed for" in err and "(epoch 2)" in err, err
+    assert not (tmp_path / RunLock.NAME).exists()  # B released it as it ended
+
+
+def test_a_live_holder_with_the_same_pid_number_in_another_namespace_is_refused(tmp_path: Path) -> None:
+    """Two hosts, one hostname (containers of one image): each run is pid 1 of its namespace. The second watches
+    the first renew its lease and is refused; a pid judged here would have read the first as itself."""
+    a = _holder(tmp_path, seconds=60, host="same-name")
+    try:
+        assert _first_line(a) == "held 1 1"
+        b = _holder(tmp_path, seconds=1, host="same-name")
+        try:
+            line = _first_line(b)
+            code, _, _ = _finish(b)
+        finally:
+            _kill(b)
+        assert code == 2 and line.startswith(f"refused: {tmp_path} is in use by a running pipeline (pid 1 on host "
+                                             "same-name); stop it first"), line  # fmt: skip
+        holder = _written(tmp_path)
+        assert holder.epoch == 1 and holder.renewals >= 1, holder  # A's lock, renewed all along
+    finally:
+        _kill(a)
+
+
+def test_a_holder_paused_past_its_lease_is_taken_over_and_stops_in_one_line_when_it_wakes(tmp_path: Path) -> None:
+    """Host A's run SIGSTOPped past its lease; host B takes over; A, continued, finds at its next check that it lost
+    the lease to B, stops in one line, and leaves B's lock in place; B goes on holding it."""
+    a = _holder(tmp_path, seconds=120)
+    b = None
+    try:
+        assert _first_line(a).startswith("held 1 ")
+        os.killpg(a.pid, signal.SIGSTOP)
+        b = _holder(tmp_path, seconds=30, host="host-b")
+        assert _first_line(b) == "held 2 1"
+        os.killpg(a.pid, signal.SIGCONT)
+        code, out, err = _finish(a)
+        assert code == 3, out + err
+        (stopped,) = [line for line in out.splitlines() if line.startswith("stopped: ")]
+        assert stopped.startswith("stopped: this run lost its lease to pid 1 on host host-b (epoch 2) at "), stopped
+        assert stopped.endswith(": it stops before its next commit"), stopped
+        holder = _written(tmp_path)
+        assert (holder.host, holder.epoch) == ("host-b", 2)  # A's exit did not delete B's lock
+        time.sleep(LEASE_S)
+        assert b.poll() is None and _written(tmp_path).renewals >= 1  # B holds and renews it still
+    finally:
+        _kill(a)
+        if b is not None:
+            _kill(b)
