@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from py4j.protocol import Py4JJavaError
+from py4j.protocol import Py4JError, Py4JJavaError
 
 from streamproof.checkpoint.folder import Holder, RunLock
 from streamproof.errors import PipelineError
-from streamproof.storage.location import Location
+from streamproof.storage.location import Location, conflict_to_retry, refused_as_existing
 
 
 def _dead_pid() -> int:
@@ -176,9 +176,18 @@ class _JavaException:
 
     _target_id = "o1"
 
-    def __init__(self, *names: str, message: str = "") -> None:
+    def __init__(self, *names: str, message: str = "", status: int | None = None,
+                 cause: _JavaException | None = None) -> None:  # fmt: skip
         self.names = [*names, "java.lang.Exception", "java.lang.Throwable", "java.lang.Object"]
-        self.message = message
+        self.message, self.status, self.cause = message, status, cause
+
+    def getCause(self) -> _JavaException | None:  # noqa: N802 - Java's name
+        return self.cause
+
+    def statusCode(self) -> int:  # noqa: N802 - the AWS SDK's name
+        if self.status is None:
+            raise Py4JError("Method statusCode([]) does not exist")  # what Py4J raises for a method the object lacks
+        return self.status
 
     def getClass(self) -> _JavaClass:  # noqa: N802 - Java's name
         return _JavaClass(self.names)
@@ -238,3 +247,29 @@ def test_a_remote_lock_deleted_between_exists_and_open_means_no_holder() -> None
     assert run_lock.holder() is None
     with pytest.raises(_JavaError):  # an error that is not of I/O stays what it is
         _remote(_FileSystem(_JavaException("java.lang.IllegalStateException"))).read_text()
+
+
+S3_EXCEPTION = "software.amazon.awssdk.services.s3.model.S3Exception"
+
+
+class _PrintedJavaError(Py4JJavaError):
+    def __str__(self) -> str:  # as Py4J prints it: the call (its object's id), then the Java class and message
+        return f"{self.errmsg}.\n: {self.java_exception.getClass().getName()}: {self.java_exception.getMessage()}"
+
+
+def test_a_lost_conditional_create_is_known_by_its_class_or_status_never_by_numbers_in_its_text() -> None:
+    """A 412 is S3A's RemoteFileChangedException, or a cause whose HTTP status is 412; a 409 (two conditional writes
+    in flight) is one to try again. Numbers in a Py4J call's object id or in a path say nothing: an error that read as
+    "the object exists" because its text held "412" made a failed write pass for a lost race."""
+    numbers = _PrintedJavaError("An error occurred while calling o1412.close", _JavaException(
+        "java.io.IOException", message="s3a://bucket/checkpoint/commits/1412: connection reset"))
+    assert "412" in str(numbers) and not refused_as_existing(numbers) and not conflict_to_retry(numbers)
+    exists = _PrintedJavaError("An error occurred while calling o7.close", _JavaException(
+        "org.apache.hadoop.fs.s3a.RemoteFileChangedException", "java.io.IOException", message="PUT: precondition"))
+    status = _PrintedJavaError("An error occurred while calling o7.close", _JavaException(
+        "java.io.IOException", cause=_JavaException(S3_EXCEPTION, status=412)))
+    conflict = _PrintedJavaError("An error occurred while calling o7.close", _JavaException(
+        "java.io.IOException", cause=_JavaException(S3_EXCEPTION, status=409)))
+    assert refused_as_existing(exists) and refused_as_existing(status)
+    assert not refused_as_existing(conflict)
+    assert conflict_to_retry(conflict) and not conflict_to_retry(status)

@@ -82,7 +82,11 @@ class ProgressFile:
 
 
 LEASE_ENV = "STREAMPROOF_LEASE_S"
-DEFAULT_LEASE_S = 10.0  # a takeover after a crash on another machine waits this long, plus LEASE_GRACE_S
+# A takeover after a crash on another machine waits this long, plus LEASE_GRACE_S; a holder that cannot renew for it
+# stops. 10 s stopped the cluster test's run when its one DataNode restarted for 1 s: HDFS's client backs off reading
+# a block after a refused connection (1.4 s, then 4.7 s here), and the renewal took more than 9 s.
+DEFAULT_LEASE_S = 30.0
+RENEW_RETRY_S = 1.0  # a renewal that failed is tried again after this, not a third of the lease later
 LEASE_GRACE_S = 1.0  # a taker waits the lease and this much more: a renewal written at the lease's last moment counts
 
 
@@ -347,8 +351,9 @@ class RunLock:
 
     def _keep(self) -> None:
         """Renew the lease every third of it, while the file names this run; note a loss and stop when it does not."""
-        while not self._stop.wait(self.lease_s / 3):
-            started = time.monotonic()
+        pause = self.lease_s / 3
+        while not self._stop.wait(pause):
+            started, pause = time.monotonic(), RENEW_RETRY_S  # a failed renewal is tried again soon
             try:
                 with _host_mutex(self.path):
                     written = self._written_holder()
@@ -360,6 +365,7 @@ class RunLock:
                     self.path.replace_with_text(renewed.to_text())
                     self.mine = renewed
                     self._valid_until = started + self.lease_s - LEASE_GRACE_S
+                    pause = self.lease_s / 3
             except (OSError, PipelineError) as error:  # the store away for a moment: check() stops the run in time
                 print(f"[streamproof] renewing the run lock {self.path} failed ({error}); retrying",
                       file=sys.stderr, flush=True)  # fmt: skip

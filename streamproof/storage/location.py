@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -50,6 +51,9 @@ DENIED = frozenset(
 # in part).
 CONDITIONAL_SCHEMES = frozenset({"s3a"})
 IF_NONE_MATCH = "fs.option.create.conditional.overwrite"  # Hadoop's option for that create
+CONFLICT_RETRIES = 5  # a conditional create answered 409 is tried again this many times, CONFLICT_PAUSE_S more each
+CONFLICT_PAUSE_S = 0.2
+READ_CHANGED_RETRIES = 3  # an S3 object rewritten while it was being opened is read again this many times
 
 
 def java_classes(exception: Any) -> list[str]:
@@ -61,17 +65,65 @@ def java_classes(exception: Any) -> list[str]:
     return names
 
 
-def refused_as_existing(error: Any) -> bool:
-    """Whether a failed conditional create says the object exists (S3's HTTP 412, which S3A raises as
-    ``RemoteFileChangedException``), from the error's classes and text, its causes included.
+REMOTE_FILE_CHANGED = "org.apache.hadoop.fs.s3a.RemoteFileChangedException"  # S3A's class for an HTTP 412
+PRECONDITION_FAILED = 412  # the object exists: a conditional create lost
+CONDITIONAL_CONFLICT = 409  # S3's ConditionalRequestConflict: two conditional writes of one key at once; try again
 
-    >>> refused_as_existing("RemoteFileChangedException: PUT s3a://b/k: 412 Precondition Failed")
+
+def http_status(exception: Any) -> int | None:
+    """The HTTP status a Java exception carries (the AWS SDK's and S3A's ``statusCode()``), None for any other."""
+    try:
+        status = exception.statusCode()
+    except Exception:  # noqa: BLE001 - Py4J raises its own error for a method the object lacks
+        return None
+    return status if isinstance(status, int) else None
+
+
+def _causes(error: Any) -> list[Any]:
+    """A Java exception (or the one a Py4J error carries) and each of its causes."""
+    found: list[Any] = []
+    exception = getattr(error, "java_exception", error)
+    while exception is not None and len(found) < 20:
+        found.append(exception)
+        exception = exception.getCause()
+    return found
+
+
+def refused_as_existing(error: Any) -> bool:
+    """Whether a failed conditional create says the object exists: S3's HTTP 412, which S3A raises as
+    ``RemoteFileChangedException``, read from the classes and statuses of the error and its causes, never from its
+    text (a Py4J message names objects like ``o1412``, and paths hold numbers like ``commits/1412``).
+
+    >>> class Java:  # a stand-in for a Py4J Java exception
+    ...     def __init__(self, name, status=None, cause=None): self.name, self.status, self.cause = name, status, cause
+    ...     def getClass(self): return JavaClass(self.name)
+    ...     def getCause(self): return self.cause
+    ...     def statusCode(self):
+    ...         if self.status is None: raise AttributeError("no such method")
+    ...         return self.status
+    >>> class JavaClass:
+    ...     def __init__(self, name): self.name = name
+    ...     def getName(self): return self.name
+    ...     def getSuperclass(self): return None
+    >>> refused_as_existing(Java(REMOTE_FILE_CHANGED))
+    True
+    >>> refused_as_existing(Java("java.io.IOException", cause=Java("S3Exception", status=412)))
+    True
+    >>> refused_as_existing(Java("java.io.IOException: calling o1412.close on commits/1412"))
+    False
+    >>> conflict_to_retry(Java("java.io.IOException", cause=Java("S3Exception", status=409)))
     True
     """
-    text = str(error)
     return any(
-        sign in text for sign in ("RemoteFileChangedException", "412", "PreconditionFailed", "Precondition Failed")
+        REMOTE_FILE_CHANGED in java_classes(cause) or http_status(cause) == PRECONDITION_FAILED
+        for cause in _causes(error)
     )
+
+
+def conflict_to_retry(error: Any) -> bool:
+    """Whether a failed conditional write met another one in flight (S3's 409 ``ConditionalRequestConflict``): the
+    store decided nothing, so the write is tried again (:func:`refused_as_existing`'s example)."""
+    return any(http_status(cause) == CONDITIONAL_CONFLICT for cause in _causes(error))
 
 
 class Location:
@@ -230,14 +282,20 @@ class Location:
             return self.path.read_bytes()
         from py4j.protocol import Py4JJavaError
 
-        try:
-            stream = self._fs.open(self._jpath)
+        for attempt in range(READ_CHANGED_RETRIES + 1):
             try:
-                return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
-            finally:
-                stream.close()
-        except Py4JJavaError as error:
-            raise self._os_error(error) from error
+                stream = self._fs.open(self._jpath)
+                try:
+                    return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+                finally:
+                    stream.close()
+            except Py4JJavaError as error:
+                # S3A opens an object by the version its status named: one rewritten in between (a run lock renewed)
+                # answers 412, and is read again as it is now.
+                if attempt < READ_CHANGED_RETRIES and REMOTE_FILE_CHANGED in java_classes(error.java_exception):
+                    continue
+                raise self._os_error(error) from error
+        raise AssertionError("not reached: the last attempt returns or raises")
 
     def _os_error(self, error: Any) -> BaseException:
         """Python's error for the Java exception Hadoop raised reading this file (``error``, a Py4JJavaError), told by
@@ -316,19 +374,26 @@ class Location:
         our text is ours."""
         from py4j.protocol import Py4JJavaError
 
-        builder = self._fs.createFile(self._jpath).create().overwrite(False).must(IF_NONE_MATCH, True)
-        stream = builder.build()
-        try:
-            stream.write(bytearray(text.encode("utf-8")))
-            stream.close()
-        except Py4JJavaError as error:
-            if not refused_as_existing(error):
-                raise self._os_error(error.java_exception) from None
+        for attempt in range(CONFLICT_RETRIES + 1):
+            builder = self._fs.createFile(self._jpath).create().overwrite(False).must(IF_NONE_MATCH, True)
+            stream = builder.build()
             try:
-                return self.read_text() == text
-            except FileNotFoundError:
-                return False
-        return True
+                stream.write(bytearray(text.encode("utf-8")))
+                stream.close()
+            except Py4JJavaError as error:
+                if conflict_to_retry(error) and attempt < CONFLICT_RETRIES:
+                    print(f"[streamproof] {self}: the store answered 409 (another conditional write in flight); "
+                          "retrying", file=sys.stderr, flush=True)  # fmt: skip
+                    time.sleep(CONFLICT_PAUSE_S * (attempt + 1))
+                    continue
+                if not refused_as_existing(error):
+                    raise self._os_error(error.java_exception) from None
+                try:
+                    return self.read_text() == text
+                except FileNotFoundError:
+                    return False
+            return True
+        return False  # not reached: the last attempt returns or raises
 
     def replace_with_text(self, text: str) -> None:
         """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary

@@ -1,5 +1,6 @@
 package dev.streamproof.s3;
 
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataInputStream;
@@ -39,24 +40,50 @@ public class ConditionalCheckpointFileManager implements CheckpointFileManager {
       return others.createAtomic(target, overwriteIfPossible);
     }
     try {
-      FSDataOutputStream out =
-          overwriteIfPossible ? fs.create(target, true) : ConditionalCreate.open(fs, target);
-      return new Created(out, target);
+      if (overwriteIfPossible) {
+        return new Overwritten(fs.create(target, true));
+      }
+      return new Created(fs, target);
     } catch (IOException error) {
       throw unchecked(error);
     }
   }
 
-  /** A stream whose close is the conditional PUT: a refusal by the store becomes Spark's "already exists". */
-  private static final class Created extends CancellableFSDataOutputStream {
+  /** A whole entry written with overwrite: a plain PUT at close. */
+  private static final class Overwritten extends CancellableFSDataOutputStream {
     private final FSDataOutputStream out;
-    private final Path target;
-    private boolean done;
 
-    Created(FSDataOutputStream out, Path target) {
+    Overwritten(FSDataOutputStream out) {
       super(out);
       this.out = out;
+    }
+
+    @Override
+    public void cancel() {
+      out.abort();
+    }
+  }
+
+  /**
+   * An entry kept in memory (offsets and commits are small) and created at close by {@link
+   * ConditionalCreate#createOrAccept}: a refusal by the store becomes Spark's "already exists"; our own PUT retried
+   * after a lost answer is accepted; a 409 is tried again.
+   */
+  private static final class Created extends CancellableFSDataOutputStream {
+    private final FileSystem fs;
+    private final Path target;
+    private final ByteArrayOutputStream bytes;
+    private boolean done;
+
+    Created(FileSystem fs, Path target) {
+      this(fs, target, new ByteArrayOutputStream());
+    }
+
+    private Created(FileSystem fs, Path target, ByteArrayOutputStream bytes) {
+      super(bytes);
+      this.fs = fs;
       this.target = target;
+      this.bytes = bytes;
     }
 
     @Override
@@ -65,25 +92,18 @@ public class ConditionalCheckpointFileManager implements CheckpointFileManager {
         return;
       }
       done = true;
-      try {
-        out.close();
-      } catch (IOException error) {
-        if (ConditionalCreate.lostTheRace(error)) {
-          FileAlreadyExistsException exists = new FileAlreadyExistsException(target.toString());
-          exists.initCause(error);
-          throw exists;
-        }
-        throw error;
+      super.close();
+      IOException refused = ConditionalCreate.createOrAccept(fs, target, bytes.toByteArray());
+      if (refused != null) {
+        FileAlreadyExistsException exists = new FileAlreadyExistsException(target.toString());
+        exists.initCause(refused);
+        throw exists;
       }
     }
 
     @Override
     public void cancel() {
-      if (done) {
-        return;
-      }
-      done = true;
-      out.abort(); // nothing is sent: the object never appears
+      done = true; // nothing was sent: the object never appears
     }
   }
 

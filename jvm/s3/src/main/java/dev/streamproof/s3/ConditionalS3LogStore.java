@@ -5,7 +5,6 @@ import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
-import java.util.Arrays;
 import java.util.Iterator;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FSDataOutputStream;
@@ -39,19 +38,10 @@ public class ConditionalS3LogStore extends S3SingleDriverLogStore {
       }
       return;
     }
-    try {
-      FSDataOutputStream out = ConditionalCreate.open(fs, path);
-      out.write(bytes);
-      out.close();
-    } catch (IOException error) {
-      if (!ConditionalCreate.lostTheRace(error)) {
-        throw error;
-      }
-      if (Arrays.equals(ConditionalCreate.read(fs, path), bytes)) {
-        return; // our own PUT, retried after its answer was lost
-      }
+    IOException refused = ConditionalCreate.createOrAccept(fs, path, bytes);
+    if (refused != null) {
       FileAlreadyExistsException exists = new FileAlreadyExistsException(path.toString());
-      exists.initCause(error);
+      exists.initCause(refused);
       throw exists;
     }
   }
