@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +337,16 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
         assert damage == (0, 0, 0, 0), report.to_json()
         assert report.identity_holds
     return reports
+
+
+def wait_for_a_committed_batch(child: subprocess.Popen[str], timeout_s: float = 300) -> None:
+    """Read a running pipeline's output until its first batch line (`` committed: ``), within ``timeout_s``."""
+    assert child.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    for line in child.stdout:
+        if " committed: " in line:
+            break
+        assert time.monotonic() < deadline, f"no batch committed within {timeout_s:g} s"
 
 
 def run_cli(

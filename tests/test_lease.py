@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, assert_every_sink_clean, write_pipeline
+from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, write_pipeline
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import load_pipeline
 from streamproof.generator import generate
@@ -163,12 +163,7 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
     a = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
                          start_new_session=True, env=environment)  # fmt: skip
     try:
-        assert a.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in a.stdout:
-            if " committed: " in line:
-                break
-            assert time.monotonic() < deadline, "no batch committed within 300 s"
+        wait_for_a_committed_batch(a)
         os.killpg(a.pid, signal.SIGKILL)
         a.wait(timeout=30)
     finally:

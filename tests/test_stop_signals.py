@@ -8,13 +8,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, run_cli, write_pipeline
+from conftest import REPO, run_cli, wait_for_a_committed_batch, write_pipeline
 from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
 from streamproof.config import load_pipeline
 from streamproof.generator import generate
@@ -41,12 +40,7 @@ def test_sigterm_stops_after_the_current_batch_and_restart_completes_and_a_secon
         start_new_session=True,
     )
     try:
-        assert child.stdout is not None
-        deadline = time.monotonic() + 300
-        for line in child.stdout:
-            if " committed: " in line:
-                break
-            assert time.monotonic() < deadline, "no batch committed within 300 s"
+        wait_for_a_committed_batch(child)
         # The same pipeline started again by mistake while it runs: refused in one line, before it reads anything.
         second = run_cli("run", str(pipeline_file), "--available-now", timeout=120)
         assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
