@@ -240,7 +240,6 @@ class RunLock:
         self.path = checkpoint / self.NAME
         self.lease_s = lease_s if lease_s is not None else lease_seconds()
         self.mine: Holder | None = None
-        self.took_over: str | None = None  # why the lock was taken over, when it was
         self._lost: Holder | None = None
         self._lost_at = 0.0
         self._valid_until = 0.0  # monotonic: past it, this run no longer trusts its lease
@@ -324,10 +323,8 @@ class RunLock:
                 taker = Holder.me(lease_s=self.lease_s, epoch=written.epoch + 1)
                 self.path.delete()
                 if self.path.create_new(taker.to_text()):
-                    self.took_over = (
-                        f"took over the run lock of {self.path.parent} from pid {written} (epoch {taker.epoch}): {why}"
-                    )
-                    print(f"[streamproof] {self.took_over}", file=sys.stderr, flush=True)
+                    took_over = f"took over the run lock of {self.path.parent} from pid {written} (epoch {taker.epoch})"
+                    print(f"[streamproof] {took_over}: {why}", file=sys.stderr, flush=True)
                     self._hold(taker, started)
                     return None
         raise PipelineError(f"{self.path}: other processes kept taking and leaving the run lock; try again")
