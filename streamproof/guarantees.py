@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -153,10 +154,16 @@ S3_CONF = {
     "spark.hadoop.fs.s3a.input.stream.type": "classic",
 }
 S3_LOGSTORES = ("dev.streamproof.s3.ConditionalS3LogStore", "io.delta.storage.S3DynamoDBLogStore")
+CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+# Spark's checkpoint and a files sink's _spark_metadata log are written through this class: on S3 only one that
+# creates an entry only if absent keeps a second writer's entry from replacing the first's.
+CONDITIONAL_MANAGERS = ("dev.streamproof.s3.ConditionalCheckpointFileManager",)
 NO_CONDITIONAL_SCHEMES = ("s3", "s3n")  # S3 not through S3A: no conditional create there
 
 
-def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str, str]) -> str | None:
+def storage_refusal(
+    guarantee: str, scheme: str, role: str, spark_conf: dict[str, str], *, bucket: str | None = None
+) -> str | None:
     """Why a checkpoint (``role = "checkpoint"``) or a Delta table (``"delta"``) on storage of ``scheme`` cannot
     honour the guarantee (one line), or None when it can.
 
@@ -172,10 +179,21 @@ def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str
     True
     >>> storage_refusal("exactly-once", "s3a", "checkpoint", {**S3_CONF, CONDITIONAL_WRITES: "false"})[:60]
     'a checkpoint on s3a:// cannot guarantee exactly-once with sp'
+
+    The back doors are closed too: a rename-based checkpoint manager, a bucket's own setting (``bucket``), and (at
+    run start, :func:`hadoop_refusal`) Hadoop's own configuration files.
+
+    >>> renames = "org.apache.spark.sql.execution.streaming.FileSystemBasedCheckpointFileManager"
+    >>> manager = {**S3_CONF, CHECKPOINT_MANAGER: renames}
+    >>> storage_refusal("exactly-once", "s3a", "files", manager)[:75]
+    'a files sink on s3a:// cannot guarantee exactly-once with spark.sql.streami'
+    >>> per_bucket = {**S3_CONF, "spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled": "false"}
+    >>> storage_refusal("exactly-once", "s3a", "delta", per_bucket, bucket="prod").split(" = ")[0][-63:]
+    'with spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled'
     """
     if not wiring_for(guarantee).exactly_once:
         return None
-    what = "a checkpoint" if role == "checkpoint" else "a Delta table"
+    what = {"checkpoint": "a checkpoint", "files": "a files sink"}.get(role, "a Delta table")
     if scheme in NO_CONDITIONAL_SCHEMES:
         return (
             f"{what} on {scheme}:// cannot guarantee exactly-once: only Hadoop's S3A (s3a://) creates a file "
@@ -183,11 +201,20 @@ def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str
         )
     if scheme != "s3a":
         return None
-    if spark_conf.get(CONDITIONAL_WRITES, "true").lower() == "false":
+    per_bucket = f"spark.hadoop.fs.s3a.bucket.{bucket}.create.conditional.enabled" if bucket else None
+    for key in (per_bucket, CONDITIONAL_WRITES):  # S3A reads a bucket's own setting before the general one
+        if key is not None and spark_conf.get(key, "true").strip().lower() == "false":
+            return (
+                f'{what} on s3a:// cannot guarantee exactly-once with {key} = "false": a second writer by mistake '
+                "(a run, a commit of one Delta version) would replace the first's file; remove the setting (S3 and "
+                "the stores streamproof proves on create only-if-absent: docs/storage.md)"
+            )
+    manager = spark_conf.get(CHECKPOINT_MANAGER, CONDITIONAL_MANAGERS[0])
+    if role in ("checkpoint", "files") and manager not in CONDITIONAL_MANAGERS:
         return (
-            f'{what} on s3a:// cannot guarantee exactly-once with {CONDITIONAL_WRITES} = "false": a second writer '
-            "by mistake (a run, a commit of one Delta version) would replace the first's file; remove the setting "
-            "(S3 and the stores streamproof proves on create only-if-absent: docs/storage.md)"
+            f'{what} on s3a:// cannot guarantee exactly-once with {CHECKPOINT_MANAGER} = "{manager}": its entries '
+            "are written without a conditional create, and a second writer's would replace the first's; leave the "
+            f"setting unset (streamproof sets {CONDITIONAL_MANAGERS[0]})"
         )
     store = spark_conf.get("spark.delta.logStore.s3a.impl")
     if role == "delta" and store not in S3_LOGSTORES:
@@ -196,4 +223,40 @@ def storage_refusal(guarantee: str, scheme: str, role: str, spark_conf: dict[str
             f'leave [spark.conf] "spark.delta.logStore.s3a.impl" unset (streamproof\'s conditional-write LogStore) '
             f'or set it to "{S3_LOGSTORES[1]}" with its DynamoDB table (docs/storage.md)'
         )
+    return None
+
+
+# Where S3A reads whether to create only if absent: a bucket's own key first, then the general one.
+HADOOP_CONDITIONAL_KEYS = ("fs.s3a.bucket.{bucket}.create.conditional.enabled", "fs.s3a.create.conditional.enabled")
+
+
+def hadoop_refusal(guarantee: str, buckets: list[str], hadoop_get: Callable[[str], str | None],
+                   sources_of: Callable[[str], str] = lambda key: "") -> str | None:  # fmt: skip
+    """Why S3 cannot honour the guarantee under the Hadoop configuration the run's JVM loaded (``core-site.xml`` on
+    ``HADOOP_CONF_DIR``, a bucket's own setting, ``spark.hadoop.*``), which :func:`storage_refusal` cannot see before
+    Spark starts; None when every bucket of ``buckets`` creates only if absent. ``hadoop_get`` reads a key of that
+    configuration, ``sources_of`` says where it was set.
+
+    >>> conf = {"fs.s3a.bucket.prod.create.conditional.enabled": "false"}
+    >>> hadoop_refusal("exactly-once", ["prod"], conf.get, lambda key: "core-site.xml")[:95]
+    'the bucket prod on s3a:// cannot guarantee exactly-once: fs.s3a.bucket.prod.create.conditional.'
+    >>> hadoop_refusal("exactly-once", ["prod"], {}.get) is None
+    True
+    """
+    if not wiring_for(guarantee).exactly_once:
+        return None
+    for bucket in buckets:
+        for template in HADOOP_CONDITIONAL_KEYS:
+            key = template.format(bucket=bucket)
+            value = hadoop_get(key)
+            if value is None:
+                continue  # not set here: the next, more general key decides
+            if value.strip().lower() != "false":
+                break
+            where = sources_of(key)
+            return (
+                f'the bucket {bucket} on s3a:// cannot guarantee exactly-once: {key} = "false"'
+                + (f" (set in {where})" if where else "")
+                + ": a second writer by mistake would replace the first's file; remove the setting (docs/storage.md)"
+            )
     return None

@@ -155,6 +155,36 @@ def test_a_store_that_cannot_be_exactly_once_is_refused_in_one_line_naming_what_
         parse_pipeline(text.replace("s3a://bucket/orders", "s3://bucket/orders"))
 
 
+def test_the_refusal_of_a_store_without_conditional_writes_has_no_back_door() -> None:
+    """A bucket's own key turning conditional writes off, a rename-based checkpoint manager, and a files sink (its
+    _spark_metadata log is written through that manager) on s3:// or behind either: each refused in one line naming
+    the setting. (Hadoop's own core-site.xml: tests/test_session_jars.py, at run start.)"""
+    text = EXAMPLE.replace('checkpoint = ".streamproof/checkpoints/orders"', 'checkpoint = "s3a://prod/checkpoints/o"')
+    assert parse_pipeline(text).spark.conf  # accepted as it is
+    per_bucket = '\n"spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled" = "false"\n'
+    refused = r"^[^\n]*checkpoint: a checkpoint on s3a:// cannot guarantee exactly-once with spark.hadoop.fs.s3a.bucket"
+    with pytest.raises(ConfigError, match=refused + r".prod.create.conditional.enabled"):
+        parse_pipeline(text + per_bucket)
+    parse_pipeline(text + per_bucket.replace(".prod.", ".other."))  # another bucket's setting is its own affair
+    renames = '\n"spark.sql.streaming.checkpointFileManagerClass" = "org.apache.spark.sql.execution.streaming.' \
+              'FileSystemBasedCheckpointFileManager"\n'  # fmt: skip
+    with pytest.raises(ConfigError, match=r"checkpoint: a checkpoint on s3a:// cannot guarantee exactly-once with "
+                                          r"spark.sql.streaming.checkpointFileManagerClass = \"org"):  # fmt: skip
+        parse_pipeline(text + renames)
+    files = EXAMPLE.replace('kind = "delta"                             # delta', 'kind = "files"  #').replace(
+        'path = ".streamproof/tables/orders"', 'path = "s3a://prod/parquet/orders"').replace(
+        'mode = "append"', "")
+    assert parse_pipeline(files).sink_specs[0].kind == "files"
+    with pytest.raises(ConfigError, match=r"sink: a files sink on s3a:// cannot guarantee exactly-once with "
+                                          r"spark.sql.streaming.checkpointFileManagerClass"):  # fmt: skip
+        parse_pipeline(files + renames)
+    with pytest.raises(ConfigError, match=r"sink: a files sink on s3:// cannot guarantee exactly-once: only"):
+        parse_pipeline(files.replace("s3a://prod/parquet", "s3://prod/parquet"))
+    with pytest.raises(ConfigError, match=r"sink: a files sink on s3a:// cannot guarantee exactly-once with "
+                                          r"spark.hadoop.fs.s3a.create.conditional.enabled"):  # fmt: skip
+        parse_pipeline(files + '\n"spark.hadoop.fs.s3a.create.conditional.enabled" = "False "\n')
+
+
 def test_schema_field_names_handles_nested_types() -> None:
     assert schema_field_names("a STRING, b DECIMAL(10, 2), c MAP<STRING, ARRAY<INT>>, `d` INT") == ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="needs a name and a type"):

@@ -96,3 +96,33 @@ def test_gc_setting_picks_one_collector() -> None:
     assert "-XX:+UseG1GC" in java_options(gc="g1") and "-XX:+UseParallelGC" not in java_options(gc="g1")
     with pytest.raises(ValidationError, match="gc"):
         SparkSettings(gc="zgc")
+
+
+def test_hadoop_s_own_configuration_turning_conditional_writes_off_is_refused_before_the_run_lock(
+    tmp_path: Path,
+) -> None:
+    """A core-site.xml on HADOOP_CONF_DIR (as a cluster's gateway machine has one) telling one bucket's S3A to create
+    without a condition, which no pipeline file shows: `streamproof run` refuses in one line, naming the key and the
+    file it came from, as soon as its JVM exists: before the run lock (itself a conditional create) is written, so
+    no S3 server is needed and none is reached."""
+    import re
+
+    from conftest import REPO, run_cli
+
+    conf = tmp_path / "hadoop-conf"
+    conf.mkdir()
+    (conf / "core-site.xml").write_text(
+        '<?xml version="1.0"?>\n<configuration>\n  <property><name>fs.s3a.bucket.prod.create.conditional.enabled'
+        "</name><value>false</value></property>\n</configuration>\n"
+    )
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(
+        re.sub(r'checkpoint = "[^"]*"', 'checkpoint = "s3a://prod/checkpoints/orders"',
+               (REPO / "examples" / "orders_to_delta.toml").read_text())  # fmt: skip
+    )
+    done = run_cli("run", str(pipeline), "--available-now", env={"HADOOP_CONF_DIR": str(conf)}, timeout=300)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert "the bucket prod on s3a:// cannot guarantee exactly-once: " in error, error
+    assert 'fs.s3a.bucket.prod.create.conditional.enabled = "false" (set in ' in error and "core-site.xml" in error
+    assert "Traceback" not in done.stderr and "Py4J" not in done.stderr

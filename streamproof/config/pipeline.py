@@ -23,7 +23,14 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from streamproof.config.fields import Strict, schema_field_names
 from streamproof.config.settings import MetricsSettings, RetrySettings, SparkSettings, Trigger
-from streamproof.config.sinks import AnySinkSpec, DeltaSinkSpec, KafkaSinkSpec, PostgresSinkSpec, SinkSpec
+from streamproof.config.sinks import (
+    AnySinkSpec,
+    DeltaSinkSpec,
+    FilesSinkSpec,
+    KafkaSinkSpec,
+    PostgresSinkSpec,
+    SinkSpec,
+)
 from streamproof.config.sources import DeltaSource, FilesSource, KafkaSource, Lookup, SourceSpec
 from streamproof.config.transform import Transform, replay_unsafe
 from streamproof.errors import ConfigError
@@ -237,18 +244,19 @@ class PipelineSpec(Strict):
     def _storage_can_honour_the_guarantee(self) -> PipelineSpec:
         if any(location.scheme == "s3a" for location in self.locations):  # conditional writes: guarantees.S3_CONF
             self.spark.conf.update({key: value for key, value in S3_CONF.items() if key not in self.spark.conf})
-        delta = [
-            self.resolve_path(sink.folder)
+        folders = [
+            ("delta" if isinstance(sink, DeltaSinkSpec) else "files", self.resolve_path(sink.folder))
             for sink in self.sink_specs
-            if isinstance(sink, DeltaSinkSpec) and sink.folder is not None
+            if isinstance(sink, DeltaSinkSpec | FilesSinkSpec) and sink.folder is not None
         ]
         places = [
             ("checkpoint", "checkpoint", self.checkpoint_dir),
             ("transform.quarantine", "delta", self.quarantine_path),
-            *((self._sinks_key, "delta", table) for table in delta),
+            *((self._sinks_key, role, folder) for role, folder in folders),
         ]
         for key, role, location in places:
-            if reason := storage_refusal(self.guarantee, location.scheme, role, self.spark.conf):
+            scheme, conf = location.scheme, self.spark.conf
+            if reason := storage_refusal(self.guarantee, scheme, role, conf, bucket=location.bucket):
                 raise ValueError(f"{key}: {reason}")
         return self
 

@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from streamproof.config import PipelineSpec, SparkSettings
 from streamproof.errors import ConfigError
+from streamproof.guarantees import hadoop_refusal
 from streamproof.jvm.jars import cache_root, cached_jars, check_java, jar_set
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
@@ -201,7 +202,25 @@ def run_session(pipeline: PipelineSpec) -> SparkSession:
     >>> spark.sparkContext.appName                                                   # doctest: +SKIP
     'streamproof:orders-to-delta'
     """
-    return build_session(pipeline.spark, app_name=f"streamproof:{pipeline.name}", ui=ui_wanted(pipeline.spark))
+    spark = build_session(pipeline.spark, app_name=f"streamproof:{pipeline.name}", ui=ui_wanted(pipeline.spark))
+    refuse_unconditional_s3(spark, pipeline)
+    return spark
+
+
+def refuse_unconditional_s3(spark: SparkSession, pipeline: PipelineSpec) -> None:
+    """Refuse, in one line, a run whose S3 buckets Hadoop's own configuration (``core-site.xml``, a bucket's key) tells
+    to create without a condition: checked as soon as the run's JVM exists, before the run lock (itself a conditional
+    create) is taken. The pipeline file's settings were checked when it loaded (``guarantees.storage_refusal``)."""
+    buckets = sorted({str(where.bucket) for where in pipeline.locations if where.scheme == "s3a" and where.bucket})
+    if not buckets:
+        return
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+
+    def sources_of(key: str) -> str:
+        return ", ".join(hadoop.getPropertySources(key) or [])
+
+    if reason := hadoop_refusal(pipeline.guarantee, buckets, hadoop.get, sources_of):
+        raise ConfigError(reason)
 
 
 def local_session(settings: SparkSettings | None = None, app_name: str = "streamproof") -> SparkSession:

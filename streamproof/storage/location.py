@@ -154,6 +154,17 @@ class Location:
         return cls(candidate if candidate.is_absolute() else ((base or Path.cwd()) / candidate).resolve())
 
     @property
+    def bucket(self) -> str | None:
+        """The bucket (or host) a URI names; None for a local path.
+
+        >>> Location("s3a://prod/delta/orders").bucket, Location("/tmp/orders").bucket
+        ('prod', None)
+        """
+        if not self.is_remote:
+            return None
+        return self.text.split("://", 1)[1].split("/", 1)[0] or None
+
+    @property
     def is_remote(self) -> bool:
         """Reached through Hadoop's FileSystem (a URI), not Python's file calls."""
         return self.scheme != "file"
