@@ -35,7 +35,8 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
 from conftest import REPO, assert_every_sink_clean, plant_delta_commit, run_cli, tree_bytes, write_pipeline
-from streamproof.checkpoint.folder import QuarantineMark, RunCounter, RunLock, backup
+from streamproof.checkpoint.copies import backup
+from streamproof.checkpoint.folder import QuarantineMark, RunCounter, RunLock
 from streamproof.checkpoint.log import (
     DONE,
     batch_end_offsets,

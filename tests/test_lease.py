@@ -21,11 +21,14 @@ from typing import Any
 import pytest
 
 from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, write_pipeline
+from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import load_pipeline
+from streamproof.errors import PipelineError
 from streamproof.generator import generate
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.storage.location import Location
 
 LEASE_S = 2.0
 HOLDER = REPO / "tests" / "data" / "hold_run_lock.py"
@@ -145,6 +148,59 @@ def test_a_holder_paused_past_its_lease_is_taken_over_and_stops_in_one_line_when
         if b is not None:
             _kill(b)
 
+
+
+def test_operator_commands_hold_the_run_lock_a_start_meanwhile_is_refused_naming_them_and_they_wait_for_none(
+    tmp_path: Path,
+) -> None:
+    """`checkpoint backup|restore|recover|rewind` hold the run lock for their whole run (a lease like a run's): a run
+    started meanwhile (a real process taking the lock as the batch path does) is refused in one line naming the
+    command; a command is refused while a run holds it. Restore carries the lock into the folder it puts in place:
+    a run started while the new folder is being filled, or after it is in place but before the command ends, is
+    refused; a stale lock a backup was copied with (`cp -r` of a running checkpoint) is not restored. A run inside
+    the command (rewind's replays) joins its lock: its end leaves the command's lock in place."""
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text("v1")
+    with held_by_command(Location(checkpoint), "back up", "checkpoint backup"):
+        code, out, _ = _finish(_holder(checkpoint, 1))
+        assert code == 2 and out.strip() == (f"refused: {checkpoint} is in use by `streamproof checkpoint backup` "
+                                             f"(pid {os.getpid()}); wait for it to end"), out  # fmt: skip
+        assert _written(checkpoint).command == "checkpoint backup"
+        with RunLock(Location(checkpoint)) as inside:  # a run in this process (rewind's replay) joins the lock
+            inside.check()
+        assert _written(checkpoint).command == "checkpoint backup"  # its end deleted nothing
+    assert not (checkpoint / RunLock.NAME).exists()  # the command's end released it
+
+    running = _holder(checkpoint, 30)
+    try:
+        assert _first_line(running).startswith("held ")
+        for command in (lambda: backup(Location(checkpoint)), lambda: restore(checkpoint, checkpoint)):
+            with pytest.raises(PipelineError, match=f"while a pipeline runs on it \\(pid {running.pid}\\): stop it"):
+                command()
+    finally:
+        _kill(running)
+
+    copy = tmp_path / "copied-by-hand"
+    shutil.copytree(checkpoint, copy)
+    (copy / RunLock.NAME).write_text(Holder.me(lease_s=LEASE_S).to_text())  # a live holder's lock, copied along
+    seen: list[str] = []
+
+    def fill_and_try_a_start(staging: Location) -> None:
+        copy_tree = Location(copy).copy_tree
+        copy_tree(staging, skip=(RunLock.NAME,))
+        seen.append(_finish(_holder(checkpoint, 1))[1].strip())  # the old folder, still locked
+
+    with held_by_command(Location(checkpoint), "restore", "checkpoint restore") as lock:
+        lock.replace_folder(fill_and_try_a_start, Location(tmp_path / "kept"))
+        seen.append(_finish(_holder(checkpoint, 1))[1].strip())  # the new folder in place, the lock carried over
+        lock.check()
+    assert all(line.startswith(f"refused: {checkpoint} is in use by `streamproof checkpoint restore`") for line in
+               seen) and len(seen) == 2, seen  # fmt: skip
+    assert not (checkpoint / RunLock.NAME).exists() and not (tmp_path / "kept" / RunLock.NAME).exists()
+    assert (checkpoint / "offsets" / "0").read_text() == "v1" and (tmp_path / "kept" / "offsets" / "0").exists()
+    code, out, _ = _finish(_holder(checkpoint, 0.2))
+    assert code == 0 and out.startswith("held "), out
 
 @pytest.mark.integration
 @pytest.mark.crash

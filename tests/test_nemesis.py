@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from streamproof.checkpoint.folder import backup, kept_aside
+from streamproof.checkpoint.copies import backup, kept_aside
 from streamproof.checkpoint.log import committed_batches, rebuild
 from streamproof.errors import ConfigError, InfraError
 from streamproof.harness.daemons import Daemons, kafka_up_supervised

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from conftest import REPO, run_cli, tree_bytes, write_pipeline
-from streamproof.checkpoint.folder import RunLock, backup, restore
+from streamproof.checkpoint.copies import backup, restore
+from streamproof.checkpoint.folder import RunLock
 from streamproof.checkpoint.log import committed_batches
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import read_sinks, starting_point

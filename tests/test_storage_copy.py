@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from streamproof.checkpoint.folder import RunLock, backup
+from streamproof.checkpoint.copies import backup
+from streamproof.checkpoint.folder import RunLock
 from streamproof.storage.location import Location
 
 STATE_FILE = bytes(range(256))  # every byte value: 0x80-0xFF are no UTF-8 text

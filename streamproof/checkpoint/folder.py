@@ -26,11 +26,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
 from streamproof.faults.points import process_info
 from streamproof.storage.location import Location
@@ -147,14 +146,24 @@ class Holder:
     lease_s: float = 0.0  # 0: an older lock, never renewed
     renewals: int = 0
     renewed_at: float = 0.0  # wall clock, for people
+    command: str = ""  # an operator command holding it ("checkpoint rewind"); "" for a pipeline run
 
     @classmethod
-    def me(cls, *, lease_s: float = 0.0, epoch: int = 1) -> Holder:
+    def me(cls, *, lease_s: float = 0.0, epoch: int = 1, command: str = "") -> Holder:
         pid = os.getpid()
         if not lease_s:
             return cls(pid, socket.gethostname())
         return cls(pid, socket.gethostname(), uuid.uuid4().hex, this_machine(), _process_started(pid), epoch,
-                   lease_s, 0, time.time())  # fmt: skip
+                   lease_s, 0, time.time(), command)  # fmt: skip
+
+    @property
+    def what(self) -> str:
+        """What holds it, for a refusal: ``a running pipeline`` or the operator command.
+
+        >>> Holder(4242, "h").what, Holder(4242, "h", command="checkpoint rewind").what
+        ('a running pipeline', '`streamproof checkpoint rewind`')
+        """
+        return f"`streamproof {self.command}`" if self.command else "a running pipeline"
 
     @classmethod
     def parse(cls, text: str) -> Holder | None:
@@ -236,10 +245,16 @@ class RunLock:
     READ_PAUSE_S = 0.2
     WATCH_PAUSE_S = 0.1  # how often a taker looks at a lease it waits out
 
-    def __init__(self, checkpoint: Location, lease_s: float | None = None) -> None:
+    # The locks this process holds, by file: a run inside an operator command of the same process (the replays of
+    # `checkpoint rewind`) joins the command's lock instead of taking it as its own and deleting it when it ends.
+    _held_here: dict[str, RunLock] = {}
+
+    def __init__(self, checkpoint: Location, lease_s: float | None = None, *, command: str = "") -> None:
         self.path = checkpoint / self.NAME
         self.lease_s = lease_s if lease_s is not None else lease_seconds()
+        self.command = command
         self.mine: Holder | None = None
+        self._joined: RunLock | None = None
         self._lost: Holder | None = None
         self._lost_at = 0.0
         self._valid_until = 0.0  # monotonic: past it, this run no longer trusts its lease
@@ -286,9 +301,12 @@ class RunLock:
         """Take the lock, taking over a stale one (its process gone, or its lease not renewed: watched for up to the
         lease plus :data:`LEASE_GRACE_S` when ``wait_out_leases``); returns None when taken (and renewed from then
         on), else the live holder."""
+        if (host := RunLock._held_here.get(str(self.path))) is not None and host is not self:
+            self._joined = host  # held by this process already: this one renews nothing and deletes nothing
+            return None
         for _ in range(5):
             started = time.monotonic()
-            mine = Holder.me(lease_s=self.lease_s)
+            mine = Holder.me(lease_s=self.lease_s, command=self.command)
             if self.path.create_new(mine.to_text()):
                 self._hold(mine, started)
                 return None
@@ -320,7 +338,7 @@ class RunLock:
                 # written in its last instant, whose holder then finds the lock taken and stops before its next
                 # commit).
                 started = time.monotonic()
-                taker = Holder.me(lease_s=self.lease_s, epoch=written.epoch + 1)
+                taker = Holder.me(lease_s=self.lease_s, epoch=written.epoch + 1, command=self.command)
                 self.path.delete()
                 if self.path.create_new(taker.to_text()):
                     took_over = f"took over the run lock of {self.path.parent} from pid {written} (epoch {taker.epoch})"
@@ -341,6 +359,7 @@ class RunLock:
 
     def _hold(self, mine: Holder, started: float) -> None:
         self.mine, self._lost = mine, None
+        RunLock._held_here[str(self.path)] = self
         self._valid_until = started + self.lease_s - LEASE_GRACE_S
         self._stop.clear()
         self._keeper = threading.Thread(target=self._keep, name="streamproof-lease", daemon=True)
@@ -375,6 +394,8 @@ class RunLock:
         >>> with RunLock(Location(tempfile.mkdtemp())) as lock:
         ...     lock.check()
         """
+        if self._joined is not None:
+            return self._joined.check()
         if self.mine is None or (self._lost is None and time.monotonic() < self._valid_until):
             return
         holder = self._lost
@@ -393,19 +414,50 @@ class RunLock:
         to = f"pid {holder} (epoch {holder.epoch})" if holder is not None else "nobody (its file was removed)"
         raise PipelineError(f"this run lost its lease to {to} at {at}: it stops before its next commit")
 
+    def replace_folder(self, fill: Callable[[Location], None], kept: Location | None) -> None:
+        """Put a new checkpoint folder in place of the one this lock is in, the lock carried over so that no start
+        finds the folder unlocked: ``fill`` writes the new folder (a backup's copy, a rebuilt log) at a sibling
+        name, this run's lock file is created in it, then, under the host's mutex (the renewals wait), the old folder
+        goes to ``kept`` (or is deleted when None) and the new one takes its name. A start that slipped into the
+        instant between the two moves made the name exist again: the second move fails and says so; nothing of the
+        old folder is lost (it is at ``kept``)."""
+        assert self.mine is not None, "replace_folder needs the lock held"
+        folder = self.path.parent
+        staging = folder.with_name(f".{folder.name}.new-{uuid.uuid4().hex[:8]}")
+        fill(staging)
+        if not (staging / self.NAME).create_new(self.mine.to_text()):
+            raise PipelineError(f"{staging}: its run lock could not be created (it exists already)")
+        with _host_mutex(self.path):
+            if kept is not None:
+                folder.rename(kept)
+                (kept / self.NAME).delete()
+            elif folder.exists():
+                folder.delete(recursive=True)
+            try:
+                staging.rename(folder)
+            except (OSError, PipelineError) as error:
+                raise PipelineError(
+                    f"{folder} was created again while it was being replaced (a pipeline started?): {error}; the "
+                    f"new checkpoint is at {staging}" + (f", the previous one at {kept}" if kept else "")
+                ) from None
+
     def __enter__(self) -> RunLock:
         holder = self.try_acquire()
         if holder is not None:
             hint = (
                 "" if holder.here or holder.lease_s else f" (not checked from here: if it is gone, delete {self.path})"
             )
-            raise PipelineError(
-                f"{self.path.parent} is in use by a running pipeline (pid {holder}); stop it first{hint}"
-            )
+            then = "wait for it to end" if holder.command else "stop it first"
+            raise PipelineError(f"{self.path.parent} is in use by {holder.what} (pid {holder}); {then}{hint}")
         return self
 
     def __exit__(self, *exc: object) -> None:
         """Stop renewing; delete the file only while it names this run (after a takeover it is the new holder's)."""
+        if self._joined is not None:
+            self._joined = None
+            return
+        if RunLock._held_here.get(str(self.path)) is self:
+            del RunLock._held_here[str(self.path)]
         self._stop.set()
         if self._keeper is not None:
             self._keeper.join(timeout=5)
@@ -504,88 +556,3 @@ class QuarantineMark:
                 "quarantine rows, so that a quarantine table that lost commits is told; restore a checkpoint backup, "
                 "or delete the file (the check then starts again with the next batch that quarantines records)"
             ) from None
-
-
-def aside(checkpoint: Location, why: str) -> Location:
-    """A free sibling name to keep a checkpoint aside under: ``<name>.<why>-<time>``, numbered when one of that second
-    exists already (two restores in one second must not collide).
-
-    >>> import tempfile
-    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
-    >>> first = aside(checkpoint, "replaced"); first.mkdir()
-    >>> second = aside(checkpoint, "replaced")
-    >>> first.name.startswith("orders.replaced-"), second.name == first.name + "-2"
-    (True, True)
-    """
-    base = checkpoint.with_name(f"{checkpoint.name}.{why}-{time.strftime('%Y%m%dT%H%M%S')}")
-    candidate, number = base, 1
-    while candidate.exists():
-        number += 1
-        candidate = base.with_name(f"{base.name}-{number}")
-    return candidate
-
-
-def kept_aside(checkpoint: Location, why: str) -> list[Location]:
-    """The checkpoints :func:`aside` named for ``why`` beside ``checkpoint``, oldest first.
-
-    >>> import tempfile
-    >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
-    >>> first = aside(checkpoint, "replaced"); first.mkdir()
-    >>> second = aside(checkpoint, "replaced"); second.mkdir()
-    >>> kept_aside(checkpoint, "replaced") == [first, second]
-    True
-    """
-    prefix = f"{checkpoint.name}.{why}-"
-    stamps = [name.removeprefix(prefix) for name in checkpoint.parent.names() if name.startswith(prefix)]
-
-    def order(stamp: str) -> tuple[str, int]:  # <time>, then <time>-2, <time>-3, ... (one second, several)
-        time_part, _, number = stamp.partition("-")
-        return time_part, int(number or 1)
-
-    return [checkpoint.with_name(f"{prefix}{stamp}") for stamp in sorted(stamps, key=order)]
-
-
-def refuse_while_running(checkpoint: Checkpoint, action: str) -> None:
-    holder = RunLock(Location(checkpoint)).holder()
-    if holder is not None:
-        raise PipelineError(
-            f"cannot {action} {checkpoint} while a pipeline runs on it (pid {holder}): stop it first (SIGTERM "
-            "stops it after the batch in flight), so that the copy is consistent"
-        )
-
-
-def backup(checkpoint: Checkpoint, target: Checkpoint | None = None) -> Location:
-    """Copy the checkpoint (not while a pipeline runs on it) to ``target`` (default: a stamped sibling).
-
-    ``checkpoint`` and ``target`` are local paths or URIs, e.g. ``backup("hdfs://nn:9000/checkpoints/orders")``.
-    """
-    checkpoint, target = Location(checkpoint), (Location(target) if target is not None else None)
-    if not checkpoint.is_dir():
-        raise PipelineError(f"{checkpoint}: no checkpoint to back up")
-    refuse_while_running(checkpoint, "back up")
-    target = target or checkpoint.with_name(f"{checkpoint.name}.backup-{time.strftime('%Y%m%dT%H%M%S')}")
-    if target.exists():
-        raise PipelineError(f"{target} exists already: choose another backup path")
-    checkpoint.copy_tree(target, skip=(RunLock.NAME,))
-    return target
-
-
-def restore(checkpoint: Checkpoint, source: Checkpoint) -> Location | None:
-    """Replace the checkpoint by the backup ``source``; the current one is kept aside (returned).
-
-    An older backup of an exactly-once pipeline is replayed through on the next run: every batch its sinks hold
-    beyond it runs again with the ids and end offsets the sinks recorded, and each sink skips what it holds (the
-    replay rule, :mod:`streamproof.sinks.base`); a backup of another history is refused in one line. Tried as an
-    operator does it by ``tests/test_replay_through.py`` (restore two batches back, new records since: every sink
-    0/0/0 by both checkers) and composed with kills, restarts and other restores by ``tests/test_nemesis.py``.
-    """
-    checkpoint, source = Location(checkpoint), Location(source)
-    if not (source / "offsets").is_dir():
-        raise PipelineError(f"{source}: not a checkpoint backup (no offsets/ folder)")
-    refuse_while_running(checkpoint, "restore")
-    kept = None
-    if checkpoint.exists():
-        kept = aside(checkpoint, "replaced")
-        checkpoint.rename(kept)
-    source.copy_tree(checkpoint)
-    return kept

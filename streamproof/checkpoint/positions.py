@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import QuarantineMark, aside, refuse_while_running
+from streamproof.checkpoint.copies import aside, held_by_command
+from streamproof.checkpoint.folder import QuarantineMark, RunLock
 from streamproof.checkpoint.log import DONE, batch_end_offsets, check_readable, offsets_entry
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
@@ -341,8 +342,13 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         raise PipelineError(
             "checkpoint rewind replays batches into sinks that skip what they hold: exactly-once pipelines only"
         )
+    with held_by_command(spec.checkpoint_dir, "rewind", "checkpoint rewind"):  # its replays run inside it
+        return _rewind_held(spec, replay, spark)
+
+
+def _rewind_held(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None) -> str:
+    """:func:`rewind` under the run lock (each replay's run joins it: :class:`RunLock`)."""
     checkpoint = spec.checkpoint_dir
-    refuse_while_running(checkpoint, "rewind")
     sinks = open_sinks(spec)
     start = starting_point(spec)
     held = read_sinks(spark, sinks, start)
@@ -390,7 +396,7 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
     stranded_logs = _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
     kept = aside(checkpoint, "before-rewind")
-    checkpoint.copy_tree(kept)
+    checkpoint.copy_tree(kept, skip=(RunLock.NAME,))
     if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
         (checkpoint / "offsets" / str(low)).write_text(offsets_entry(checkpoint, recorded[low], like=like))
         (checkpoint / "commits" / str(low)).write_text(DONE)

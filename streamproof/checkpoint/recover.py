@@ -16,7 +16,8 @@ import json
 
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import aside, refuse_while_running
+from streamproof.checkpoint.copies import aside, held_by_command
+from streamproof.checkpoint.folder import RunLock
 from streamproof.checkpoint.log import check_readable, is_empty, logged_batches, rebuild
 from streamproof.checkpoint.start import SinksAtStart
 from streamproof.config import PipelineSpec
@@ -87,8 +88,13 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             "or windows, which only the checkpoint holds (resent records seen before would pass again): restore a "
             f"checkpoint backup (`streamproof checkpoint restore {spec._source_name} --from BACKUP`) instead"
         )
+    with held_by_command(spec.checkpoint_dir, "recover", "checkpoint recover") as lock:
+        return _recover_held(spark, spec, lock)
+
+
+def _recover_held(spark: SparkSession, spec: PipelineSpec, lock: RunLock) -> str:
+    """:func:`recover` under the run lock, which the rebuilt checkpoint folder takes over."""
     checkpoint = spec.checkpoint_dir
-    refuse_while_running(checkpoint, "recover")
     if not is_empty(checkpoint) and _is_readable(checkpoint):
         raise PipelineError(
             f"{checkpoint} is intact (batches {logged_batches(checkpoint)[-1]} logged): recover is for a lost or "
@@ -127,14 +133,11 @@ def recover(spark: SparkSession, spec: PipelineSpec) -> str:
             f"no sink recorded the end offsets of batch(es) {missing} (a Parquet folder keeps them for its last 100 "
             "batches only): restore a checkpoint backup instead"
         )
-    kept = None
-    if checkpoint.exists() and not is_empty(checkpoint):
-        kept = aside(checkpoint, "damaged")
-        checkpoint.rename(kept)
-    elif checkpoint.exists():  # only streamproof's own files (run counter): not worth keeping
-        checkpoint.delete(recursive=True)
+    # A folder with only streamproof's own files (run counter, the lock) is not worth keeping.
+    kept = aside(checkpoint, "damaged") if not is_empty(checkpoint) else None
     entries = {batch: recorded[batch] for batch in needed}
-    rebuild(checkpoint, entries, committed_through=low, confs=recorded_confs(spark))
+    confs = recorded_confs(spark)
+    lock.replace_folder(lambda staging: rebuild(staging, entries, committed_through=low, confs=confs), kept)
     resume = (
         f"re-runs batch {high} with the offsets recorded by the sinks ahead"
         if high > low

@@ -12,10 +12,10 @@ Example::
 # isort: off
 # Registration order is the order `streamproof --help` lists the commands in: the data flow first.
 from streamproof.cli.base import app
-from streamproof.cli import pipeline, operations, infra
+from streamproof.cli import generate, pipeline, operations, infra
 # isort: on
 
-__all__ = ["app", "infra", "main", "operations", "pipeline"]
+__all__ = ["app", "generate", "infra", "main", "operations", "pipeline"]
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from streamproof.errors import StreamproofError, first_line
-from streamproof.infra import default_state_dir
+from streamproof.infra.common import default_state_dir
 
 app = typer.Typer(
     add_completion=False,

@@ -19,8 +19,6 @@ from streamproof.cli.base import (
 )
 from streamproof.errors import InfraError
 from streamproof.infra import HdfsCluster, KafkaBroker, KafkaCluster, PostgresServer, S3Server, SparkCluster
-from streamproof.infra.common import LocalDaemon
-from streamproof.infra.machine import get_ready
 
 Daemon = KafkaBroker | KafkaCluster | PostgresServer | HdfsCluster | SparkCluster | S3Server
 
@@ -35,6 +33,8 @@ def setup(
     """After `pip install streamproof`: check Java, resolve the jars into the cache with Maven, make the JVM's
     class-data archive. Idempotent: a second run finds everything made and touches no network. Exit 2 when something
     required is missing (each said in one line, with the command that installs it)."""
+    from streamproof.infra.machine import get_ready
+
     if not get_ready(emit_plain, archive=archive).ready:
         raise typer.Exit(2)
 
@@ -122,6 +122,8 @@ def kafka_of(
 
 def _local_daemons(state: Path) -> list[Daemon]:
     """The broker (or cluster), and each other daemon `infra up` ever started under ``state``."""
+    from streamproof.infra.common import LocalDaemon
+
     others: list[Daemon] = [
         PostgresServer(state),
         S3Server(state),

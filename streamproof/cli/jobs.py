@@ -16,15 +16,7 @@ import typer
 
 from streamproof.cli.base import console, emit_plain, state_path, write_output
 from streamproof.errors import ConfigError
-from streamproof.jobs.child import JobRun
 from streamproof.jobs.maps import AddressMaps
-from streamproof.jobs.proof import prove_job
-from streamproof.jobs.recompute import RECOMPUTED
-from streamproof.jobs.report import proof_lines
-from streamproof.jobs.scan import scan_job
-from streamproof.jobs.verify import verification_lines, verify_job
-from streamproof.jvm.session import local_session
-from streamproof.pipeline.events import Event, side_channel
 
 Kafka = Annotated[
     str | None,
@@ -75,6 +67,8 @@ def job_maps(
 
 def refuse_before_running(job: Path, maps: AddressMaps) -> None:
     """Every production address the job's text names that no map covers, refused before anything runs (exit 2)."""
+    from streamproof.jobs.scan import scan_job
+
     if not job.is_file():
         raise ConfigError(f"{job}: no such job file")
     found = scan_job(job, maps)
@@ -99,6 +93,10 @@ def run_job_command(
     """``streamproof run JOB.py``: the job once, under the maps, its changes printed as they are made (a proof's
     twin, ``then_recompute``: then the job again in this process, its plan as one batch over the same records,
     streamproof.jobs.recompute)."""
+    from streamproof.jobs.child import JobRun
+    from streamproof.jobs.recompute import RECOMPUTED
+    from streamproof.pipeline.events import Event, side_channel
+
     refuse_before_running(job, maps)
     if sandbox is not None:
         maps = maps.within(sandbox, str(local_root) if local_root else None)
@@ -138,6 +136,10 @@ def prove_job_command(
     independent: bool,
 ) -> bool:
     """``streamproof prove JOB.py``: the twin, the cells, a verdict per query; True when every one is exactly-once."""
+    from streamproof.jobs.proof import prove_job
+    from streamproof.jobs.report import proof_lines
+    from streamproof.jvm.session import local_session
+
     refuse_before_running(job, maps)
     for line in maps.describe():
         emit_plain(f"maps {line}")
@@ -165,6 +167,9 @@ def verify_job_command(
     job: Path, argv: list[str], maps: AddressMaps, state_dir: Path | None, json_file: Path | None, independent: bool
 ) -> bool:
     """``streamproof verify JOB.py``: the last run's outputs against a fresh twin; True when clean (and agreed)."""
+    from streamproof.jobs.verify import verification_lines, verify_job
+    from streamproof.jvm.session import local_session
+
     refuse_before_running(job, maps)
     folder = state_path(state_dir) / "jobs" / job.stem
     spark = functools.partial(local_session, app_name=f"streamproof-verify:{job.stem}")  # started once needed

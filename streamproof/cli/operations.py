@@ -8,20 +8,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from streamproof import maintenance
-from streamproof.bench.runner import (
-    DEFAULT_BENCHMARKS,
-    check_request,
-    run_on_local_servers,
-    summary_lines,
-    write_results,
-)
-from streamproof.bench.scaling import plot_scaling
-from streamproof.checkpoint.folder import backup, restore
-from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
-from streamproof.checkpoint.positions import rewind
-from streamproof.checkpoint.recover import recover
-from streamproof.checkpoint.start import quarantine_table
 from streamproof.cli.base import (
     PipelineFile,
     StateDir,
@@ -34,10 +20,6 @@ from streamproof.cli.base import (
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, StreamproofError
-from streamproof.jvm.session import build_session, local_session
-from streamproof.pipeline.query import run as run_pipeline
-from streamproof.sinks import open_sinks
-from streamproof.storage.location import Location
 
 
 @checkpoint_app.command("show")
@@ -47,6 +29,10 @@ def checkpoint_show(
     last: Annotated[int, typer.Option(min=1, help="How many of the newest batches to list.")] = 20,
 ) -> None:
     """Per batch: the offsets Spark logged and whether it committed; beside it, each sink's last batch."""
+    from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
+    from streamproof.jvm.session import local_session
+    from streamproof.sinks import open_sinks
+
     spec = load_pipeline(pipeline)
     sinks_list = open_sinks(spec)
     # A JVM only where a file is reached through Hadoop's FileSystem (HDFS, object stores): a local look is instant.
@@ -93,6 +79,9 @@ def checkpoint_backup(
     to: Annotated[str | None, typer.Option("--to", help="Backup folder or URI (default: a stamped sibling).")] = None,
 ) -> None:
     """Copy the checkpoint; refused while a pipeline runs on it (the copy would not be consistent)."""
+    from streamproof.checkpoint.copies import backup
+    from streamproof.storage.location import Location
+
     spec = load_pipeline(pipeline)
     _session_for_storage(spec, to)
     target = None if to is None else Location.resolved(to)
@@ -106,6 +95,9 @@ def checkpoint_restore(
     source: Annotated[str, typer.Option("--from", help="The backup folder (or URI) to restore.")],
 ) -> None:
     """Replace the checkpoint by a backup (the current one is kept aside)."""
+    from streamproof.checkpoint.copies import restore
+    from streamproof.storage.location import Location
+
     spec = load_pipeline(pipeline)
     _session_for_storage(spec, source)
     aside = restore(spec.checkpoint_dir, Location.resolved(source))
@@ -114,6 +106,9 @@ def checkpoint_restore(
 
 def _session_for_storage(spec: PipelineSpec, *others: str | None) -> None:
     """A checkpoint (or a backup) on distributed storage is reached through Spark's JVM: start the session."""
+    from streamproof.jvm.session import local_session
+    from streamproof.storage.location import Location
+
     if spec.checkpoint_dir.is_remote or any(other and Location(other).is_remote for other in others):
         local_session(spec.spark, app_name=f"streamproof-checkpoint:{spec.name}")
 
@@ -122,6 +117,9 @@ def _session_for_storage(spec: PipelineSpec, *others: str | None) -> None:
 @friendly_errors
 def checkpoint_recover(pipeline: PipelineFile) -> None:
     """Rebuild a lost or damaged checkpoint from the end offsets the sinks recorded with each batch."""
+    from streamproof.checkpoint.recover import recover
+    from streamproof.jvm.session import local_session
+
     spec = load_pipeline(pipeline)
     spark = local_session(spec.spark, app_name=f"streamproof-recover:{spec.name}")
     console.print(recover(spark, spec), markup=False)
@@ -132,6 +130,12 @@ def checkpoint_recover(pipeline: PipelineFile) -> None:
 def checkpoint_rewind(pipeline: PipelineFile) -> None:
     """Replay the batches a sink lost (storage gone backwards): the checkpoint goes back to that sink's last batch
     and every batch after it runs again with its original id and offsets; the other sinks skip them."""
+    from streamproof.checkpoint.positions import rewind
+    from streamproof.checkpoint.start import quarantine_table
+    from streamproof.jvm.session import build_session
+    from streamproof.pipeline.query import run as run_pipeline
+    from streamproof.sinks import open_sinks
+
     spec = load_pipeline(pipeline)
     spark = None
     if any(sink.needs_spark_for_commits() for sink in [*open_sinks(spec), quarantine_table(spec)]):
@@ -161,6 +165,9 @@ def maintain(
 ) -> None:
     """OPTIMIZE and/or VACUUM the pipeline's Delta tables (its Delta sinks and its quarantine table); OPTIMIZE
     compacts within each partition and Z-orders by the sink's ``zorder_by``."""
+    from streamproof import maintenance
+    from streamproof.jvm.session import build_session
+
     spec = load_pipeline(pipeline)
     maintenance.check_request(
         compact=do_optimize,
@@ -211,6 +218,15 @@ def bench(
     state_dir: StateDir = None,
 ) -> None:
     """Benchmarks with ratios against baselines of the same run; JSON in benchmarks/results/."""
+    from streamproof.bench.runner import (
+        DEFAULT_BENCHMARKS,
+        check_request,
+        run_on_local_servers,
+        summary_lines,
+        write_results,
+    )
+    from streamproof.bench.scaling import plot_scaling
+
     chosen = names or list(DEFAULT_BENCHMARKS)
     check_request(chosen, events)
     if plot is not None and "scaling" not in chosen:

@@ -6,14 +6,12 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.live import Live
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from streamproof.cli.base import (
@@ -44,121 +42,10 @@ from streamproof.cli.jobs import (
     verify_job_command,
 )
 from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
-from streamproof.demo import run_demo
 from streamproof.errors import ConfigError
 from streamproof.faults.points import POINTS
-from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
-from streamproof.generator import generate as produce
-from streamproof.harness.cells import cells_not_as_expected
-from streamproof.harness.cluster import ClusterFaults, cluster_faults
-from streamproof.harness.daemons import Daemons
-from streamproof.harness.matrix import run_matrix, upstream_shares
-from streamproof.harness.proof import prove_pipeline
-from streamproof.harness.resume import PauseOnSignal, resumed
-from streamproof.harness.search import replay, search
-from streamproof.harness.sequence import parse_sequence
-from streamproof.jvm.session import build_session, local_session
+from streamproof.harness.cluster import ClusterFaults
 from streamproof.pipeline.events import Event, RunSummary
-from streamproof.pipeline.query import run as run_pipeline
-from streamproof.pipeline.standby import run_standing_by
-from streamproof.reconcile import reports_document, verify_pipeline
-from streamproof.reconcile.independent import verify_independently
-from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
-from streamproof.render import matrix_html, matrix_table, print_reports, report_html
-from streamproof.transform.avro import AvroContract, checked_schema, register_schema
-
-
-class RecordFormat(StrEnum):
-    json = "json"
-    avro = "avro"
-
-
-def avro_for_generate(
-    record_format: RecordFormat, schema_file: Path | None, registry: str | None, topic: str
-) -> AvroContract | None:
-    """The writer schema ``generate`` encodes with (and its registry id), or None for JSON; one line when wrong."""
-    if record_format is RecordFormat.json:
-        if schema_file is not None or registry is not None:
-            raise ConfigError("--avro-schema and --schema-registry are for --format avro")
-        return None
-    text = ORDER_AVRO_SCHEMA
-    if schema_file is not None:
-        try:
-            text = checked_schema(schema_file.read_text(encoding="utf-8"), f"--avro-schema {schema_file}")
-        except OSError as error:
-            raise ConfigError(f"--avro-schema {schema_file}: cannot read it: {error.strerror or error}") from None
-    if registry is not None:
-        return register_schema(registry, f"{topic}-value", text)
-    return AvroContract(text)
-
-
-@app.command()
-@friendly_errors
-def generate(
-    topic: Annotated[str, typer.Option(help="Topic to produce into (created if missing).")],
-    count: Annotated[int, typer.Option(min=0, help="Number of records, duplicates included.")],
-    partitions: Annotated[int, typer.Option(min=1, help="Partitions when creating the topic.")] = 4,
-    malformed: Annotated[
-        float, typer.Option(callback=fraction("--malformed"), help="Share of invalid records (0..1).")
-    ] = 0.0,
-    duplicates: Annotated[
-        float,
-        typer.Option(callback=fraction("--duplicates"), help="Share of resends of earlier events (0..1)."),
-    ] = 0.0,
-    late: Annotated[
-        float, typer.Option(callback=fraction("--late"), help="Share of events 6 hours behind the stream (0..1).")
-    ] = 0.0,
-    schema_change_at: Annotated[
-        int | None,
-        typer.Option(min=0, help="From this record on: a new field 'channel'; 1 in 20 sends amount as an object."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed: same seed, same records.")] = 42,
-    bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
-    state_dir: StateDir = None,
-    record_format: Annotated[
-        RecordFormat,
-        typer.Option(
-            "--format", help="json, or avro (bare Avro datums; Confluent's wire format with --schema-registry)."
-        ),
-    ] = RecordFormat.json,
-    avro_schema: Annotated[
-        Path | None, typer.Option(help="--format avro: the writer schema (default: examples/schemas/order.avsc's).")
-    ] = None,
-    schema_registry: Annotated[
-        str | None,
-        typer.Option(help="--format avro: register the schema under <topic>-value in this registry, write its id."),
-    ] = None,
-) -> None:
-    """Produce deterministic order events, JSON or Avro (idempotent producer, acks=all)."""
-    avro = avro_for_generate(record_format, avro_schema, schema_registry, topic)
-    with Progress(
-        TextColumn("generating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("generate", total=count)
-        mix = EventMix(
-            seed=seed, malformed=malformed, duplicates=duplicates, late=late, schema_change_at=schema_change_at
-        )
-        result = produce(
-            bootstrap_servers,
-            topic,
-            count,
-            partitions=partitions,
-            manifest_dir=state_path(state_dir) / "generated",
-            on_progress=lambda done: progress.update(task, completed=done),
-            avro=avro,
-            **mix,
-        )
-    console.print(
-        f"produced {result.count:,} events to {topic} ({result.partitions} partitions) in {result.seconds:.1f} s: "
-        f"{result.records_per_second:,.0f} records/s; malformed {result.malformed:,} {result.malformed_by_kind or ''}"
-        + (f"; duplicates {result.duplicates:,}" if duplicates else "")
-        + (f"; late {result.late:,}" if late else "")
-    )
 
 
 @app.command()
@@ -198,6 +85,9 @@ def run(
 ) -> None:
     """Run a pipeline; SIGTERM or Ctrl-C stops it cleanly after the current batch. A job file (JOB.py) runs unchanged
     with its production addresses mapped (--kafka, --map, --topic), draining what the topic holds."""
+    from streamproof.pipeline.query import run as run_pipeline
+    from streamproof.pipeline.standby import run_standing_by
+
     if is_job(pipeline):
         job = job_maps(kafka, maps, inputs, topics)
         run_job_command(
@@ -227,6 +117,9 @@ def _run_with_live_status(
     spec: PipelineSpec, *, available_now: bool, max_batches: int | None, standby: bool = False, warm_up: bool = False
 ) -> RunSummary:
     """On a terminal: the batch lines scroll, and a status line below them shows the run so far."""
+    from streamproof.pipeline.query import run as run_pipeline
+    from streamproof.pipeline.standby import run_standing_by
+
     started = time.monotonic()
     seen = RunSummary(spec.name)
 
@@ -278,6 +171,12 @@ def verify(
     Exit 0: ok (nothing lost, duplicated or unexpected, every record accounted for); 1: damaged; 3: unknown (no
     damage found, but the counts do not add up: the report says why).
     """
+    from streamproof.jvm.session import build_session
+    from streamproof.reconcile import reports_document, verify_pipeline
+    from streamproof.reconcile.independent import verify_independently
+    from streamproof.reconcile.report import VERDICT_EXIT_CODES, worst_verdict
+    from streamproof.render import print_reports, report_html
+
     if is_job(pipeline):
         job = job_maps(kafka, maps, inputs, topics)
         if not verify_job_command(pipeline, job_args or [], job, state_dir, json_file, independent):
@@ -373,6 +272,12 @@ def prove(
     --nemesis, when a sequence ends in damage or in a refusal the docs do not list (its shortest form is printed to
     replay). A nemesis paused by SIGINT or SIGTERM (after the step in progress) exits 3 and prints how to carry on.
     """
+    from streamproof.harness.cluster import cluster_faults
+    from streamproof.harness.matrix import upstream_shares
+    from streamproof.harness.proof import prove_pipeline
+    from streamproof.reconcile import reports_document
+    from streamproof.render import print_reports, report_html
+
     chosen = [
         bool(matrix),
         crash_at is not None,
@@ -470,6 +375,11 @@ def _prove_matrix(
     upstream: dict[str, float],
     cluster: ClusterFaults | None,
 ) -> None:
+    from streamproof.harness.cells import cells_not_as_expected
+    from streamproof.harness.matrix import run_matrix
+    from streamproof.jvm.session import local_session
+    from streamproof.render import matrix_html, matrix_table
+
     spark = local_session(spec.spark, app_name=f"streamproof-matrix:{spec.name}")  # beside the cells' runs
     started = time.monotonic()
     cells = run_matrix(
@@ -514,6 +424,12 @@ def _prove_nemesis(
     shrink_minutes: float,
     resume: bool,
 ) -> None:
+    from streamproof.harness.daemons import Daemons
+    from streamproof.harness.resume import PauseOnSignal, resumed
+    from streamproof.harness.search import replay, search
+    from streamproof.harness.sequence import parse_sequence
+    from streamproof.jvm.session import local_session
+
     spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
     daemons = Daemons.started_under(state, spec)
     restartable = daemons.restartable()
@@ -582,6 +498,8 @@ def demo(
     state_dir: StateDir = None,
 ) -> None:
     """The whole story on embedded defaults: Kafka up, 1M events, exactly-once through SIGKILLs, proof."""
+    from streamproof.demo import run_demo
+
     report = run_demo(console, state_path(state_dir), count=count, kills=kills, seed=seed)
     if not report.ok:
         raise typer.Exit(1)

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import psycopg
-from psycopg.conninfo import make_conninfo
-
 from streamproof.errors import InfraError, log_tail
 from streamproof.infra.common import START_TIMEOUT_S, STOP_TIMEOUT_S, LocalDaemon, port_in_use, wiped
 
@@ -73,6 +70,8 @@ class PostgresServer(LocalDaemon):
 
     def conninfo(self, database: str = PG_DATABASE) -> str:
         """libpq connection string for the local server (holds the password: never print it)."""
+        from psycopg.conninfo import make_conninfo  # psycopg where it is used: a pipeline start does not need it
+
         return make_conninfo(
             host="127.0.0.1", port=self.port, user=PG_USER, password=self.password, dbname=database, connect_timeout=5
         )
@@ -124,6 +123,8 @@ class PostgresServer(LocalDaemon):
         return self._run([str(postgres_bin_dir() / "pg_ctl"), "-D", str(self.data_dir), "status"]).returncode == 0
 
     def _answers(self) -> bool:
+        import psycopg
+
         try:
             with psycopg.connect(self.conninfo("postgres")) as connection:
                 connection.execute("SELECT 1")
@@ -169,6 +170,8 @@ class PostgresServer(LocalDaemon):
         )
 
     def _create_database_once(self) -> None:
+        import psycopg
+
         with psycopg.connect(self.conninfo("postgres"), autocommit=True) as connection:
             exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (PG_DATABASE,)).fetchone()
             if not exists:

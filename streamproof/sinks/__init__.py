@@ -19,7 +19,6 @@ from streamproof.sinks.base import Sink
 from streamproof.sinks.delta import DeltaSink
 from streamproof.sinks.files import FilesSink
 from streamproof.sinks.kafka import KafkaSink
-from streamproof.sinks.postgres import PostgresSink
 from streamproof.sinks.python import PythonSink
 
 
@@ -28,6 +27,8 @@ def open_sink(pipeline: PipelineSpec, spec: AnySinkSpec) -> Sink:
     if isinstance(spec, DeltaSinkSpec):
         return DeltaSink(pipeline, spec)
     if isinstance(spec, PostgresSinkSpec):
+        from streamproof.sinks.postgres import PostgresSink  # psycopg (0.18 s a start) only where PostgreSQL is used
+
         return PostgresSink(pipeline, spec)
     if isinstance(spec, KafkaSinkSpec):
         return KafkaSink(pipeline, spec)

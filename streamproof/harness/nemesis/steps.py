@@ -51,7 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from streamproof.checkpoint.folder import kept_aside
+from streamproof.checkpoint.copies import kept_aside
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
 from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
