@@ -119,11 +119,11 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     assert "streamproof checkpoint recover" in message and "\n" not in message
 
     started = time.monotonic()
-    recovered = run_cli("checkpoint", "recover", str(pipeline_file), timeout=300)
-    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    recovered = recover(spark, load_pipeline(pipeline_file))  # as the CLI calls it and prints (a JVM start saved;
+    # the command itself: tests/test_foreach_batch.py's lost checkpoint)
     # Delta holds batch 1, PostgreSQL only part of it: batch 1 is re-run with the offsets Delta recorded.
-    assert "each sink's last batch: {'delta': 1, 'pg': 0}" in recovered.stdout
-    assert "re-runs batch 1" in recovered.stdout
+    assert "each sink's last batch: {'delta': 1, 'pg': 0}" in recovered
+    assert "re-runs batch 1" in recovered
     drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
     assert drained.returncode == 0, drained.stderr[-2000:]
     print(f"lost checkpoint: recover + drain took {time.monotonic() - started:.1f} s")
@@ -143,15 +143,12 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
         check_readable(spec.checkpoint_dir, f"`streamproof checkpoint recover {pipeline_file}`")
     assert str(refusal.value).startswith(f"{last} is damaged (") and "checkpoint recover" in str(refusal.value)
 
-    started = time.monotonic()
     assert "the damaged checkpoint is kept as" in recover(spark, spec)  # as the CLI calls it (a JVM start saved)
     assert len(list(tmp_path.glob("checkpoint.damaged-*"))) == 1
-    drained = run_cli("run", str(pipeline_file), "--available-now", timeout=600)
-    assert drained.returncode == 0, drained.stderr[-2000:]
-    print(f"damaged checkpoint: recover + drain took {time.monotonic() - started:.1f} s")
-    _assert_clean(spark, pipeline_file, 9_000)
+    # The run on the rebuilt checkpoint is the next one below (its 3,000 new records with the 2,500 after them), and
+    # both checkers count every record at the end.
 
-    # Storage goes backwards: PostgreSQL restored from a backup taken now (table and ledger), two batches later;
+    # Storage goes backwards: PostgreSQL restored from a backup taken now (table and ledger), some batches later;
     # and the Delta table's trailing commit gone (an object store or a restore lost it).
     (pg,) = [sink for sink in spec.sink_specs if isinstance(sink, PostgresSinkSpec)]
     with psycopg.connect(pg.conninfo(), autocommit=True) as connection:

@@ -28,12 +28,12 @@ from streamproof.infra import KafkaBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
-EVENTS, CHANGE_AT = 30_000, 10_000
+EVENTS, CHANGE_AT = 9_000, 3_000  # three batches of 3,000: the new field arrives with the crashed batch 1
 
 
 def _pipeline(workdir: Path, broker: str, topic: str, evolution: str) -> Path:
     base = load_pipeline(write_pipeline(workdir, name=f"schema-{evolution}", topic=topic, bootstrap=broker,
-                                        max_offsets=10_000))  # fmt: skip
+                                        max_offsets=CHANGE_AT))  # fmt: skip
     spec = base.model_copy(update={"transform": base.transform.model_copy(update={"schema_evolution": evolution})})
     path = workdir / "pipeline.toml"
     path.write_text(dump_pipeline(spec))
