@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import streamproof.cli.pipeline as cli_pipeline
+import streamproof.harness.cluster as harness_cluster
+import streamproof.harness.matrix as harness_matrix
+import streamproof.jvm.session as jvm_session
 from streamproof.cli import app
 from streamproof.config import load_pipeline, parse_pipeline
 from streamproof.faults.points import AFTER_CHECKPOINT_COMMIT, AFTER_SINK_COMMIT, BEFORE_SINK_WRITE, MID_SINK_WRITE
@@ -114,9 +116,10 @@ def test_prove_matrix_exits_1_when_a_weaker_guarantees_cell_is_not_as_expected(
 ) -> None:
     # The cells a run would give; Spark is neither started nor needed for the decision.
     cells = [cell("exactly-once", "after-sink-commit", "clean"), weaker]
-    monkeypatch.setattr(cli_pipeline, "local_session", lambda *args, **kwargs: None)
-    monkeypatch.setattr(cli_pipeline, "run_matrix", lambda *args, **kwargs: cells)
-    monkeypatch.setattr(cli_pipeline, "cluster_faults", lambda state: None)
+    # Where the command finds them when it runs (it imports the rooms it calls then).
+    monkeypatch.setattr(jvm_session, "local_session", lambda *args, **kwargs: None)
+    monkeypatch.setattr(harness_matrix, "run_matrix", lambda *args, **kwargs: cells)
+    monkeypatch.setattr(harness_cluster, "cluster_faults", lambda state: None)
     result = CliRunner().invoke(app, ["prove", str(REPO / "examples" / "orders_to_delta.toml"), "--matrix",
                                       "--state-dir", str(tmp_path)])  # fmt: skip
     assert result.exit_code == code, result.output
