@@ -273,3 +273,27 @@ def test_a_lost_conditional_create_is_known_by_its_class_or_status_never_by_numb
     assert refused_as_existing(exists) and refused_as_existing(status)
     assert not refused_as_existing(conflict)
     assert conflict_to_retry(conflict) and not conflict_to_retry(status)
+
+
+def test_a_command_that_lost_its_lease_while_paused_changes_nothing_and_leaves_the_new_holders_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `checkpoint restore` (or recover) whose lease was taken over from another machine while it was paused: its
+    swap of the folders is refused in one line, the checkpoint and the new holder's lock are left as they are, and
+    nothing is put aside."""
+    from dataclasses import replace
+
+    from streamproof.checkpoint.copies import held_by_command
+    from streamproof.checkpoint.folder import LEASE_ENV
+
+    monkeypatch.setenv(LEASE_ENV, "1.5")  # renewed every 0.5 s
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "offsets").mkdir(parents=True)
+    taker = replace(Holder.me(lease_s=1.5), holder="the-new-holder", machine="another-machine", epoch=2)
+    with held_by_command(Location(checkpoint), "restore", "checkpoint restore") as lock:
+        (checkpoint / RunLock.NAME).write_text(taker.to_text())  # taken over meanwhile, as from another machine
+        time.sleep(1.2)  # the command's next renewal finds it
+        with pytest.raises(PipelineError, match=r"^this run lost its lease to pid \d+ on host .* \(epoch 2\)"):
+            lock.replace_folder(lambda staging: staging.mkdir(), Location(tmp_path / "kept"))
+    assert (checkpoint / "offsets").is_dir() and not (tmp_path / "kept").exists()
+    assert Holder.parse((checkpoint / RunLock.NAME).read_text()) == taker

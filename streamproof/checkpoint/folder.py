@@ -428,6 +428,7 @@ class RunLock:
         if not (staging / self.NAME).create_new(self.mine.to_text()):
             raise PipelineError(f"{staging}: its run lock could not be created (it exists already)")
         with _host_mutex(self.path):
+            self.check()  # a command paused past its lease and taken over swaps nothing under the new holder
             if kept is not None:
                 folder.rename(kept)
                 (kept / self.NAME).delete()

@@ -342,12 +342,15 @@ def rewind(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: Sp
         raise PipelineError(
             "checkpoint rewind replays batches into sinks that skip what they hold: exactly-once pipelines only"
         )
-    with held_by_command(spec.checkpoint_dir, "rewind", "checkpoint rewind"):  # its replays run inside it
-        return _rewind_held(spec, replay, spark)
+    with held_by_command(spec.checkpoint_dir, "rewind", "checkpoint rewind") as lock:  # its replays run inside it
+        return _rewind_held(spec, replay, spark, lock)
 
 
-def _rewind_held(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None) -> str:
-    """:func:`rewind` under the run lock (each replay's run joins it: :class:`RunLock`)."""
+def _rewind_held(
+    spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spark: SparkSession | None, lock: RunLock
+) -> str:
+    """:func:`rewind` under the run lock (each replay's run joins it and checks it before each write, as a run does;
+    the command checks it before it changes the checkpoint)."""
     checkpoint = spec.checkpoint_dir
     sinks = open_sinks(spec)
     start = starting_point(spec)
@@ -395,6 +398,7 @@ def _rewind_held(spec: PipelineSpec, replay: Callable[[PipelineSpec], None], spa
     _refuse_if_storage_lost(held)
     stranded_logs = _logs_to_set_aside(held, lags)  # refuses a table no replay can mend
     strays = [name for lag in lags for name in remove_stray_checksums(lag.sink)]
+    lock.check()  # a command paused past its lease and taken over changes nothing
     kept = aside(checkpoint, "before-rewind")
     checkpoint.copy_tree(kept, skip=(RunLock.NAME,))
     if low in recorded:  # Spark reads the start of the first batch replayed from the entry before
