@@ -1,7 +1,7 @@
 """Windows after dedup stay exactly-once through crashes: every closed window is written once, with the sums and
 count a recomputation from the source gives.
 
-Data as in test_dedup.py (30,000 records, 3% resends, 1% late, 0.5% malformed). Pipeline:
+Data as in test_dedup.py (conftest.STATEFUL_EVENTS: 12,000 records, 3% resends, 1% late, 0.5% malformed). Pipeline:
 examples/customer_windows_to_delta.toml with 1-minute windows per status and a 1-minute delay, three batches.
 A crash-matrix cell, exactly-once, after-sink-commit (every point:
 `streamproof prove examples/customer_windows_to_delta.toml --matrix`), one SIGKILL in batch 1: 0 lost,
