@@ -12,7 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from streamproof.cli.base import StateDir, app, console, fraction, friendly_errors, state_path
 from streamproof.errors import ConfigError
-from streamproof.transform.avro import AvroContract
+from streamproof.generator import ORDER_AVRO_SCHEMA, EventMix
+from streamproof.generator import generate as produce
+from streamproof.transform.avro import AvroContract, checked_schema, register_schema
 
 
 class RecordFormat(StrEnum):
@@ -24,8 +26,6 @@ def avro_for_generate(
     record_format: RecordFormat, schema_file: Path | None, registry: str | None, topic: str
 ) -> AvroContract | None:
     """The writer schema ``generate`` encodes with (and its registry id), or None for JSON; one line when wrong."""
-    from streamproof.generator import ORDER_AVRO_SCHEMA
-    from streamproof.transform.avro import checked_schema, register_schema
 
     if record_format is RecordFormat.json:
         if schema_file is not None or registry is not None:
@@ -80,8 +80,6 @@ def generate(
     ] = None,
 ) -> None:
     """Produce deterministic order events, JSON or Avro (idempotent producer, acks=all)."""
-    from streamproof.generator import EventMix
-    from streamproof.generator import generate as produce
 
     avro = avro_for_generate(record_format, avro_schema, schema_registry, topic)
     with Progress(

@@ -19,6 +19,7 @@ from streamproof.cli.base import (
 )
 from streamproof.errors import InfraError
 from streamproof.infra import HdfsCluster, KafkaBroker, KafkaCluster, PostgresServer, S3Server, SparkCluster
+from streamproof.infra.common import LocalDaemon
 
 Daemon = KafkaBroker | KafkaCluster | PostgresServer | HdfsCluster | SparkCluster | S3Server
 
@@ -122,7 +123,6 @@ def kafka_of(
 
 def _local_daemons(state: Path) -> list[Daemon]:
     """The broker (or cluster), and each other daemon `infra up` ever started under ``state``."""
-    from streamproof.infra.common import LocalDaemon
 
     others: list[Daemon] = [
         PostgresServer(state),

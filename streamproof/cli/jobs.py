@@ -17,6 +17,8 @@ import typer
 from streamproof.cli.base import console, emit_plain, state_path, write_output
 from streamproof.errors import ConfigError
 from streamproof.jobs.maps import AddressMaps
+from streamproof.jobs.recompute import RECOMPUTED
+from streamproof.pipeline.events import Event, side_channel
 
 Kafka = Annotated[
     str | None,
@@ -94,8 +96,6 @@ def run_job_command(
     twin, ``then_recompute``: then the job again in this process, its plan as one batch over the same records,
     streamproof.jobs.recompute)."""
     from streamproof.jobs.child import JobRun
-    from streamproof.jobs.recompute import RECOMPUTED
-    from streamproof.pipeline.events import Event, side_channel
 
     refuse_before_running(job, maps)
     if sandbox is not None:

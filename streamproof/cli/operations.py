@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from streamproof.checkpoint.copies import backup, restore
+from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
 from streamproof.cli.base import (
     PipelineFile,
     StateDir,
@@ -20,6 +22,7 @@ from streamproof.cli.base import (
 )
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, StreamproofError
+from streamproof.storage.location import Location
 
 
 @checkpoint_app.command("show")
@@ -29,7 +32,6 @@ def checkpoint_show(
     last: Annotated[int, typer.Option(min=1, help="How many of the newest batches to list.")] = 20,
 ) -> None:
     """Per batch: the offsets Spark logged and whether it committed; beside it, each sink's last batch."""
-    from streamproof.checkpoint.log import batch_end_offsets, committed_batches, logged_batches
     from streamproof.jvm.session import local_session
     from streamproof.sinks import open_sinks
 
@@ -79,8 +81,6 @@ def checkpoint_backup(
     to: Annotated[str | None, typer.Option("--to", help="Backup folder or URI (default: a stamped sibling).")] = None,
 ) -> None:
     """Copy the checkpoint; refused while a pipeline runs on it (the copy would not be consistent)."""
-    from streamproof.checkpoint.copies import backup
-    from streamproof.storage.location import Location
 
     spec = load_pipeline(pipeline)
     _session_for_storage(spec, to)
@@ -95,8 +95,6 @@ def checkpoint_restore(
     source: Annotated[str, typer.Option("--from", help="The backup folder (or URI) to restore.")],
 ) -> None:
     """Replace the checkpoint by a backup (the current one is kept aside)."""
-    from streamproof.checkpoint.copies import restore
-    from streamproof.storage.location import Location
 
     spec = load_pipeline(pipeline)
     _session_for_storage(spec, source)
@@ -107,7 +105,6 @@ def checkpoint_restore(
 def _session_for_storage(spec: PipelineSpec, *others: str | None) -> None:
     """A checkpoint (or a backup) on distributed storage is reached through Spark's JVM: start the session."""
     from streamproof.jvm.session import local_session
-    from streamproof.storage.location import Location
 
     if spec.checkpoint_dir.is_remote or any(other and Location(other).is_remote for other in others):
         local_session(spec.spark, app_name=f"streamproof-checkpoint:{spec.name}")

@@ -45,6 +45,7 @@ from streamproof.config import PipelineSpec, dump_pipeline, load_pipeline
 from streamproof.errors import ConfigError
 from streamproof.faults.points import POINTS
 from streamproof.harness.cluster import ClusterFaults
+from streamproof.harness.sequence import parse_sequence
 from streamproof.pipeline.events import Event, RunSummary
 
 
@@ -427,7 +428,6 @@ def _prove_nemesis(
     from streamproof.harness.daemons import Daemons
     from streamproof.harness.resume import PauseOnSignal, resumed
     from streamproof.harness.search import replay, search
-    from streamproof.harness.sequence import parse_sequence
     from streamproof.jvm.session import local_session
 
     spark = local_session(spec.spark, app_name=f"streamproof-nemesis:{spec.name}")  # the checkers' session
