@@ -349,6 +349,20 @@ def wait_for_a_committed_batch(child: subprocess.Popen[str], timeout_s: float = 
         assert time.monotonic() < deadline, f"no batch committed within {timeout_s:g} s"
 
 
+def drain_in_process(pipeline_file: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``streamproof run PIPELINE --available-now`` as the command calls it, in this process on its session; the
+    lines it would print. A JVM start saved, for a test whose claim is not the command's own process (the crashed
+    runs stay processes, SIGKILLed). Spark's log file is this run's own, never inherited by a later child process."""
+    from streamproof.config import load_pipeline
+    from streamproof.jvm.session import SPARK_LOG_ENV
+    from streamproof.pipeline.query import run
+
+    monkeypatch.setenv(SPARK_LOG_ENV, str(pipeline_file.parent / "logs" / "spark-in-process.log"))
+    lines: list[str] = []
+    run(load_pipeline(pipeline_file), available_now=True, on_event=lambda event: lines.append(event.line()))
+    return "\n".join(lines)
+
+
 def run_cli(
     *args: str, timeout: float = CLI_TIMEOUT_S, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,8 @@ with the offsets they recorded, nothing is written twice, and every sink reconci
 Operator actions (the replay issue's scenario, on four sinks): a fan-out pipeline with a Delta append (and its
 quarantine table), a PostgreSQL running total per customer, a Kafka topic and a Parquet folder; 8,000 events in 4
 partitions, batches of 2,000, 0.5 % malformed. `run --max-batches 2`; `checkpoint backup --to B`;
-`run --available-now` (batches 2-3 and a short 4th); 4,000 more events arrive; `checkpoint restore --from B`;
+`run --available-now` (batches 2-3 and a short 4th; in the test's process, as the command calls it); 4,000 more
+events arrive; `checkpoint restore --from B`;
 `run --available-now`. Expected: the last run logs the batches the sinks hold from batch 2 on with the sinks'
 offsets and, every sink holding each of them and the pipeline keeping no state, marks them done without running
 them; the new events come after them, in batches of their own; it exits 0, and every sink holds each of the 12,000
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from conftest import assert_every_sink_clean, run_cli
+from conftest import assert_every_sink_clean, drain_in_process, run_cli
 from streamproof.config import load_pipeline
 from streamproof.generator import generate
 from streamproof.infra import PG_PASSWORD_ENV, KafkaBroker, PostgresServer
@@ -80,7 +81,11 @@ def _run(*args: str) -> Any:
 
 
 def test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes_nothing_twice(
-    kafka_broker: KafkaBroker, streamproof_postgres: PostgresServer, spark: Any, tmp_path: Path
+    kafka_broker: KafkaBroker,
+    streamproof_postgres: PostgresServer,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     generate(kafka_broker.bootstrap_servers, "restored", 8_000, partitions=4, malformed=0.005, seed=29)
     pipeline_file = _pipeline(tmp_path, kafka_broker, streamproof_postgres)
@@ -88,13 +93,13 @@ def test_restoring_an_older_backup_replays_the_batches_the_sinks_hold_and_writes
 
     _run("run", str(pipeline_file), "--max-batches", "2")
     _run("checkpoint", "backup", str(pipeline_file), "--to", str(backup))
-    drained = _run("run", str(pipeline_file), "--available-now")
+    drained = drain_in_process(pipeline_file, monkeypatch)  # (the command's own process: the runs around it)
     generate(kafka_broker.bootstrap_servers, "restored", 4_000, partitions=4, malformed=0.005, seed=30)
     _run("checkpoint", "restore", str(pipeline_file), "--from", str(backup))
 
     replayed = _run("run", str(pipeline_file), "--available-now")
     print(replayed.stdout)
-    held_through = max(int(line.split("batch ")[1].split(" ")[0]) for line in drained.stdout.splitlines()
+    held_through = max(int(line.split("batch ")[1].split(" ")[0]) for line in drained.splitlines()
                        if " committed:" in line)  # fmt: skip
     notice = (
         f"the sinks hold batches 2-{held_through} beyond the checkpoint's last committed batch 1 (an older checkpoint "
