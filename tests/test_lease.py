@@ -25,6 +25,15 @@ from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
+from streamproof.faults.points import (
+    ACTION_ENV,
+    CRASH_ENV,
+    MID_SINK_WRITE,
+    PAUSE,
+    process_info,
+    process_table,
+    process_tree_groups,
+)
 from streamproof.generator import generate
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile.independent import disagreements, verify_independently
@@ -232,3 +241,71 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
     assert not (tmp_path / "checkpoint" / RunLock.NAME).exists()  # B's exit released it
     reports = assert_every_sink_clean(spark, pipeline_file, 6_000)
     assert disagreements(reports, verify_independently(load_pipeline(pipeline_file))) == []
+
+
+def _wait_for_line(process: subprocess.Popen[str], text: str, timeout_s: float = 300) -> None:
+    """Read ``process``'s output until a line holding ``text``, within ``timeout_s``."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    for line in process.stdout:
+        if text in line:
+            return
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:g} s"
+    raise AssertionError(f"the output ended without {text!r}: {process.stderr.read() if process.stderr else ''}")
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP)."""
+    info = process_info(pid)
+    return info is not None and info.state == "T"
+
+
+@pytest.mark.integration
+@pytest.mark.crash
+def test_a_pipeline_paused_inside_its_delta_write_is_taken_over_and_when_it_wakes_damages_nothing(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+) -> None:
+    """The demo pipeline (6,000 events, 0.5% malformed, batches of 2,000), lease 3 s, on host A: its whole process
+    tree SIGSTOPped inside the Delta sink's write of batch 1 (its first data file written, no commit); host B starts,
+    waits out A's lease, takes over (epoch 2) and runs batches 1 and 2; then A is continued, its write half done. A
+    stops in one line naming the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by
+    SIGTERM, releases it: both checkers 0/0/0."""
+    generate(kafka_broker.bootstrap_servers, "paused-orders", 6_000, partitions=2, malformed=0.005, seed=59)
+    pipeline_file = write_pipeline(tmp_path, name="paused", topic="paused-orders",
+                                   bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
+    environment = {**os.environ, LEASE_ENV: "3"}
+    run = [sys.executable, "-m", "streamproof", "run", str(pipeline_file), "--available-now"]
+    paused = {**environment, CRASH_ENV: f"{MID_SINK_WRITE}@1", ACTION_ENV: PAUSE}
+    a = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         start_new_session=True, env=paused)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not _stopped(a.pid):
+            assert a.poll() is None and time.monotonic() < deadline, "A never reached its Delta write of batch 1"
+            time.sleep(0.2)
+        b = subprocess.Popen(_on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
+        try:
+            _wait_for_line(b, "batch 2 committed")  # B took over and ran batches 1 and 2: the topic is drained
+            for group in process_tree_groups(a.pid):  # the driver, its JVM and its Python workers, as they stopped
+                os.killpg(group, signal.SIGCONT)
+            code, out, err = _finish(a, timeout_s=120)
+            holder = _written(tmp_path / "checkpoint")
+            assert (holder.host, holder.epoch) == ("host-b", 2) and b.poll() is None  # B holds its lock still
+            (b_driver,) = [info.pid for info in process_table().values() if info.parent == b.pid]  # pid 1 inside
+            os.kill(b_driver, signal.SIGTERM)  # B stops after its batch, as an operator stops it
+            b_out, b_err = b.communicate(timeout=120)
+        finally:
+            _kill(b)
+    finally:
+        _kill(a)
+    assert "(epoch 2): its lease of 3 s was not renewed for" in b_err, b_err[-2000:]
+    assert b.returncode == 0 and "stopped (SIGTERM)" in b_out + b_err, b_out[-2000:] + b_err[-2000:]
+    assert code != 0, out[-2000:] + err[-2000:]
+    (stopped,) = [line for line in (out + err).splitlines() if "lost its lease" in line]
+    assert "this run lost its lease to pid 1 on host host-b (epoch 2) at " in stopped, stopped
+    assert "batch 1 committed" not in out, out[-2000:]
+    assert not (tmp_path / "checkpoint" / RunLock.NAME).exists()  # B released it at its end; A created nothing
+    reports = assert_every_sink_clean(spark, pipeline_file, 6_000)
+    assert disagreements(reports, verify_independently(load_pipeline(pipeline_file))) == []
+

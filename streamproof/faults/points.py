@@ -55,6 +55,10 @@ from typing import Any
 from streamproof.errors import ConfigError
 
 CRASH_ENV = "STREAMPROOF_CRASH_AT"
+# "pause": a point of the driver (not of a task or a machine) SIGSTOPs the run's process tree instead of killing it
+# (tests/test_lease.py: a driver paused inside a sink write, taken over, then continued).
+ACTION_ENV = "STREAMPROOF_CRASH_ACTION"
+PAUSE = "pause"
 BEFORE_SINK_WRITE = "before-sink-write"
 MID_SINK_WRITE = "mid-sink-write"
 AFTER_SINK_COMMIT = "after-sink-commit"
@@ -257,14 +261,14 @@ def surviving_processes(process_groups: list[int]) -> list[int]:
     return [info.pid for info in process_table().values() if info.state != "Z" and info.group in groups]
 
 
-def kill_process_tree(root: int) -> None:
-    """SIGKILL every process group of ``root``'s tree (see :func:`process_tree_groups`); the caller's own
+def kill_process_tree(root: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """SIGKILL (or ``sig``) every process group of ``root``'s tree (see :func:`process_tree_groups`); the caller's own
     group last, since the caller may be in the tree (a driver, or a PySpark worker) and dies with it."""
     groups = process_tree_groups(root)
     own = os.getpgrp()
     for group in [g for g in groups if g != own] + [g for g in groups if g == own]:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
+            os.killpg(group, sig)
 
 
 def kill_own_process_group() -> None:
@@ -281,11 +285,24 @@ def kill_from_task(driver_pid: int) -> None:
 
 
 def reached(point: str, batch_id: int) -> None:
-    """Hook a sink calls at each phase; kills the process group if this point is armed for this batch."""
+    """Hook a sink calls at each phase; kills the process group if this point is armed for this batch (with
+    ``$STREAMPROOF_CRASH_ACTION=pause``: stops it, once, and goes on where it stopped when it is continued)."""
+    global _ARMED
     crash = _ARMED
     if crash is not None and crash.point == point and crash.batch_id == batch_id:
+        if os.environ.get(ACTION_ENV) == PAUSE:
+            _ARMED = None  # a watcher that sees the point again after the pause passes on
+            print(f"[streamproof] crash point {point} reached in batch {batch_id}: SIGSTOP", flush=True)
+            pause_own_process_tree()
+            return
         print(f"[streamproof] crash point {point} reached in batch {batch_id}: SIGKILL", flush=True)
         kill_own_process_group()
+
+
+def pause_own_process_tree() -> None:
+    """SIGSTOP this process's tree (the driver, its Spark JVM, its Python workers), its own group last: the whole
+    driver frozen at once, as a long GC pause, a VM frozen by its host or a laptop's lid does; SIGCONT resumes it."""
+    kill_process_tree(os.getpid(), signal.SIGSTOP)
 
 
 def mid_write_armed(batch_id: int, sink: str, *, first_sink: bool) -> str | None:

@@ -322,6 +322,9 @@ class BatchWriter:
             try:
                 return sink.write(rows, batch)
             except Exception as error:
+                # A write that failed after this run lost its lease (paused inside it, taken over, woken): the new
+                # holder's commit of this batch is what refused it, and the lease is what to say, in one line.
+                self.lease_check()
                 if not is_transient(error):
                     raise
                 if not self.wiring.retries_a_failed_write(partial_writes_visible=sink.partial_writes_visible):
