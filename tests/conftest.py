@@ -31,6 +31,12 @@ CLI_TIMEOUT_S = 600
 collect_ignore = ["data"]
 
 SLOW_TIER = {
+    "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+    "between-batches]":
+        "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+        "inside-the-delta-write] (the same takeover and waking, the pause later in the batch) and tests/test_"
+        "lease.py::test_a_holder_paused_past_its_lease_is_taken_over_and_stops_in_one_line_when_it_wakes (a holder "
+        "paused between its checks: one line, the new holder's lock kept)",
     "tests/test_foreach_batch.py::test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_"
     "checkpoint_refused":
         "tests/test_foreach_batch.py::test_the_textbook_ledger_s_lost_checkpoint_is_refused_before_it_writes_then_"

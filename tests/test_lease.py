@@ -27,6 +27,7 @@ from streamproof.config import load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults.points import (
     ACTION_ENV,
+    AFTER_CHECKPOINT_COMMIT,
     CRASH_ENV,
     MID_SINK_WRITE,
     PAUSE,
@@ -262,26 +263,30 @@ def _stopped(pid: int) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.crash
-def test_a_pipeline_paused_inside_its_delta_write_is_taken_over_and_when_it_wakes_damages_nothing(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+@pytest.mark.parametrize("pause_at", [f"{MID_SINK_WRITE}@1", f"{AFTER_CHECKPOINT_COMMIT}@0"],
+                         ids=["inside-the-delta-write", "between-batches"])  # fmt: skip
+def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing(
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, pause_at: str
 ) -> None:
     """The demo pipeline (6,000 events, 0.5% malformed, batches of 2,000), lease 3 s, on host A: its whole process
-    tree SIGSTOPped inside the Delta sink's write of batch 1 (its first data file written, no commit); host B starts,
+    tree SIGSTOPped inside the Delta sink's write of batch 1 (its first data file written, no commit), or between
+    batches (batch 0 committed, Spark's offsets of batch 1 logged, nothing of it written); host B starts,
     waits out A's lease, takes over (epoch 2) and runs batches 1 and 2; then A is continued, its write half done. A
     stops in one line naming the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by
     SIGTERM, releases it: both checkers 0/0/0."""
-    generate(kafka_broker.bootstrap_servers, "paused-orders", 6_000, partitions=2, malformed=0.005, seed=59)
-    pipeline_file = write_pipeline(tmp_path, name="paused", topic="paused-orders",
+    topic = f"paused-orders-{pause_at.split('@')[0]}"
+    generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.005, seed=59)
+    pipeline_file = write_pipeline(tmp_path, name="paused", topic=topic,
                                    bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
     environment = {**os.environ, LEASE_ENV: "3"}
     run = [sys.executable, "-m", "streamproof", "run", str(pipeline_file), "--available-now"]
-    paused = {**environment, CRASH_ENV: f"{MID_SINK_WRITE}@1", ACTION_ENV: PAUSE}
+    paused = {**environment, CRASH_ENV: pause_at, ACTION_ENV: PAUSE}
     a = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                          start_new_session=True, env=paused)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not _stopped(a.pid):
-            assert a.poll() is None and time.monotonic() < deadline, "A never reached its Delta write of batch 1"
+            assert a.poll() is None and time.monotonic() < deadline, f"A never reached {pause_at}"
             time.sleep(0.2)
         b = subprocess.Popen(_on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=REPO, start_new_session=True, env=environment)  # fmt: skip

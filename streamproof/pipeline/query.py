@@ -193,9 +193,15 @@ def run_under_lock(
         beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
         writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
         writer.lease_check = lock.check
-        return _run_batches(
-            spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
-        )
+        try:
+            return _run_batches(
+                spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up
+            )
+        except Exception:
+            # A run that lost its lease (paused, taken over, woken) fails on what the new holder wrote: Spark's
+            # CONCURRENT_STREAM_LOG_UPDATE, a sink's refused commit. The lease is the cause to say, in one line.
+            lock.check()
+            raise
     finally:
         lock.__exit__()
 
