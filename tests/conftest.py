@@ -345,14 +345,21 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
     return reports
 
 
-def wait_for_a_committed_batch(child: subprocess.Popen[str], timeout_s: float = 300) -> None:
-    """Read a running pipeline's output until its first batch line (`` committed: ``), within ``timeout_s``."""
+def wait_for_line(child: subprocess.Popen[str], text: str, timeout_s: float = 300) -> None:
+    """Read a running process's output until a line holding ``text``, within ``timeout_s``; its output ending first
+    fails."""
     assert child.stdout is not None
     deadline = time.monotonic() + timeout_s
     for line in child.stdout:
-        if " committed: " in line:
-            break
-        assert time.monotonic() < deadline, f"no batch committed within {timeout_s:g} s"
+        if text in line:
+            return
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:g} s"
+    raise AssertionError(f"the output ended without {text!r}: {child.stderr.read() if child.stderr else ''}")
+
+
+def wait_for_a_committed_batch(child: subprocess.Popen[str], timeout_s: float = 300) -> None:
+    """Read a running pipeline's output until its first batch line (`` committed: ``), within ``timeout_s``."""
+    wait_for_line(child, " committed: ", timeout_s)
 
 
 def drain_in_process(pipeline_file: Path, monkeypatch: pytest.MonkeyPatch) -> str:

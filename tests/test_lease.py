@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, write_pipeline
+from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, wait_for_line, write_pipeline
 from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import load_pipeline
@@ -244,17 +244,6 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
     assert disagreements(reports, verify_independently(load_pipeline(pipeline_file))) == []
 
 
-def _wait_for_line(process: subprocess.Popen[str], text: str, timeout_s: float = 300) -> None:
-    """Read ``process``'s output until a line holding ``text``, within ``timeout_s``."""
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    for line in process.stdout:
-        if text in line:
-            return
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s:g} s"
-    raise AssertionError(f"the output ended without {text!r}: {process.stderr.read() if process.stderr else ''}")
-
-
 def _stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP)."""
     info = process_info(pid)
@@ -291,7 +280,7 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         b = subprocess.Popen(_on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
         try:
-            _wait_for_line(b, "batch 2 committed")  # B took over and ran batches 1 and 2: the topic is drained
+            wait_for_line(b, "batch 2 committed")  # B took over and ran batches 1 and 2: the topic is drained
             for group in process_tree_groups(a.pid):  # the driver, its JVM and its Python workers, as they stopped
                 os.killpg(group, signal.SIGCONT)
             code, out, err = _finish(a, timeout_s=120)
@@ -313,4 +302,3 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
     assert not (tmp_path / "checkpoint" / RunLock.NAME).exists()  # B released it at its end; A created nothing
     reports = assert_every_sink_clean(spark, pipeline_file, 6_000)
     assert disagreements(reports, verify_independently(load_pipeline(pipeline_file))) == []
-
