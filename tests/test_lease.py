@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_sinks_exactly_once import fan_out_pipeline
 
 from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, wait_for_line, write_pipeline
 from streamproof.checkpoint.copies import backup, held_by_command, restore
@@ -252,21 +253,35 @@ def _stopped(pid: int) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.crash
-@pytest.mark.parametrize("pause_at", [f"{MID_SINK_WRITE}@1", f"{AFTER_CHECKPOINT_COMMIT}@0"],
-                         ids=["inside-the-delta-write", "between-batches"])  # fmt: skip
+@pytest.mark.parametrize(("pause_at", "sink"), [
+    (f"{MID_SINK_WRITE}@1", "delta"),
+    (f"{AFTER_CHECKPOINT_COMMIT}@0", "delta"),
+    (f"{MID_SINK_WRITE}@1", "pg-append"),
+    (f"{MID_SINK_WRITE}@1", "kafka"),
+    (f"{MID_SINK_WRITE}@1", "files"),
+], ids=["inside-the-delta-write", "between-batches", "inside-the-postgres-write", "inside-the-kafka-write",
+        "inside-the-files-write"])  # fmt: skip
 def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, pause_at: str
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, request: pytest.FixtureRequest, pause_at: str, sink: str
 ) -> None:
-    """The demo pipeline (6,000 events, 0.5% malformed, batches of 2,000), lease 3 s, on host A: its whole process
-    tree SIGSTOPped inside the Delta sink's write of batch 1 (its first data file written, no commit), or between
-    batches (batch 0 committed, Spark's offsets of batch 1 logged, nothing of it written); host B starts,
-    waits out A's lease, takes over (epoch 2) and runs batches 1 and 2; then A is continued, its write half done. A
-    stops in one line naming the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by
-    SIGTERM, releases it: both checkers 0/0/0."""
-    topic = f"paused-orders-{pause_at.split('@')[0]}"
+    """A pipeline (6,000 events, 0.5% malformed, batches of 2,000), lease 3 s, on host A: its whole process tree
+    SIGSTOPped inside its sink's write of batch 1 (Delta's or the files sink's first data file written, no commit;
+    PostgreSQL's or Kafka's last task with its rows sent, its transaction open), or between batches (batch 0
+    committed, Spark's offsets of batch 1 logged, nothing of it written); host B starts, waits out A's lease, takes
+    over (epoch 2) and runs batches 1 and 2; then A is continued, its write half done. A stops in one line naming
+    the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by SIGTERM, releases it: both
+    checkers 0/0/0. PostgreSQL: B ended A's open sessions when it claimed the table (before, its ledger inserts
+    waited on their row locks for as long as A stayed paused)."""
+    topic = f"paused-{sink}-{pause_at.split('@')[0]}"
     generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.005, seed=59)
-    pipeline_file = write_pipeline(tmp_path, name="paused", topic=topic,
-                                   bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
+    if sink == "delta":  # the demo pipeline
+        pipeline_file = write_pipeline(tmp_path, name="paused", topic=topic,
+                                       bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
+    else:
+        postgres = request.getfixturevalue("streamproof_postgres") if sink.startswith("pg-") else None
+        pipeline_file = fan_out_pipeline(tmp_path, name=f"paused-{sink}", guarantee="exactly-once", topic=topic,
+                                         broker=kafka_broker, postgres=postgres, batch=2_000,
+                                         labels=(sink,))  # fmt: skip
     environment = {**os.environ, LEASE_ENV: "3"}
     run = [sys.executable, "-m", "streamproof", "run", str(pipeline_file), "--available-now"]
     paused = {**environment, CRASH_ENV: pause_at, ACTION_ENV: PAUSE}
@@ -280,7 +295,7 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         b = subprocess.Popen(_on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
         try:
-            wait_for_line(b, "batch 2 committed")  # B took over and ran batches 1 and 2: the topic is drained
+            wait_for_line(b, "batch 2 committed", timeout_s=120)  # B took over and ran batches 1 and 2: drained
             for group in process_tree_groups(a.pid):  # the driver, its JVM and its Python workers, as they stopped
                 os.killpg(group, signal.SIGCONT)
             code, out, err = _finish(a, timeout_s=120)
@@ -295,6 +310,8 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         _kill(a)
     assert "(epoch 2): its lease of 3 s was not renewed for" in b_err, b_err[-2000:]
     assert b.returncode == 0 and "stopped (SIGTERM)" in b_out + b_err, b_out[-2000:] + b_err[-2000:]
+    if sink.startswith("pg-"):  # A's sessions were open, in their transactions, and B ended them
+        assert "session(s) of an earlier holder of the run lock; their open transactions rolled back" in b_err
     assert code != 0, out[-2000:] + err[-2000:]
     (stopped,) = [line for line in (out + err).splitlines() if "lost its lease" in line]
     assert "this run lost its lease to pid 1 on host host-b (epoch 2) at " in stopped, stopped

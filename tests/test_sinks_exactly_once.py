@@ -57,11 +57,14 @@ os.environ.setdefault(
 
 
 def fan_out_pipeline(workdir: Path, *, name: str, guarantee: str, topic: str, broker: KafkaBroker,
-                     postgres: PostgresServer, batch: int, labels: tuple[str, ...] = SINK_LABELS) -> Path:  # fmt: skip
-    """A pipeline with one sink of each kind and mode (those in ``labels``), its state under ``workdir``."""
+                     postgres: PostgresServer | None, batch: int,
+                     labels: tuple[str, ...] = SINK_LABELS) -> Path:  # fmt: skip
+    """A pipeline with one sink of each kind and mode (those in ``labels``; ``postgres`` may be None when none of them
+    is PostgreSQL's), its state under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     table = name.replace("-", "_")
-    postgres_sink = f'kind = "postgres"\nport = {postgres.port}\npassword = "${{{PG_PASSWORD_ENV}}}"'
+    port = postgres.port if postgres is not None else 0
+    postgres_sink = f'kind = "postgres"\nport = {port}\npassword = "${{{PG_PASSWORD_ENV}}}"'
     text = f"""
 name = "{name}"
 guarantee = "{guarantee}"

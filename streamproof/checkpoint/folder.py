@@ -386,6 +386,20 @@ class RunLock:
                 print(f"[streamproof] renewing the run lock {self.path} failed ({error}); retrying",
                       file=sys.stderr, flush=True)  # fmt: skip
 
+    @property
+    def holder_id(self) -> str:
+        """The random id of the lease this run holds (the command's when it joined one), for a store that fences
+        older holders off (:meth:`streamproof.sinks.base.Sink.fence`); "" when it holds none.
+
+        >>> import tempfile
+        >>> with RunLock(Location(tempfile.mkdtemp())) as lock:
+        ...     len(lock.holder_id)
+        32
+        """
+        if self._joined is not None:
+            return self._joined.holder_id
+        return self.mine.holder if self.mine is not None else ""
+
     def check(self) -> None:
         """Raise :class:`PipelineError` when this run no longer holds its lease (taken over, or not renewed within
         it): called before each durable write of a batch, so a run that lost it stops before its next commit.

@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.faults.points import (
+    ACTION_ENV,
     DATANODE_RESTART,
     EXECUTOR_MID_WRITE,
     MID_SINK_WRITE,
+    PAUSE,
     SPECULATION,
     WORKER_LOSS,
     ancestor_running,
@@ -88,11 +90,18 @@ class CrashInTask:
 
     driver_pid: int
     partition_id: int
+    pause: bool = False  # ``$STREAMPROOF_CRASH_ACTION=pause``: SIGSTOP the tree instead; the write goes on if continued
 
     def reached(self, partition_id: int) -> None:
-        """Called by each task at its mid-write point; the chosen one kills the driver's whole tree."""
-        if partition_id == self.partition_id:
-            kill_from_task(self.driver_pid)
+        """Called by each task at its mid-write point; the chosen one kills (or stops) the driver's whole tree."""
+        if partition_id != self.partition_id:
+            return
+        if self.pause:
+            print(f"[streamproof] crash point {MID_SINK_WRITE} reached in a write task: SIGSTOP", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            kill_process_tree(self.driver_pid, signal.SIGSTOP)
+            return
+        kill_from_task(self.driver_pid)
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,7 @@ def task_fault(point: str | None, partitions: int, batch_id: int = 0) -> TaskFau
     ``point`` the batch carries (None: nothing). Built in the driver, shipped to the tasks."""
     last = partitions - 1
     if point == MID_SINK_WRITE:
-        return CrashInTask(os.getpid(), last)
+        return CrashInTask(os.getpid(), last, os.environ.get(ACTION_ENV) == PAUSE)
     if point == SPECULATION:
         return SlowFirstAttempt(last)
     if point in (EXECUTOR_MID_WRITE, WORKER_LOSS):

@@ -110,6 +110,15 @@ class BatchWriter:
         # The run lock's check (RunLock.check): a run that lost its lease stops before its next durable write.
         self.lease_check: Callable[[], None] = lambda: None
 
+    def fence(self, holder: str) -> None:
+        """Every sink claimed for the run holding the lease ``holder`` (:meth:`streamproof.sinks.base.Sink.fence`),
+        before the run's first write.
+
+        >>> writer.fence(lock.holder_id)                                                     # doctest: +SKIP
+        """
+        for sink in self.sinks:
+            sink.fence(holder)
+
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:
         """Your transform on the batch's valid records, lookups at the versions recorded for the batch (recorded
         before any write: a replay reads them again); on a run's first batch, checked to give the same rows twice."""

@@ -193,6 +193,7 @@ def run_under_lock(
         beyond = held_beyond(spec, held.opened, held.start) if not once else HeldBeyond({})
         writer = open_batch_path(spark, spec, held.opened, publish, exactly_once=held.start.wiring.idempotent_sink)
         writer.lease_check = lock.check
+        writer.fence(lock.holder_id)  # from here on, a store that can refuses an older holder's writes
         try:
             return _run_batches(
                 spark, spec, held.start, beyond, writer, publish, summary, available_now, max_batches, once, warm_up

@@ -266,6 +266,15 @@ class Sink(ABC):
     def prepare(self, spark: SparkSession) -> None:  # noqa: B027 - optional hook
         """Create what the sink needs (table, topic) before the first batch; idempotent."""
 
+    def fence(self, holder: str) -> None:  # noqa: B027 - optional hook
+        """Claim the sink for the run holding the run lock's lease ``holder`` (``RunLock.holder_id``), after
+        :meth:`prepare` and before the run's first write: a store that can refuse an older holder's writes refuses
+        them from then on (PostgreSQL: :meth:`streamproof.sinks.postgres.PostgresSink.fence`; Kafka's producer epoch
+        fences on the first batch by itself). "" (no lease): nothing to claim.
+
+        >>> open_sinks(spec)[0].fence(lock.holder_id)                                       # doctest: +SKIP
+        """
+
     @abstractmethod
     def write(self, rows: DataFrame, batch: Batch) -> SinkWrite:
         """Write the batch's valid rows (keyed on the batch when ``batch.keyed``)."""

@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -162,7 +163,10 @@ class TransactionalWriter:
             self._produce(producer, self.spec.markers, key, json.dumps(marker))
             producer.commit_transaction(60)
         except (KafkaException, PipelineError):
-            producer.abort_transaction(60)
+            # An abort that fails too (a commit still in flight, a fenced producer) must not hide what failed: the
+            # transaction, never committed, is aborted by the next init_transactions of this id, or by its timeout.
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(60)
             raise
         yield index, ranges.count, False
 

@@ -24,6 +24,15 @@ totals, ``total = total + EXCLUDED.total``, which only the ledger keeps from cou
 value adds 0, so a total is never NULL).
 Without the ledger (at-least-once, at-most-once) the same statements run unkeyed.
 
+Fencing (the run lock's lease, :class:`streamproof.checkpoint.folder.RunLock`): a run claims the table before its
+first write (:meth:`PostgresSink.fence`): it ends the sessions of any earlier holder of the lease (named by
+:func:`session_name`; a driver paused past its lease leaves them open, its transactions holding the ledger rows' locks
+that would stall the new holder) and records its own lease in ``<ledger>_fence``. Every write transaction reads that
+row first (``FOR SHARE``, so a claim waits for it or ends it) and writes nothing for another holder: a run that lost
+its lease and wakes up is refused by the database itself. Proved by
+``tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing``
+(``[inside-the-postgres-write]``).
+
 Table and column names are validated identifiers (:mod:`streamproof.config`) and quoted; values only
 travel through COPY and query parameters. The password is read from its environment variable when a
 connection opens and is never logged.
@@ -37,7 +46,9 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +74,19 @@ from streamproof.sinks.shares import (
 from streamproof.transform.records import COORDINATES, SOURCE_COLUMNS, struct_type
 
 EXACT_NUMERIC = "numeric(38, 10)"
+CLAIM_TRIES = 5  # how often a run ends an earlier holder's sessions and claims the table before it gives up
+ENDED_WAIT_MS = 5_000  # how long it waits for each ended session to be gone (its transaction rolled back)
+
+
+def session_name(pipeline: str, table: str, holder: str) -> str:
+    """The ``application_name`` of a run's sessions writing ``table``: the pipeline and table by a digest, then the
+    run's lease (PostgreSQL keeps 63 characters). A run ends the sessions of its table's prefix that are not its own.
+
+    >>> session_name("orders", "orders_out", "0f" * 16)
+    'streamproof:99f827674ca6a5c7:0f0f0f0f0f0f0f0f'
+    """
+    digest = hashlib.sha256(f"{pipeline}\0{table}".encode()).hexdigest()[:16]
+    return f"streamproof:{digest}:{holder[:16]}"
 
 
 def quoted(*names: str) -> str:
@@ -109,6 +133,7 @@ class PartitionWriter:
     # Resolved on the driver: executors on a cluster do not share its environment. Travels inside the
     # task like Spark's own JDBC writer's password; excluded from repr so that no log line prints it.
     password: str | None = field(default=None, repr=False)
+    holder: str = ""  # the run lock's lease this write belongs to ("": no fencing, a sink used outside a run)
 
     @property
     def target(self) -> str:
@@ -129,8 +154,11 @@ class PartitionWriter:
         if source_key is None:
             yield index, 0, False  # no valid row in this split: nothing to write, nothing to record
             return
-        with psycopg.connect(self.spec.conninfo(self.password)) as connection:  # commit, or roll back on error
+        name = session_name(self.pipeline, self.spec.table, self.holder) if self.holder else None
+        with psycopg.connect(self.spec.conninfo(self.password), application_name=name) as connection:  # or rollback
             cursor = connection.cursor()
+            if self.holder:
+                refuse_if_fenced(cursor, self.spec, self.pipeline, self.holder)
             if self.keyed and not self._claim(cursor, source_key):  # its ledger row is there: held, or refused
                 recorded = cursor.execute(
                     f"SELECT source_ranges FROM {self.ledger} WHERE pipeline = %s AND sink_table = %s "
@@ -242,6 +270,26 @@ class PartitionWriter:
         )
 
 
+def fence_table(spec: PostgresSinkSpec) -> str:
+    """The table that names, per pipeline and target table, the lease of the run allowed to write it."""
+    return quoted(spec.db_schema, spec.ledger_table + "_fence")
+
+
+def refuse_if_fenced(cursor: Any, spec: PostgresSinkSpec, pipeline: str, holder: str) -> None:
+    """First statement of a write transaction: raise :class:`PipelineError` unless the table's fence row names the
+    lease ``holder``. ``FOR SHARE``: a newer run's claim waits for this transaction, or ends its session."""
+    row = cursor.execute(
+        f"SELECT holder FROM {fence_table(spec)} WHERE pipeline = %s AND sink_table = %s FOR SHARE",
+        (pipeline, spec.table),
+    ).fetchone()
+    if row is None or row[0] != holder:
+        claimed = f"by another run (lease {row[0][:8]})" if row is not None else "by no run"
+        raise PipelineError(
+            f"{spec.redacted()}/{spec.table} is claimed {claimed}, not this one (lease {holder[:8]}): this run lost "
+            "its lease and writes nothing more"
+        )
+
+
 def newer_than(source: str, target: str, order: str) -> str:
     """SQL: the ``source`` row is newer than ``target``, by :func:`streamproof.transform.records.recency`'s rule: by
     ``order`` (null oldest), then coordinates (topic compared bytewise, as Spark does). SQL's row comparison
@@ -270,14 +318,17 @@ class PostgresSink(ShareSink):
         super().__init__(pipeline, spec)
         self.target = quoted(spec.db_schema, spec.table)
         self.ledger = quoted(spec.db_schema, spec.ledger_table)
+        self.holder = ""  # the lease this run writes under, once it claimed the table (fence)
 
     @property
     def location(self) -> str:
         return f"{self.spec.redacted()}/{self.spec.db_schema}.{self.spec.table}"
 
-    def _connect(self, autocommit: bool = False) -> Any:
+    def _connect(self, autocommit: bool = False, *, named: bool = False) -> Any:
+        """A session (``named``: as this run's writes, so that a newer holder's :meth:`fence` ends it)."""
+        name = session_name(self.pipeline.name, self.spec.table, self.holder) if named and self.holder else None
         try:
-            return psycopg.connect(self.spec.conninfo(), autocommit=autocommit)
+            return psycopg.connect(self.spec.conninfo(), autocommit=autocommit, application_name=name)
         except psycopg.OperationalError as error:
             first = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
             raise PipelineError(
@@ -325,6 +376,56 @@ class PostgresSink(ShareSink):
                 "end_offsets text NOT NULL, source_ranges jsonb, rows bigint, committed_at timestamptz NOT NULL "
                 "DEFAULT now(), PRIMARY KEY (pipeline, sink_table, batch_id, source_key))"
             )
+            connection.execute(
+                f"CREATE TABLE IF NOT EXISTS {fence_table(self.spec)} (pipeline text NOT NULL, sink_table text NOT "
+                "NULL, holder text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now(), "
+                "PRIMARY KEY (pipeline, sink_table))"
+            )
+
+    def fence(self, holder: str) -> None:
+        """Claim the table for the run holding the lease ``holder``: end the sessions an earlier holder left open
+        (their transactions roll back, their row locks go), then name ``holder`` in the fence row, which every write
+        transaction reads first (:func:`refuse_if_fenced`). Tried again while a session of the earlier holder opened
+        in between keeps the row locked.
+
+        >>> sink.prepare(spark); sink.fence(lock.holder_id)                                  # doctest: +SKIP
+        """
+        self.holder = holder
+        if not holder:
+            return
+        mine = session_name(self.pipeline.name, self.spec.table, holder)
+        prefix = mine.rsplit(":", 1)[0] + ":"
+        with self._connect(autocommit=True) as connection:
+            for _ in range(CLAIM_TRIES):
+                try:
+                    ended = connection.execute(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, %s)) FROM pg_stat_activity "
+                        "WHERE starts_with(application_name, %s) AND application_name <> %s",
+                        (ENDED_WAIT_MS, prefix, mine),
+                    ).fetchone()[0]
+                    with connection.transaction():
+                        connection.execute("SET LOCAL lock_timeout = '2s'")
+                        connection.execute(
+                            f"INSERT INTO {fence_table(self.spec)} (pipeline, sink_table, holder) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (pipeline, sink_table) DO UPDATE SET holder = EXCLUDED.holder, "
+                            "claimed_at = now()",
+                            (self.pipeline.name, self.spec.table, holder),
+                        )
+                except psycopg.errors.LockNotAvailable:
+                    continue  # a session of the earlier holder opened after the sweep: end it too
+                except psycopg.errors.InsufficientPrivilege:
+                    raise PipelineError(
+                        f"{self.location}: user {self.spec.user!r} may not end the sessions an earlier run left "
+                        f"open; grant it pg_signal_backend, or run the pipeline as their user"
+                    ) from None
+                if ended:
+                    print(f"[streamproof] {self.location}: ended {ended} session(s) of an earlier holder of the run "
+                          "lock; their open transactions rolled back", file=sys.stderr, flush=True)  # fmt: skip
+                return
+        raise PipelineError(
+            f"{self.location}: sessions of an earlier run kept the table's fence row locked through {CLAIM_TRIES} "
+            "claims; stop that run (application_name streamproof:...) and start again"
+        )
 
     def _table_columns(self, schema_types: dict[str, str]) -> dict[str, str]:
         if self.spec.mode == "accumulate":
@@ -365,11 +466,14 @@ class PostgresSink(ShareSink):
             batch.keyed,
             fault,
             self.spec.password(),
+            self.holder,
         )
 
     def _record_batch_complete(self, batch: Batch) -> None:
         """Every share of the batch committed: say so in the ledger (a batch without this row is partial)."""
-        with self._connect() as connection:
+        with self._connect(named=True) as connection:
+            if self.holder:
+                refuse_if_fenced(connection.cursor(), self.spec, batch.pipeline, self.holder)
             connection.execute(
                 f"INSERT INTO {self.ledger} (pipeline, sink_table, batch_id, source_key, end_offsets) "
                 "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
