@@ -8,6 +8,7 @@ second process started on its checkpoint by mistake is refused by the store.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from streamproof.checkpoint.start import read_sinks, starting_point
 from streamproof.config import dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.generator import generate
+from streamproof.guarantees import S3_CONF
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.harness.daemons import S3Faults
 from streamproof.infra import KafkaBroker, S3Server, free_port
@@ -171,6 +173,67 @@ def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_ret
         for name, value in before.items():
             hadoop.unset(name) if value is None else hadoop.set(name, value)
         faults.proxy.close()
+
+
+@contextlib.contextmanager
+def _through_the_proxy(spark: Any, faults: S3Faults) -> Iterator[Any]:
+    """The session's S3A pointed at the fault proxy, with the settings every pipeline on s3a:// gets, on file systems
+    of its own (not the cached one); its Hadoop configuration as it was afterwards."""
+    settings = {name.removeprefix("spark.hadoop."): value for name, value in {**S3_CONF, **faults.server.spark_conf()}
+                .items() if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
+    settings |= {"fs.s3a.endpoint": faults.proxy.endpoint, "fs.s3a.impl.disable.cache": "true"}
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    before = {name: hadoop.get(name) for name in settings}
+    try:
+        for name, value in settings.items():
+            hadoop.set(name, value)
+        yield hadoop
+    finally:
+        for name, value in before.items():
+            hadoop.unset(name) if value is None else hadoop.set(name, value)
+        faults.proxy.close()
+
+
+def test_a_conditional_create_whose_answer_was_lost_is_ours_and_one_answered_409_is_tried_again(
+    s3_server: S3Server, s3_spark: Any, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Through the fault proxy, as a network and S3 give them: a conditional create (the run lock's, in Python; Spark's
+    checkpoint entries, through jvm/s3's checkpoint manager) whose PUT the store carried out but whose answer was
+    dropped is retried, meets 412 on its own object, reads it back and takes it as its own: no false "exists". One
+    answered 409 ConditionalRequestConflict is tried again. A create of an object another writer made is still
+    refused."""
+    faults = S3Faults(s3_server)
+    root = f"s3a://{S3_BUCKET}/answers-{free_port()}"
+    with _through_the_proxy(s3_spark, faults) as hadoop:
+        lock = Location(f"{root}/lock")
+        faults.proxy.fail_conditional_puts("drop-answer")
+        assert lock.create_new("mine")  # its answer lost, its own object found: created
+        assert faults.proxy.faults_given["drop-answer"] == 1, faults.proxy.faults_given
+        assert lock.read_text() == "mine"
+        assert not lock.create_new("another writer's")  # a real 412 still refuses
+        faults.proxy.fail_conditional_puts("conflict", count=2)
+        assert Location(f"{root}/lock-2").create_new("mine")
+        assert faults.proxy.faults_given["conflict"] == 2, faults.proxy.faults_given
+        assert "the store answered 409 (another conditional write in flight); retrying" in capfd.readouterr().err
+
+        jvm = s3_spark._jvm
+        folder = jvm.org.apache.hadoop.fs.Path(f"{root}/checkpoint/commits")
+        manager = jvm.dev.streamproof.s3.ConditionalCheckpointFileManager(folder, hadoop)
+
+        def create(name: str, text: str) -> None:
+            stream = manager.createAtomic(jvm.org.apache.hadoop.fs.Path(f"{root}/checkpoint/commits/{name}"), False)
+            stream.write(bytearray(text.encode()))
+            stream.close()
+
+        faults.proxy.fail_conditional_puts("drop-answer")
+        create("0", "v1\n{}")
+        assert faults.proxy.faults_given["drop-answer"] == 2, faults.proxy.faults_given
+        faults.proxy.fail_conditional_puts("conflict")
+        create("1", "v1\n{}")
+        assert faults.proxy.faults_given["conflict"] == 3, faults.proxy.faults_given
+        with pytest.raises(Exception, match="FileAlreadyExistsException"):
+            create("1", "v1\n{\"another\": 1}")
+    assert Location(f"{root}/checkpoint/commits/0").read_text() == "v1\n{}"
 
 
 def _race(server: S3Server, key: str, writers: int) -> Counter[int]:

@@ -7,6 +7,12 @@ flight, a commit half-sent, included: S3 clients keep their connections alive, s
 and each new one is reset at once (``reset``), answered ``503 SlowDown`` (``slow-down``) or ``500 InternalError`` (what
 a store restarting answers: ``internal-error``) until it ends.
 
+:meth:`FaultProxy.fail_conditional_puts` meets the next conditional PUTs (``If-None-Match``: a create only if absent)
+with what a network or the store gives a writer of one: ``drop-answer`` forwards the PUT and drops the store's answer
+(the client's connection reset once it came: the object is written, the writer does not know it), ``conflict``
+answers ``409 ConditionalRequestConflict`` without forwarding it (S3's answer to two conditional writes of one key in
+flight).
+
 Example::
 
     >>> proxy = FaultProxy(("127.0.0.1", 9))   # doctest: +SKIP
@@ -25,6 +31,7 @@ import time
 from collections import Counter
 
 FAULTS = ("reset", "slow-down", "internal-error")
+CONDITIONAL_PUT_FAULTS = ("drop-answer", "conflict")
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: a close sends RST, not FIN
 # The answers S3 gives (its XML error document) for the faults answered rather than reset.
 _ANSWERED = {
@@ -33,6 +40,11 @@ _ANSWERED = {
         b"500 Internal Server Error",
         b"InternalError",
         b"We encountered an internal error, please try again.",
+    ),
+    "conflict": (
+        b"409 Conflict",
+        b"ConditionalRequestConflict",
+        b"A conflicting operation occurred. If using PutObject you can retry the request.",
     ),
 }
 
@@ -59,6 +71,7 @@ class FaultProxy:
         self._fault: str | None = None
         self._until = 0.0
         self._closed = False
+        self._conditional_puts: list[str] = []  # the faults the next conditional PUTs meet, in order
         self.faults_given: Counter[str] = Counter()
         threading.Thread(target=self._accept, name=f"fault-proxy-{self.port}", daemon=True).start()
 
@@ -78,6 +91,21 @@ class FaultProxy:
             self.faults_given["reset"] += 1
         for connection in open_now:  # closed once its two pumps have stopped: a request sent after this never passes
             connection.closed.wait(5)
+
+    def fail_conditional_puts(self, fault: str, count: int = 1) -> None:
+        """The next ``count`` conditional PUTs met by ``fault`` (``drop-answer`` or ``conflict``: the module's
+        docstring); other requests pass."""
+        if fault not in CONDITIONAL_PUT_FAULTS:
+            raise ValueError(f"fault {fault!r}: expected one of {', '.join(CONDITIONAL_PUT_FAULTS)}")
+        with self._lock:
+            self._conditional_puts.extend([fault] * count)
+
+    def _conditional_put_fault(self, data: bytes) -> str | None:
+        """The fault a request starting with ``data`` meets: one pending, and ``data`` a conditional PUT's head."""
+        if not data.startswith(b"PUT ") or b"\r\nif-none-match:" not in data.split(b"\r\n\r\n", 1)[0].lower():
+            return None
+        with self._lock:
+            return self._conditional_puts.pop(0) if self._conditional_puts else None
 
     def close(self) -> None:
         self._closed = True
@@ -135,11 +163,20 @@ class FaultProxy:
         with self._lock:
             self._open.add(pair)
         threading.Thread(target=self._pump, args=(pair, upstream, client), daemon=True).start()
-        self._pump(pair, client, upstream)
+        self._pump(pair, client, upstream, to_store=True)
 
-    def _pump(self, pair: _Connection, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, pair: _Connection, source: socket.socket, sink: socket.socket, to_store: bool = False) -> None:
         try:
             while data := source.recv(65536):
+                if to_store and self._conditional_puts and (fault := self._conditional_put_fault(data)) is not None:
+                    if fault == "conflict":
+                        self._answer_in_place(pair, data, fault)
+                        break
+                    pair.drop_answer = True
+                elif not to_store and pair.drop_answer and _final_answer(data):
+                    pair.reset()  # the store wrote the object and answered; the client never hears it
+                    self.faults_given["drop-answer"] += 1
+                    break
                 sink.sendall(data)
         except OSError:
             pass
@@ -151,6 +188,23 @@ class FaultProxy:
                 self._open.discard(pair)
             pair.close()
 
+    def _answer_in_place(self, pair: _Connection, head: bytes, fault: str) -> None:
+        """Answer the request ``head`` begins with ``fault``'s error instead of the store (which never sees it), read
+        what the client still sends of it, and close: the client reads the answer, not a reset."""
+        client, upstream = pair.sockets
+        pair.resetting = True  # the other pump, woken by the upstream's close, passes nothing on
+        with contextlib.suppress(OSError):
+            upstream.shutdown(socket.SHUT_RDWR)
+        try:
+            client.sendall(_error_answer(fault))
+            self.faults_given[fault] += 1
+            client.shutdown(socket.SHUT_WR)
+            client.settimeout(2)
+            while client.recv(65536):  # the body, if the client sends it: read and dropped
+                pass
+        except OSError:
+            pass
+
     @staticmethod
     def _reset(connection: socket.socket) -> None:
         """Close with a TCP reset (SO_LINGER 0), as a dropped connection reaches the client."""
@@ -161,12 +215,18 @@ class FaultProxy:
             pass
 
 
+def _final_answer(data: bytes) -> bool:
+    """Whether ``data`` from the store holds a final answer (``100 Continue`` alone is not one)."""
+    return data.startswith(b"HTTP/") and not (data.startswith(b"HTTP/1.1 100") and data.count(b"HTTP/") == 1)
+
+
 class _Connection:
     """A client's connection and its upstream one, forwarded both ways by two threads."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.sockets = (client, upstream)
         self.resetting = False
+        self.drop_answer = False  # a conditional PUT passed to the store: its answer is dropped
         self.closed = threading.Event()
         self._ended = 0
         self._lock = threading.Lock()
