@@ -176,12 +176,14 @@ def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_ret
 
 
 @contextlib.contextmanager
-def _through_the_proxy(spark: Any, faults: S3Faults) -> Iterator[Any]:
-    """The session's S3A pointed at the fault proxy, with the settings every pipeline on s3a:// gets, on file systems
-    of its own (not the cached one); its Hadoop configuration as it was afterwards."""
+def _through_the_proxy(spark: Any, faults: S3Faults, **more: str) -> Iterator[Any]:
+    """The session's S3A pointed at the fault proxy, with the settings every pipeline on s3a:// gets (and ``more``,
+    with dots for underscores), on file systems of its own (not the cached one); its Hadoop configuration as it was
+    afterwards."""
     settings = {name.removeprefix("spark.hadoop."): value for name, value in {**S3_CONF, **faults.server.spark_conf()}
                 .items() if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
     settings |= {"fs.s3a.endpoint": faults.proxy.endpoint, "fs.s3a.impl.disable.cache": "true"}
+    settings |= {name.replace("_", "."): value for name, value in more.items()}
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     before = {name: hadoop.get(name) for name in settings}
     try:
@@ -236,6 +238,21 @@ def test_a_conditional_create_whose_answer_was_lost_is_ours_and_one_answered_409
     assert Location(f"{root}/checkpoint/commits/0").read_text() == "v1\n{}"
 
 
+def test_a_conditional_create_in_parts_is_refused_the_second_time(s3_server: S3Server, s3_spark: Any) -> None:
+    """A file larger than S3A's part size (parts of 5 MB, files of 6 MB) is uploaded in parts, and the store decides
+    the create at the upload's completion (a POST with If-None-Match): the first create is made, the second refused
+    (412 at the completion), the first's bytes kept."""
+    faults = S3Faults(s3_server)
+    first, second = "a" * 6 * 2**20, "b" * 6 * 2**20
+    with _through_the_proxy(s3_spark, faults, fs_s3a_multipart_size="5M"):
+        big = Location(f"s3a://{S3_BUCKET}/parts-{free_port()}/big")
+        assert big.create_new(first)
+        assert not big.create_new(second)
+        assert big.read_text() == first
+    assert faults.proxy.conditional_requests["POST"] == 2, faults.proxy.conditional_requests  # both in parts
+    assert faults.proxy.conditional_answers == Counter({200: 1, 412: 1}), faults.proxy.conditional_answers
+
+
 def _race(server: S3Server, key: str, writers: int) -> Counter[int]:
     """``writers`` threads PUT ``key`` only if absent at one moment: the status codes they got."""
     codes: list[int] = [0] * writers
@@ -277,13 +294,19 @@ def test_two_processes_committing_one_delta_version_on_s3_both_land_one_after_th
     s3_server: S3Server, s3_spark: Any, tmp_path: Path
 ) -> None:
     """Two writer processes append to one Delta table on s3a:// at the same moments, 4 rounds: each round both try
-    the same version; the store lets one create `_delta_log/<version>.json` and refuses the other, whose Delta
-    retries at the next version. Every commit lands: 8 versions after the first, 8 rows, none lost or replaced (with
-    Delta's single-driver S3 LogStore the second would overwrite the first's commit)."""
+    the same version (the fault proxy they reach the store through holds the first conditional PUT of a commit file
+    until the second comes, so that they meet at the store every round, however busy the machine: without it, one
+    run met 3 times in 4 rounds); the store lets one create `_delta_log/<version>.json` and refuses the other (412,
+    counted at the proxy: at least once a round), whose Delta retries at the next version. Every commit lands: 8
+    versions after the first, 8 rows, none lost or replaced (with Delta's single-driver S3 LogStore the second would
+    overwrite the first's commit)."""
     table = f"s3a://{S3_BUCKET}/race-{free_port()}/orders"
     s3_spark.createDataFrame([("seed", -1)], "writer STRING, round INT").write.format("delta").save(table)
+    proxy = S3Faults(s3_server).proxy
+    proxy.pair_conditional_puts(r"/_delta_log/\d{20}\.json$")
     conf = [f"{key}={value}" for key, value in {
-        **s3_server.spark_conf(), "spark.delta.logStore.s3a.impl": "dev.streamproof.s3.ConditionalS3LogStore"}.items()
+        **s3_server.spark_conf(), "spark.hadoop.fs.s3a.endpoint": proxy.endpoint,
+        "spark.delta.logStore.s3a.impl": "dev.streamproof.s3.ConditionalS3LogStore"}.items()
     ]  # fmt: skip
     racers = [subprocess.Popen([sys.executable, "-c", RACER, table, name, "4", *conf], cwd=REPO, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -295,9 +318,13 @@ def test_two_processes_committing_one_delta_version_on_s3_both_land_one_after_th
         assert racer.stdin is not None
         racer.stdin.write(f"{start}\n")
         racer.stdin.flush()
-    for racer in racers:
-        _, err = racer.communicate(timeout=300)
-        assert racer.returncode == 0, err[-3000:]
+    try:
+        for racer in racers:
+            _, err = racer.communicate(timeout=300)
+            assert racer.returncode == 0, err[-3000:]
+    finally:
+        proxy.close()
+    assert proxy.conditional_answers[412] >= 4, proxy.conditional_answers  # they collided, every round
     from delta.tables import DeltaTable
 
     history = DeltaTable.forPath(s3_spark, table).history().collect()

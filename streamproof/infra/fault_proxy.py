@@ -11,7 +11,9 @@ a store restarting answers: ``internal-error``) until it ends.
 with what a network or the store gives a writer of one: ``drop-answer`` forwards the PUT and drops the store's answer
 (the client's connection reset once it came: the object is written, the writer does not know it), ``conflict``
 answers ``409 ConditionalRequestConflict`` without forwarding it (S3's answer to two conditional writes of one key in
-flight).
+flight). :meth:`FaultProxy.pair_conditional_puts` makes two writers racing for one key meet at the store every time
+(the first conditional PUT of a key waits for the second), and ``conditional_answers`` counts the store's answers to
+conditional PUTs by status (412: a create refused because the object exists).
 
 Example::
 
@@ -24,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import struct
 import threading
@@ -72,7 +75,12 @@ class FaultProxy:
         self._until = 0.0
         self._closed = False
         self._conditional_puts: list[str] = []  # the faults the next conditional PUTs meet, in order
+        self._pairing: re.Pattern[bytes] | None = None
+        self._pair_hold_s = 0.0
+        self._waiting: dict[bytes, threading.Event] = {}  # a conditional PUT held for its twin, by its path
         self.faults_given: Counter[str] = Counter()
+        self.conditional_requests: Counter[str] = Counter()  # conditional writes passed, by method (PUT, POST)
+        self.conditional_answers: Counter[int] = Counter()  # the store's answers to them, by status
         threading.Thread(target=self._accept, name=f"fault-proxy-{self.port}", daemon=True).start()
 
     @property
@@ -100,12 +108,32 @@ class FaultProxy:
         with self._lock:
             self._conditional_puts.extend([fault] * count)
 
-    def _conditional_put_fault(self, data: bytes) -> str | None:
-        """The fault a request starting with ``data`` meets: one pending, and ``data`` a conditional PUT's head."""
-        if not data.startswith(b"PUT ") or b"\r\nif-none-match:" not in data.split(b"\r\n\r\n", 1)[0].lower():
-            return None
+    def pair_conditional_puts(self, paths: str, hold_s: float = 3.0) -> None:
+        """From now on, a conditional PUT whose path matches the regular expression ``paths`` waits (up to ``hold_s``)
+        for a second conditional PUT of the same path, and both go on to the store together: two writers racing for
+        one key meet at the store every time, not only when their timing happens to."""
+        self._pairing, self._pair_hold_s = re.compile(paths.encode()), hold_s
+
+    def _next_fault(self) -> str | None:
         with self._lock:
             return self._conditional_puts.pop(0) if self._conditional_puts else None
+
+    def _meet_twin(self, path: bytes) -> None:
+        """Hold a conditional PUT of ``path`` until a second one comes (or the hold ends); release the first when it
+        is the second."""
+        if self._pairing is None or not self._pairing.search(path):
+            return
+        with self._lock:
+            first = self._waiting.pop(path, None)
+            if first is None:
+                arrived = self._waiting[path] = threading.Event()
+        if first is not None:
+            first.set()
+            return
+        arrived.wait(self._pair_hold_s)
+        with self._lock:
+            if self._waiting.get(path) is arrived:
+                del self._waiting[path]
 
     def close(self) -> None:
         self._closed = True
@@ -168,15 +196,21 @@ class FaultProxy:
     def _pump(self, pair: _Connection, source: socket.socket, sink: socket.socket, to_store: bool = False) -> None:
         try:
             while data := source.recv(65536):
-                if to_store and self._conditional_puts and (fault := self._conditional_put_fault(data)) is not None:
-                    if fault == "conflict":
+                if to_store and (path := _conditional_put_path(data)) is not None:
+                    self.conditional_requests[data.split(b" ", 1)[0].decode()] += 1
+                    if (fault := self._next_fault()) == "conflict":
                         self._answer_in_place(pair, data, fault)
                         break
-                    pair.drop_answer = True
-                elif not to_store and pair.drop_answer and _final_answer(data):
-                    pair.reset()  # the store wrote the object and answered; the client never hears it
-                    self.faults_given["drop-answer"] += 1
-                    break
+                    pair.drop_answer = fault == "drop-answer"
+                    pair.conditional_put = True
+                    self._meet_twin(path)
+                elif not to_store and pair.conditional_put and _final_answer(data):
+                    pair.conditional_put = False
+                    self.conditional_answers[int(data.split(b" ", 2)[1])] += 1
+                    if pair.drop_answer:
+                        pair.reset()  # the store wrote the object and answered; the client never hears it
+                        self.faults_given["drop-answer"] += 1
+                        break
                 sink.sendall(data)
         except OSError:
             pass
@@ -215,6 +249,15 @@ class FaultProxy:
             pass
 
 
+def _conditional_put_path(data: bytes) -> bytes | None:
+    """The path of the request ``data`` begins, when it is a conditional write (``If-None-Match``: a PUT, or the
+    POST completing a multipart upload), else None."""
+    if not data.startswith((b"PUT ", b"POST ")):
+        return None
+    head = data.split(b"\r\n\r\n", 1)[0]
+    return head.split(b" ", 2)[1] if b"\r\nif-none-match:" in head.lower() else None
+
+
 def _final_answer(data: bytes) -> bool:
     """Whether ``data`` from the store holds a final answer (``100 Continue`` alone is not one)."""
     return data.startswith(b"HTTP/") and not (data.startswith(b"HTTP/1.1 100") and data.count(b"HTTP/") == 1)
@@ -226,7 +269,8 @@ class _Connection:
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.sockets = (client, upstream)
         self.resetting = False
-        self.drop_answer = False  # a conditional PUT passed to the store: its answer is dropped
+        self.conditional_put = False  # a conditional PUT passed to the store: its answer is counted
+        self.drop_answer = False  # ... and dropped
         self.closed = threading.Event()
         self._ended = 0
         self._lock = threading.Lock()
