@@ -26,7 +26,8 @@ from streamproof.errors import ConfigError
 
 # Done during a run, after some batches: a server away for a few seconds (on a Kafka cluster, one of its nodes), or
 # another writer's maintenance of the sink tables.
-OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "leader", "controller", "pause", "optimize")
+OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "s3-lost-answer", "s3-conflict", "leader", "controller",
+           "pause", "optimize")  # fmt: skip
 ACTIONS = (
     "kill",
     "term",
@@ -54,6 +55,8 @@ ORDER = (
     "postgres",
     "s3-slow",
     "s3-reset",
+    "s3-lost-answer",
+    "s3-conflict",
     "s3",
     "lose-commits",
     "lose-checkpoint",

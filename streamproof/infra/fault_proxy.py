@@ -108,6 +108,11 @@ class FaultProxy:
         with self._lock:
             self._conditional_puts.extend([fault] * count)
 
+    def stop_failing_conditional_puts(self) -> None:
+        """Drop the faults :meth:`fail_conditional_puts` set that no conditional PUT met yet."""
+        with self._lock:
+            self._conditional_puts.clear()
+
     def pair_conditional_puts(self, paths: str, hold_s: float = 3.0) -> None:
         """From now on, a conditional PUT whose path matches the regular expression ``paths`` waits (up to ``hold_s``)
         for a second conditional PUT of the same path, and both go on to the store together: two writers racing for

@@ -14,6 +14,10 @@ nemesis, on streamproof's own commands), and a method of :class:`NemesisSteps` n
 ``s3-slow@A``      S3 answers ``503 SlowDown`` to every request for 3 s after a run's ``A``-th batch (its open
                    connections reset first)
 ``s3-reset@A``     S3's connections reset, and each new one, for 3 s after a run's ``A``-th batch
+``s3-lost-answer@A`` the conditional writes (If-None-Match) of the 3 s after a run's ``A``-th batch, 3 at most, carried
+                   out by the store and their answers dropped (the writer's connection reset): each writer must find
+                   its own object, not a conflict
+``s3-conflict@A``  the conditional writes of those 3 s, 3 at most, answered ``409 ConditionalRequestConflict``: retried
 ``leader@A``      on a Kafka cluster: the node leading partition 0 of the topic the pipeline writes (its Kafka sink's,
                    else its source) SIGKILLed after a run's ``A``-th batch, as the next one writes; started again 3 s
                    later (a node that exits while starting is started again, as a supervisor would), and the step
@@ -67,6 +71,8 @@ from streamproof.storage.location import Location
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
 OUTAGE_S = 3.0
+CONDITIONAL_FAULTS = 3  # s3-lost-answer, s3-conflict: the conditional writes met, at most
+S3_OUTAGES = ("s3", "s3-slow", "s3-reset", "s3-lost-answer", "s3-conflict")
 PAUSE_S = 9.0  # a paused Kafka node: longer than the cluster's broker.session.timeout.ms (6 s)
 
 
@@ -79,7 +85,7 @@ class NemesisSteps(NemesisJudgement):
             "broker": self.daemons.broker is not None,
             "postgres": self.daemons.postgres is not None,
             **dict.fromkeys(("leader", "controller", "pause"), self.daemons.kafka_cluster is not None),
-            **dict.fromkeys(("s3", "s3-slow", "s3-reset"), self.daemons.s3 is not None),
+            **dict.fromkeys(S3_OUTAGES, self.daemons.s3 is not None),
             "s3-multipart": self.daemons.s3 is not None and self._delta_sink() is not None,
             # A checkpoint rebuilt from the sinks' records starts dedup's and windows' state empty (docs/operations.md):
             # resent records seen before the loss pass again. Not a step for a stateful pipeline.
@@ -219,6 +225,22 @@ class NemesisSteps(NemesisJudgement):
         before = Counter(proxy.faults_given)
         self._outage(step, lambda: proxy.fail(fault, OUTAGE_S), lambda: None)
         self._say(step, f"the proxy's faults: {dict(proxy.faults_given - before) or 'none (no request came)'}")
+
+    def _s3_lost_answer(self, step: Step) -> None:
+        self._s3_conditional_fault(step, "drop-answer")
+
+    def _s3_conflict(self, step: Step) -> None:
+        self._s3_conditional_fault(step, "conflict")
+
+    def _s3_conditional_fault(self, step: Step, fault: str) -> None:
+        assert self.daemons.s3 is not None
+        proxy = self.daemons.s3.proxy
+        before = Counter(proxy.faults_given)
+        self._outage(step, lambda: proxy.fail_conditional_puts(fault, CONDITIONAL_FAULTS),
+                     proxy.stop_failing_conditional_puts,
+                     outage=f"the conditional writes of {OUTAGE_S:.0f} s met by {fault}")  # fmt: skip
+        given = dict(proxy.faults_given - before) or "none (no conditional write came)"
+        self._say(step, f"the proxy's faults: {given}")
 
     def _s3_multipart(self, step: Step) -> None:
         table = self._delta_sink()
