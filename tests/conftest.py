@@ -356,6 +356,12 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
     return reports
 
 
+def on_host(host: str, command: list[str]) -> list[str]:
+    """``command`` run as on another machine: UTS and PID namespaces of its own, named ``host`` (as root)."""
+    return ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", f'hostname {host} && exec "$@"', host,
+            *command]  # fmt: skip
+
+
 def wait_for_line(child: subprocess.Popen[str], text: str, timeout_s: float = 300) -> None:
     """Read a running process's output until a line holding ``text``, within ``timeout_s`` (a process that stalls
     without a line fails too: the lines are read by a thread of their own); its output ending first fails."""

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from test_sinks_exactly_once import fan_out_pipeline
 
-from conftest import REPO, assert_every_sink_clean, wait_for_a_committed_batch, wait_for_line, write_pipeline
+from conftest import REPO, assert_every_sink_clean, on_host, wait_for_a_committed_batch, wait_for_line, write_pipeline
 from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import load_pipeline
@@ -48,17 +48,11 @@ pytestmark = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() 
                                 reason="another host is a namespace of its own: unshare, as root")  # fmt: skip
 
 
-def _on_host(host: str, command: list[str]) -> list[str]:
-    """``command`` run as on another machine: UTS and PID namespaces of its own, named ``host``."""
-    return ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", f'hostname {host} && exec "$@"', host,
-            *command]  # fmt: skip
-
-
 def _holder(checkpoint: Path, seconds: float, host: str | None = None) -> subprocess.Popen[str]:
     """A run holding ``checkpoint``'s lock; on ``host``, a UTS and PID namespace of its own named so."""
     command = [sys.executable, str(HOLDER), str(checkpoint), str(LEASE_S), str(seconds)]
     if host is not None:
-        command = _on_host(host, command)
+        command = on_host(host, command)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             start_new_session=True)  # fmt: skip
 
@@ -236,7 +230,7 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
     finally:
         _kill(a)
     assert _written(tmp_path / "checkpoint").host != "host-b"  # A's lock, left as a crash leaves it
-    b = subprocess.run(_on_host("host-b", [*run, "--available-now"]), capture_output=True, text=True, cwd=REPO,
+    b = subprocess.run(on_host("host-b", [*run, "--available-now"]), capture_output=True, text=True, cwd=REPO,
                        env=environment, timeout=600)  # fmt: skip
     assert b.returncode == 0, b.stdout[-2000:] + b.stderr[-2000:]
     assert "(epoch 2): its lease of 3 s was not renewed for" in b.stderr, b.stderr[-2000:]
@@ -292,7 +286,7 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         while not _stopped(a.pid):
             assert a.poll() is None and time.monotonic() < deadline, f"A never reached {pause_at}"
             time.sleep(0.2)
-        b = subprocess.Popen(_on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        b = subprocess.Popen(on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
         try:
             wait_for_line(b, "batch 2 committed", timeout_s=120)  # B took over and ran batches 1 and 2: drained
