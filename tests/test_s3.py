@@ -241,6 +241,46 @@ def test_a_conditional_create_whose_answer_was_lost_is_ours_and_one_answered_409
     assert Location(f"{root}/checkpoint/commits/0").read_text() == "v1\n{}"
 
 
+def test_a_lease_renewal_on_s3_that_a_takeover_overtook_is_refused_by_the_store(
+    s3_server: S3Server, s3_spark: Any
+) -> None:
+    """The run lock on s3a:// (lease 3 s, renewed every second), reached through the fault proxy. A renewal whose
+    answer was dropped finds its own write: the run keeps its lease. Then another machine's takeover lands between a
+    renewal's read (the file still names this run) and its write, every time (the proxy lets it land just before the
+    renewal's PUT goes on): the store refuses the renewal (If-Match on the version read), the taker's lock stays, and
+    the run's next check says it lost its lease to the taker. With the renewal a plain overwrite, it wrote over the
+    taker's lock and the run went on."""
+    faults = S3Faults(s3_server)
+    folder = f"renewals-{free_port()}/checkpoint"
+    key = f"/{S3_BUCKET}/{folder}/{RunLock.NAME}"
+    with _through_the_proxy(s3_spark, faults):
+        lock = RunLock(Location(f"s3a://{S3_BUCKET}/{folder}"), lease_s=3.0).__enter__()
+        try:
+            assert lock.mine is not None
+            faults.proxy.fail_conditional_puts("drop-answer")
+            deadline = time.monotonic() + 10
+            while not faults.proxy.faults_given["drop-answer"]:
+                assert time.monotonic() < deadline, "no renewal came"
+                time.sleep(0.1)
+            time.sleep(2.0)  # the renewals after it, too
+            lock.check()  # its own renewal, found: still held
+            taker = Holder(1, "host-b", "b" * 32, "another machine", 0, lock.mine.epoch + 1, 3.0, 0, time.time())
+            landed: list[int] = []
+            faults.proxy.before_conditional_put(
+                rf"/{RunLock.NAME}$", lambda: landed.append(s3_server.request("PUT", key, taker.to_text().encode()))
+            )
+            deadline = time.monotonic() + 10
+            with pytest.raises(PipelineError, match=r"this run lost its lease to pid 1 on host host-b \(epoch 2\)"):
+                while time.monotonic() < deadline:
+                    lock.check()
+                    time.sleep(0.1)
+            assert landed == [200]
+            assert faults.proxy.conditional_answers[412] >= 1, faults.proxy.conditional_answers  # the store refused
+        finally:
+            lock.__exit__()
+    assert Holder.parse(Location(f"s3a://{key.lstrip('/')}").read_text()) == taker  # the taker's lock, kept
+
+
 def test_a_conditional_create_in_parts_is_refused_the_second_time(s3_server: S3Server, s3_spark: Any) -> None:
     """A file larger than S3A's part size (parts of 5 MB, files of 6 MB) is uploaded in parts, and the store decides
     the create at the upload's completion (a POST with If-None-Match): the first create is made, the second refused

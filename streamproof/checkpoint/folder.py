@@ -32,7 +32,7 @@ from pathlib import Path
 
 from streamproof.errors import PipelineError
 from streamproof.faults.points import process_info
-from streamproof.storage.location import Location
+from streamproof.storage.location import CONDITIONAL_SCHEMES, Location
 
 
 class ProgressFile:
@@ -222,7 +222,10 @@ class RunLock:
 
     - The file is created only if absent (atomically, on HDFS and S3 too), so two starts cannot both hold it.
     - The holder renews its lease every third of it (:data:`DEFAULT_LEASE_S`) from a thread of its own, after reading
-      that the file still names it.
+      that the file still names it. On S3 the renewal is written over the version read only (If-Match): a takeover
+      from another machine between the read and the write is refused by the store, never overwritten
+      (``tests/test_s3.py::test_a_lease_renewal_on_s3_that_a_takeover_overtook_is_refused_by_the_store``); on HDFS
+      it is a plain rewrite, and can race a takeover from another machine.
     - A holder of this machine and PID namespace is judged by its pid (and the pid's start time); a dead one is taken
       over at once. One of another machine, or of another PID namespace with the same hostname, is taken over when
       its lease was not renewed for the lease plus :data:`LEASE_GRACE_S`, as watched from here; never while it renews.
@@ -372,13 +375,20 @@ class RunLock:
             started, pause = time.monotonic(), RENEW_RETRY_S  # a failed renewal is tried again soon
             try:
                 with _host_mutex(self.path):
+                    # On S3 the renewal is written over the version read (If-Match): a takeover from another machine
+                    # between the read and the write makes the store refuse it, not the renewal overwrite the taker.
+                    tag = self.path.version_tag() if self.path.scheme in CONDITIONAL_SCHEMES else None
                     written = self._written_holder()
                     assert self.mine is not None
                     if written is None or written.holder != self.mine.holder:
                         self._lost, self._lost_at = written, time.time()
                         return
                     renewed = replace(self.mine, renewals=self.mine.renewals + 1, renewed_at=time.time())
-                    self.path.replace_with_text(renewed.to_text())
+                    if tag is None:
+                        self.path.replace_with_text(renewed.to_text())
+                    elif not self.path.replace_if_unchanged(renewed.to_text(), tag):
+                        self._lost, self._lost_at = self._written_holder(), time.time()
+                        return
                     self.mine = renewed
                     self._valid_until = started + self.lease_s - LEASE_GRACE_S
                     pause = self.lease_s / 3

@@ -13,7 +13,8 @@ with what a network or the store gives a writer of one: ``drop-answer`` forwards
 answers ``409 ConditionalRequestConflict`` without forwarding it (S3's answer to two conditional writes of one key in
 flight). :meth:`FaultProxy.pair_conditional_puts` makes two writers racing for one key meet at the store every time
 (the first conditional PUT of a key waits for the second), and ``conditional_answers`` counts the store's answers to
-conditional PUTs by status (412: a create refused because the object exists).
+conditional PUTs by status (412: a create refused because the object exists, or a write over a version that is no
+longer there). Conditional PUTs are those with ``If-None-Match`` or ``If-Match``.
 
 Example::
 
@@ -32,6 +33,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 FAULTS = ("reset", "slow-down", "internal-error")
 CONDITIONAL_PUT_FAULTS = ("drop-answer", "conflict")
@@ -78,6 +80,7 @@ class FaultProxy:
         self._pairing: re.Pattern[bytes] | None = None
         self._pair_hold_s = 0.0
         self._waiting: dict[bytes, threading.Event] = {}  # a conditional PUT held for its twin, by its path
+        self._before: tuple[re.Pattern[bytes], Callable[[], object]] | None = None
         self.faults_given: Counter[str] = Counter()
         self.conditional_requests: Counter[str] = Counter()  # conditional writes passed, by method (PUT, POST)
         self.conditional_answers: Counter[int] = Counter()  # the store's answers to them, by status
@@ -112,6 +115,21 @@ class FaultProxy:
         """Drop the faults :meth:`fail_conditional_puts` set that no conditional PUT met yet."""
         with self._lock:
             self._conditional_puts.clear()
+
+    def before_conditional_put(self, paths: str, action: Callable[[], object]) -> None:
+        """Run ``action`` once, when the next conditional PUT of a path matching the regular expression ``paths``
+        arrives, before it goes on to the store: another writer's write landing between what the writer read and
+        its conditional write, every time."""
+        with self._lock:
+            self._before = (re.compile(paths.encode()), action)
+
+    def _run_before(self, path: bytes) -> None:
+        with self._lock:
+            before = self._before
+            if before is None or not before[0].search(path):
+                return
+            self._before = None
+        before[1]()
 
     def pair_conditional_puts(self, paths: str, hold_s: float = 3.0) -> None:
         """From now on, a conditional PUT whose path matches the regular expression ``paths`` waits (up to ``hold_s``)
@@ -209,6 +227,7 @@ class FaultProxy:
                     pair.drop_answer = fault == "drop-answer"
                     pair.conditional_put = True
                     self._meet_twin(path)
+                    self._run_before(path)
                 elif not to_store and pair.conditional_put and _final_answer(data):
                     pair.conditional_put = False
                     self.conditional_answers[int(data.split(b" ", 2)[1])] += 1
@@ -255,12 +274,14 @@ class FaultProxy:
 
 
 def _conditional_put_path(data: bytes) -> bytes | None:
-    """The path of the request ``data`` begins, when it is a conditional write (``If-None-Match``: a PUT, or the
-    POST completing a multipart upload), else None."""
+    """The path of the request ``data`` begins, when it is a conditional write (``If-None-Match``: a create only if
+    absent, or ``If-Match``: a write over one version only; a PUT, or the POST completing a multipart upload), else
+    None."""
     if not data.startswith((b"PUT ", b"POST ")):
         return None
-    head = data.split(b"\r\n\r\n", 1)[0]
-    return head.split(b" ", 2)[1] if b"\r\nif-none-match:" in head.lower() else None
+    head = data.split(b"\r\n\r\n", 1)[0].lower()
+    conditional = b"\r\nif-none-match:" in head or b"\r\nif-match:" in head
+    return data.split(b" ", 2)[1] if conditional else None
 
 
 def _final_answer(data: bytes) -> bool:

@@ -51,6 +51,7 @@ DENIED = frozenset(
 # in part).
 CONDITIONAL_SCHEMES = frozenset({"s3a"})
 IF_NONE_MATCH = "fs.option.create.conditional.overwrite"  # Hadoop's option for that create
+IF_MATCH = "fs.option.create.conditional.overwrite.etag"  # ... and for a write over one version only (If-Match)
 CONFLICT_RETRIES = 5  # a conditional create answered 409 is tried again this many times, CONFLICT_PAUSE_S more each
 CONFLICT_PAUSE_S = 0.2
 READ_CHANGED_RETRIES = 3  # an S3 object rewritten while it was being opened is read again this many times
@@ -405,6 +406,38 @@ class Location:
                     return False
             return True
         return False  # not reached: the last attempt returns or raises
+
+    def version_tag(self) -> str | None:
+        """S3: the ETag of the object as it is now (None when it is not there), for :meth:`replace_if_unchanged`: a
+        read made after this call and found to be what the caller expects is safe to replace."""
+        status = self._unless_missing(lambda: self._fs.getFileStatus(self._jpath))
+        return str(status.getEtag()) if status is not None else None
+
+    def replace_if_unchanged(self, text: str, tag: str) -> bool:
+        """S3: write ``text`` over the object only if it is still the version :meth:`version_tag` named ``tag`` (a
+        PUT with If-Match, decided by the store); False when another write replaced or deleted it since. A 412 can
+        also answer our own PUT retried after its first answer was lost: the object holding exactly ``text`` is ours.
+
+        >>> lock = Location("s3a://bucket/checkpoint/_streamproof_run.pid")                # doctest: +SKIP
+        >>> lock.replace_if_unchanged(renewed, lock.version_tag())                          # doctest: +SKIP
+        True
+        """
+        from py4j.protocol import Py4JJavaError
+
+        stream = self._fs.createFile(self._jpath).create().overwrite(True).must(IF_MATCH, tag).build()
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+            stream.close()
+        except Py4JJavaError as error:
+            if not NOT_FOUND.isdisjoint(java_classes(error.java_exception)):
+                return False
+            if not refused_as_existing(error):
+                raise self._os_error(error.java_exception) from None
+            try:
+                return self.read_text() == text
+            except FileNotFoundError:
+                return False
+        return True
 
     def replace_with_text(self, text: str) -> None:
         """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary
