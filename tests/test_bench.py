@@ -87,8 +87,16 @@ def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
     ratios = throughput["ratios"]
     # 20,000 events make one batch: there is no batch after the first to give a steady rate.
     assert ratios.pop("steady_delta_exactly_once_vs_parquet_at_least_once") is None
+    assert ratios.pop("steady_exactly_once_over_native_delta_sink") is None
     assert all(value is not None and value > 0 for value in ratios.values()), ratios
+    # Each side's medians (one round here), the first batch apart; the lease's cost against a run never renewing.
+    for side in ("delta_exactly_once", "native_delta_sink", "delta_exactly_once_no_renewal"):
+        medians = throughput["medians"][side]
+        assert medians["rows_per_second"] > 0 and medians["first_batch_s"] > 0, (side, medians)
+        assert throughput["sides"][side]["rounds"][0]["batch_seconds"][0] == medians["first_batch_s"]
+    assert "exactly_once_vs_no_lease_renewal" in ratios
     assert "throughput:" in result.stdout and "results written to" in result.stdout
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")  # each round's batches, drawn beside it
     assert not (tmp_path / "state" / "bench").exists() or not any((tmp_path / "state" / "bench").iterdir())
 
 

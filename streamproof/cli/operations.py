@@ -205,8 +205,14 @@ def bench(
     rate: Annotated[int, typer.Option(min=1, help="latency: events/s of the steady producer.")] = 20_000,
     seconds: Annotated[float, typer.Option(min=1, help="latency: seconds of steady production.")] = 60.0,
     rounds: Annotated[
-        int, typer.Option(min=1, help="throughput, age: runs of each pipeline (the fastest is kept).")
-    ] = 2,
+        int | None,
+        typer.Option(
+            min=1,
+            help="throughput: interleaved rounds of each side, the medians kept (default 3); age: runs of each "
+            "pipeline, the fastest kept (default 2).",
+            show_default=False,
+        ),
+    ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="scaling: draw rows/s per batch into this PNG.")] = None,
     bootstrap_servers: Annotated[
         str | None, typer.Option(help="Use this Kafka instead of the local one (started and stopped if needed).")
@@ -223,6 +229,7 @@ def bench(
         write_results,
     )
     from streamproof.bench.scaling import plot_scaling
+    from streamproof.bench.throughput import plot_throughput
 
     chosen = names or list(DEFAULT_BENCHMARKS)
     check_request(chosen, events)
@@ -230,8 +237,8 @@ def bench(
         raise ConfigError("--plot draws the scaling benchmark: add `scaling` to the benchmarks to run")
     options = {
         "latency": {"rate": rate, "seconds": seconds},
-        "throughput": {"rounds": rounds, "state_dir": state_path(state_dir)},
-        "age": {"rounds": rounds, "state_dir": state_path(state_dir)},
+        "throughput": {"rounds": rounds or 3, "state_dir": state_path(state_dir)},
+        "age": {"rounds": rounds or 2, "state_dir": state_path(state_dir)},
         "cluster": {"state_dir": state_path(state_dir)},
     }
     document = run_on_local_servers(
@@ -243,6 +250,9 @@ def bench(
         options=options,
     )
     path = write_results(document, results_dir, json_file)
+    for beside in (path, json_file):  # each round's batches, drawn beside the JSON
+        if beside is not None and (drawn := plot_throughput(document, beside.with_suffix(".png"))) is not None:
+            console.print(f"batch durations drawn in {drawn}")
     if plot is not None:
         console.print(f"plot written to {plot_scaling(document, plot)}")
     for line in summary_lines(document):
