@@ -58,6 +58,22 @@ def import_path() -> str:
     return os.pathsep.join(dict.fromkeys([*given, *added]))
 
 
+def on_another_host(host: str, command: list[str]) -> list[str]:
+    """``command`` run as on another machine: UTS and PID namespaces of its own (``unshare``, as root), its hostname
+    ``host``: its pids mean nothing to this host's processes, and theirs nothing to it.
+
+    >>> on_another_host("host-b", ["true"])[:3]
+    ['unshare', '--uts', '--pid']
+    """
+    return ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", f'hostname {host} && exec "$@"', host,
+            *command]  # fmt: skip
+
+
+def other_hosts_possible() -> bool:
+    """Whether :func:`on_another_host` can run here: ``unshare`` on the PATH, and root."""
+    return shutil.which("unshare") is not None and os.geteuid() == 0
+
+
 class PipelineChild:
     """``streamproof run PIPELINE`` in its own session; its events recorded as they arrive (see the module)."""
 
@@ -75,6 +91,7 @@ class PipelineChild:
         warm_up: bool = False,
         arguments: list[str] | None = None,
         environment: dict[str, str] | None = None,
+        host: str | None = None,
     ) -> None:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
@@ -104,6 +121,8 @@ class PipelineChild:
         if warm_up:  # runs the batch path on scratch copies before reading (streamproof.pipeline.warm_up)
             command.append("--warm-up")
         command += arguments or []  # a job file's: its maps, its state folder, its own arguments (streamproof.jobs)
+        if host is not None:  # as on another machine: UTS and PID namespaces of its own (as root), named ``host``
+            command = on_another_host(host, command)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 command,

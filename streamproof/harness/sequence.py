@@ -28,6 +28,8 @@ from streamproof.errors import ConfigError
 # another writer's maintenance of the sink tables.
 OUTAGES = ("broker", "postgres", "s3", "s3-slow", "s3-reset", "s3-lost-answer", "s3-conflict", "leader", "controller",
            "pause", "optimize")  # fmt: skip
+# A run and another "host" (UTS and PID namespaces of its own) on the same checkpoint, the run lock a lease.
+HOST_STEPS = ("moved", "other-host", "driver-pause")
 ACTIONS = (
     "kill",
     "term",
@@ -42,8 +44,9 @@ ACTIONS = (
     "executor",
     "datanode",
     "table-restore",
+    *HOST_STEPS,
 )
-RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode")  # they run the pipeline
+RUNS = ("kill", "term", "drain", "standby", *OUTAGES, "executor", "datanode", *HOST_STEPS)  # they run the pipeline
 # The actions a step draws from, simplest first: a failing sequence shrinks towards the front.
 ORDER = (
     "drain",
@@ -69,6 +72,7 @@ ORDER = (
     "pause",
     "optimize",
     "table-restore",
+    *HOST_STEPS,
 )
 _STEP = re.compile(r"(?P<action>[a-z][a-z0-9-]*)(?:@(?P<after>\d+)(?::(?P<phase>[\d.]+))?)?(?::(?P<index>\d+))?")
 
@@ -89,7 +93,7 @@ class Step:
     def encode(self) -> str:
         if self.action == "kill":
             return f"kill@{self.after}:{self.phase:.2f}"
-        if self.action in ("term", "standby", *OUTAGES):
+        if self.action in ("term", "standby", *OUTAGES, *HOST_STEPS):
             return f"{self.action}@{self.after}"
         if self.action in ("restore", "lose-commits", "table-restore"):
             return f"{self.action}:{self.index}"
@@ -172,7 +176,7 @@ def plan(seed: int, steps: int, supports: Callable[[str], bool]) -> Sequence:
             step = Step("kill", draw.randint(1, 3), round(draw.random(), 2))
         elif action == "term":
             step = Step("term", draw.randint(1, 3))
-        elif action in ("standby", *OUTAGES):
+        elif action in ("standby", *OUTAGES, *HOST_STEPS):
             step = Step(action, draw.randint(1, 2))
         elif action == "restore":
             step = Step("restore", index=draw.randint(0, 7))

@@ -95,10 +95,17 @@ class NemesisRuns:
             late=self.shares["late"],
         )
 
-    def _start(self, *, available_now: bool = True) -> PipelineChild:
+    def _start(
+        self, *, available_now: bool = True, host: str | None = None, environment: dict[str, str] | None = None
+    ) -> PipelineChild:
         self.runs += 1
         child = PipelineChild(
-            self.cell_file, self.workdir / "logs", name=f"run-{self.runs}", available_now=available_now
+            self.cell_file,
+            self.workdir / "logs",
+            name=f"run-{self.runs}" + (f"-{host}" if host else ""),
+            available_now=available_now,
+            host=host,
+            environment=environment,
         )
         self._children.append(child)
         return child

@@ -31,6 +31,14 @@ nemesis, on streamproof's own commands), and a method of :class:`NemesisSteps` n
 ``optimize@A``    another writer's maintenance beside a run, after its ``A``-th batch: OPTIMIZE, then VACUUM (its
                    default retention), of each Delta sink table, from the nemesis's own Spark session; a MERGE whose
                    commit the OPTIMIZE beat runs again
+``moved@A``        a run SIGKILLed (its whole process tree) after its ``A``-th batch, then started on another host (UTS
+                   and PID namespaces of its own, as root): it waits out the dead run's lease (3 s in these steps) and
+                   takes over by itself, nobody removing a file
+``other-host@A``   while a run goes on past its ``A``-th batch, one started on another host: it watches the lease, sees
+                   it renewed and is refused in one line (or runs, when the first ended meanwhile); the first runs on
+``driver-pause@A`` a run's whole process tree SIGSTOPped after its ``A``-th batch, past its lease; another host takes
+                   over and drains; the first, continued, stops in one line naming the lease it lost (or ends with
+                   nothing left to write)
 ``s3-multipart``   a multipart upload of the Delta table's next commit begun and abandoned (a writer that died in it)
 ``backup``         ``checkpoint backup`` of the stopped pipeline
 ``restore:I``      ``checkpoint restore`` of backup ``I`` (0: the oldest; taken modulo the backups there are)
@@ -50,26 +58,32 @@ what it acts on) and :meth:`NemesisSteps.can` (and the live state allows it now)
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable
 
 from streamproof.checkpoint.copies import kept_aside
+from streamproof.checkpoint.folder import LEASE_ENV
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
-from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE
-from streamproof.harness.child import PipelineChild
+from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE, kill_process_tree, process_tree_groups
+from streamproof.harness.child import PipelineChild, other_hosts_possible
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.harness.daemons import KafkaFaults, kafka_up_supervised, maintain_delta_tables, restore_behind
 from streamproof.harness.matrix import cluster_points
 from streamproof.harness.nemesis.judgement import NemesisJudgement
-from streamproof.harness.sequence import Step, state_allows
+from streamproof.harness.nemesis.runs import NemesisFailure
+from streamproof.harness.sequence import HOST_STEPS, Step, state_allows
 from streamproof.pipeline.events import STANDBY
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
 from streamproof.storage.location import Location
 
 MACHINE_FAULTS = {"executor": EXECUTOR_MID_WRITE, "datanode": DATANODE_RESTART}
+OTHER_HOST = "nemesis-b"  # the hostname of the host steps' other "machine"
+SHORT_LEASE = {LEASE_ENV: "3"}  # the host steps' runs: another host takes over 4 s after a renewal stopped
 OUTAGE_S = 3.0
 CONDITIONAL_FAULTS = 3  # s3-lost-answer, s3-conflict: the conditional writes met, at most
 S3_OUTAGES = ("s3", "s3-slow", "s3-reset", "s3-lost-answer", "s3-conflict")
@@ -87,6 +101,7 @@ class NemesisSteps(NemesisJudgement):
             **dict.fromkeys(("leader", "controller", "pause"), self.daemons.kafka_cluster is not None),
             **dict.fromkeys(S3_OUTAGES, self.daemons.s3 is not None),
             "s3-multipart": self.daemons.s3 is not None and self._delta_sink() is not None,
+            **dict.fromkeys(HOST_STEPS, other_hosts_possible()),
             # A checkpoint rebuilt from the sinks' records starts dedup's and windows' state empty (docs/operations.md):
             # resent records seen before the loss pass again. Not a step for a stateful pipeline.
             "lose-checkpoint": self.spec.transform.watermark is None,
@@ -241,6 +256,58 @@ class NemesisSteps(NemesisJudgement):
                      outage=f"the conditional writes of {OUTAGE_S:.0f} s met by {fault}")  # fmt: skip
         given = dict(proxy.faults_given - before) or "none (no conditional write came)"
         self._say(step, f"the proxy's faults: {given}")
+
+    def _moved(self, step: Step) -> None:
+        first = self._start(environment=SHORT_LEASE)
+        if not self._after_batches(first, step.after):
+            return self._ended(step, first, "the run ended before its batches: no kill")
+        first.kill_tree()
+        first.close()
+        self._say(step, f"SIGKILL after {len(first.batches())} batches (run {self.runs}); started on host {OTHER_HOST}")
+        second = self._start(host=OTHER_HOST, environment=SHORT_LEASE)
+        self._ended(step, second, f"on host {OTHER_HOST}")
+        if "took over the run lock" not in second.log_path.read_text(errors="replace"):
+            raise NemesisFailure(f"{step.encode()}: the run on host {OTHER_HOST} took over no lock (a dead run's)")
+
+    def _other_host(self, step: Step) -> None:
+        first = self._start(available_now=False, environment=SHORT_LEASE)
+        if not self._after_batches(first, step.after):
+            return self._ended(step, first, "the run ended before its batches: no start on another host")
+        second = self._start(host=OTHER_HOST, environment=SHORT_LEASE)
+        code = second.wait(300)
+        second.close()
+        line = second.error_line() or ""
+        if code == 2 and "is in use by a running pipeline" in line:
+            self._say(step, f"the start on host {OTHER_HOST} refused: {line.removeprefix('error: ')[:120]}")
+        elif code == 0:
+            self._say(
+                step, f"the start on host {OTHER_HOST} ran: the first had ended ({len(second.batches())} batches)"
+            )
+        else:
+            raise NemesisFailure(f"{step.encode()}: the start on host {OTHER_HOST} exited {code}: {line}")
+        first.terminate()
+        self._ended(step, first, "the first run, SIGTERM")
+
+    def _driver_pause(self, step: Step) -> None:
+        first = self._start(environment=SHORT_LEASE)
+        if not self._after_batches(first, step.after):
+            return self._ended(step, first, "the run ended before its batches: no pause")
+        kill_process_tree(first.pid, signal.SIGSTOP)
+        self._say(step, f"SIGSTOP after {len(first.batches())} batches (run {self.runs}); host {OTHER_HOST} starts")
+        try:
+            second = self._start(host=OTHER_HOST, environment=SHORT_LEASE)
+            self._ended(step, second, f"on host {OTHER_HOST}, the paused run's lock taken over")
+        finally:
+            for group in process_tree_groups(first.pid):  # as they stopped: the driver, its JVM, its workers
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGCONT)
+        code = first.wait(300)
+        first.close()
+        line = first.error_line() or ""
+        if code != 0 and "lost its lease" not in line:
+            raise NemesisFailure(f"{step.encode()}: the paused run, continued, exited {code}: {line}")
+        self._say(step, f"the paused run, continued: exit {code}" + (f" ({line.removeprefix('error: ')[:100]})"
+                                                                      if line else ""))  # fmt: skip
 
     def _s3_multipart(self, step: Step) -> None:
         table = self._delta_sink()
