@@ -32,6 +32,22 @@ CLI_TIMEOUT_S = 600
 collect_ignore = ["data"]
 
 SLOW_TIER = {
+    "tests/test_s3.py::test_a_pipeline_on_s3_sigkilled_on_host_a_is_taken_over_from_host_b_by_itself":
+        "tests/test_lease.py::test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_reconciles_"
+        "exactly (the same takeover on a local checkpoint) and tests/test_s3.py::test_a_lease_renewal_on_s3_that_a_"
+        "takeover_overtook_is_refused_by_the_store (the lease on S3: renewed conditionally, a takeover there refused)",
+    "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+    "inside-the-delta-write]":
+        "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+        "inside-the-postgres-write] (a run paused inside its sink's write, taken over, woken: one line, the new "
+        "holder's lock kept, 0/0/0; it fails without the lease checks after a failed write too)",
+    **{
+        "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+        f"between-batches-{kind}]": "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_"
+        f"it_wakes_damages_nothing[inside-the-{kind}-write] (the same sink paused later in the batch) and the "
+        "between-batches cell of the Delta sink (a pause after a commit: Spark's own offset log refuses the woken run)"
+        for kind in ("postgres", "kafka", "files")
+    },
     "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
     "inside-the-kafka-write]":
         "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
@@ -41,11 +57,12 @@ SLOW_TIER = {
     "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
     "inside-the-files-write]":
         "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
-        "inside-the-delta-write] (a JVM writer paused at its first data file, taken over, woken: one line, 0/0/0)",
+        "inside-the-postgres-write] (a sink's write paused, taken over, woken: one line, 0/0/0) and tests/test_sink_"
+        "idempotency.py::test_first_write_then_replay_is_a_no_op[files] (a replayed batch of the folder written once)",
     "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
     "between-batches]":
         "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
-        "inside-the-delta-write] (the same takeover and waking, the pause later in the batch) and tests/test_"
+        "inside-the-postgres-write] (the same takeover and waking, the pause later in the batch) and tests/test_"
         "lease.py::test_a_holder_paused_past_its_lease_is_taken_over_and_stops_in_one_line_when_it_wakes (a holder "
         "paused between its checks: one line, the new holder's lock kept)",
     "tests/test_foreach_batch.py::test_the_textbook_ledger_runs_unchanged_its_duplicate_is_found_and_its_lost_"

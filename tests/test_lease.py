@@ -253,8 +253,12 @@ def _stopped(pid: int) -> bool:
     (f"{MID_SINK_WRITE}@1", "pg-append"),
     (f"{MID_SINK_WRITE}@1", "kafka"),
     (f"{MID_SINK_WRITE}@1", "files"),
+    (f"{AFTER_CHECKPOINT_COMMIT}@0", "pg-append"),
+    (f"{AFTER_CHECKPOINT_COMMIT}@0", "kafka"),
+    (f"{AFTER_CHECKPOINT_COMMIT}@0", "files"),
 ], ids=["inside-the-delta-write", "between-batches", "inside-the-postgres-write", "inside-the-kafka-write",
-        "inside-the-files-write"])  # fmt: skip
+        "inside-the-files-write", "between-batches-postgres", "between-batches-kafka",
+        "between-batches-files"])  # fmt: skip
 def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing(
     kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, request: pytest.FixtureRequest, pause_at: str, sink: str
 ) -> None:
@@ -266,14 +270,15 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
     the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by SIGTERM, releases it: both
     checkers 0/0/0. PostgreSQL: B ended A's open sessions when it claimed the table (before, its ledger inserts
     waited on their row locks for as long as A stayed paused)."""
-    topic = f"paused-{sink}-{pause_at.split('@')[0]}"
+    topic = f"paused-{sink}-{pause_at.split('@')[0]}"  # a topic per cell: the broker is the session's
     generate(kafka_broker.bootstrap_servers, topic, 6_000, partitions=2, malformed=0.005, seed=59)
     if sink == "delta":  # the demo pipeline
         pipeline_file = write_pipeline(tmp_path, name="paused", topic=topic,
                                        bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
     else:
         postgres = request.getfixturevalue("streamproof_postgres") if sink.startswith("pg-") else None
-        pipeline_file = fan_out_pipeline(tmp_path, name=f"paused-{sink}", guarantee="exactly-once", topic=topic,
+        where = "between" if pause_at.startswith(AFTER_CHECKPOINT_COMMIT) else "inside"  # tables of its own
+        pipeline_file = fan_out_pipeline(tmp_path, name=f"paused-{sink}-{where}", guarantee="exactly-once", topic=topic,
                                          broker=kafka_broker, postgres=postgres, batch=2_000,
                                          labels=(sink,))  # fmt: skip
     environment = {**os.environ, LEASE_ENV: "3"}
@@ -304,7 +309,7 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         _kill(a)
     assert "(epoch 2): its lease of 3 s was not renewed for" in b_err, b_err[-2000:]
     assert b.returncode == 0 and "stopped (SIGTERM)" in b_out + b_err, b_out[-2000:] + b_err[-2000:]
-    if sink.startswith("pg-"):  # A's sessions were open, in their transactions, and B ended them
+    if sink.startswith("pg-") and pause_at.startswith(MID_SINK_WRITE):  # A's transactions were open: B ended them
         assert "session(s) of an earlier holder of the run lock; their open transactions rolled back" in b_err
     assert code != 0, out[-2000:] + err[-2000:]
     (stopped,) = [line for line in (out + err).splitlines() if "lost its lease" in line]
