@@ -190,6 +190,13 @@ def storage_refusal(
     >>> per_bucket = {**S3_CONF, "spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled": "false"}
     >>> storage_refusal("exactly-once", "s3a", "delta", per_bucket, bucket="prod").split(" = ")[0][-63:]
     'with spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled'
+
+    A bucket's own setting decides for it over the general one, as S3A reads them:
+
+    >>> on_for_prod = {**per_bucket, CONDITIONAL_WRITES: "false",
+    ...                "spark.hadoop.fs.s3a.bucket.prod.create.conditional.enabled": "true"}
+    >>> storage_refusal("exactly-once", "s3a", "delta", on_for_prod, bucket="prod") is None
+    True
     """
     if not wiring_for(guarantee).exactly_once:
         return None
@@ -203,12 +210,15 @@ def storage_refusal(
         return None
     per_bucket = f"spark.hadoop.fs.s3a.bucket.{bucket}.create.conditional.enabled" if bucket else None
     for key in (per_bucket, CONDITIONAL_WRITES):  # S3A reads a bucket's own setting before the general one
-        if key is not None and spark_conf.get(key, "true").strip().lower() == "false":
-            return (
-                f'{what} on s3a:// cannot guarantee exactly-once with {key} = "false": a second writer by mistake '
-                "(a run, a commit of one Delta version) would replace the first's file; remove the setting (S3 and "
-                "the stores streamproof proves on create only-if-absent: docs/storage.md)"
-            )
+        if key is None or key not in spark_conf:
+            continue  # not set: the next, more general key decides (as hadoop_refusal reads Hadoop's own)
+        if spark_conf[key].strip().lower() != "false":
+            break  # set, and not off: this key decides for the bucket
+        return (
+            f'{what} on s3a:// cannot guarantee exactly-once with {key} = "false": a second writer by mistake '
+            "(a run, a commit of one Delta version) would replace the first's file; remove the setting (S3 and "
+            "the stores streamproof proves on create only-if-absent: docs/storage.md)"
+        )
     manager = spark_conf.get(CHECKPOINT_MANAGER, CONDITIONAL_MANAGERS[0])
     if role in ("checkpoint", "files") and manager not in CONDITIONAL_MANAGERS:
         return (
