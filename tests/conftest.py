@@ -375,8 +375,9 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
 
 def on_host(host: str, command: list[str]) -> list[str]:
     """``command`` run as on another machine: UTS and PID namespaces of its own, named ``host`` (as root)."""
-    return ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c", f'hostname {host} && exec "$@"', host,
-            *command]  # fmt: skip
+    from streamproof.harness.child import on_another_host
+
+    return on_another_host(host, command)
 
 
 def wait_for_line(child: subprocess.Popen[str], text: str, timeout_s: float = 300) -> None:

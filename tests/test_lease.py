@@ -32,11 +32,12 @@ from streamproof.faults.points import (
     CRASH_ENV,
     MID_SINK_WRITE,
     PAUSE,
+    kill_process_tree,
     process_info,
     process_table,
-    process_tree_groups,
 )
 from streamproof.generator import generate
+from streamproof.harness.child import other_hosts_possible
 from streamproof.infra import KafkaBroker
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.storage.location import Location
@@ -44,7 +45,7 @@ from streamproof.storage.location import Location
 LEASE_S = 2.0
 HOLDER = REPO / "tests" / "data" / "hold_run_lock.py"
 
-pytestmark = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+pytestmark = pytest.mark.skipif(not other_hosts_possible(),
                                 reason="another host is a namespace of its own: unshare, as root")  # fmt: skip
 
 
@@ -295,8 +296,7 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
                              cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
         try:
             wait_for_line(b, "batch 2 committed", timeout_s=120)  # B took over and ran batches 1 and 2: drained
-            for group in process_tree_groups(a.pid):  # the driver, its JVM and its Python workers, as they stopped
-                os.killpg(group, signal.SIGCONT)
+            kill_process_tree(a.pid, signal.SIGCONT)  # the driver, its JVM and its Python workers, as they stopped
             code, out, err = _finish(a, timeout_s=120)
             holder = _written(tmp_path / "checkpoint")
             assert (holder.host, holder.epoch) == ("host-b", 2) and b.poll() is None  # B holds its lock still

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,6 +34,7 @@ from streamproof.errors import PipelineError
 from streamproof.faults.points import kill_process_tree
 from streamproof.generator import generate
 from streamproof.guarantees import S3_CONF
+from streamproof.harness.child import other_hosts_possible
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.harness.daemons import S3Faults
 from streamproof.infra import KafkaBroker, S3Server, free_port
@@ -153,15 +153,8 @@ def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_ret
     faults, key = S3Faults(s3_server), f"/{S3_BUCKET}/through-proxy/checkpoint/offsets/78"
     assert s3_server.request("PUT", key, b'v1\n{"batchWatermarkMs":0}') == 200
     pipeline, _ = _demo_on_s3(tmp_path, kafka_broker, s3_server, "unread", max_offsets=1_000)
-    settings = {name.removeprefix("spark.hadoop."): value for name, value in load_pipeline(pipeline).spark.conf.items()
-                if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
     # The pipeline's S3A settings, its endpoint the fault proxy, on a file system of its own (not the cached one).
-    settings |= {"fs.s3a.endpoint": faults.proxy.endpoint, "fs.s3a.impl.disable.cache": "true"}
-    hadoop = s3_spark.sparkContext._jsc.hadoopConfiguration()
-    before = {name: hadoop.get(name) for name in settings}
-    try:
-        for name, value in settings.items():
-            hadoop.set(name, value)
+    with _through_the_proxy(s3_spark, faults, load_pipeline(pipeline).spark.conf) as hadoop:
         jvm = s3_spark._jvm
         path = jvm.org.apache.hadoop.fs.Path(f"s3a:/{key}")
         stream = path.getFileSystem(hadoop).open(path)  # found (its HEAD answered) just before the store fails
@@ -172,19 +165,17 @@ def test_a_pipeline_s_read_during_seconds_of_500s_from_a_restarting_store_is_ret
             stream.close()
         assert read == b'v1\n{"batchWatermarkMs":0}'
         assert faults.proxy.faults_given["internal-error"] >= 2, faults.proxy.faults_given  # it was retried through
-    finally:
-        for name, value in before.items():
-            hadoop.unset(name) if value is None else hadoop.set(name, value)
-        faults.proxy.close()
 
 
 @contextlib.contextmanager
-def _through_the_proxy(spark: Any, faults: S3Faults, **more: str) -> Iterator[Any]:
-    """The session's S3A pointed at the fault proxy, with the settings every pipeline on s3a:// gets (and ``more``,
-    with dots for underscores), on file systems of its own (not the cached one); its Hadoop configuration as it was
-    afterwards."""
-    settings = {name.removeprefix("spark.hadoop."): value for name, value in {**S3_CONF, **faults.server.spark_conf()}
-                .items() if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
+def _through_the_proxy(spark: Any, faults: S3Faults, spark_conf: dict[str, str] | None = None,
+                       **more: str) -> Iterator[Any]:  # fmt: skip
+    """The session's S3A pointed at the fault proxy, with the S3A settings of ``spark_conf`` (default: those every
+    pipeline on s3a:// gets, for this server) and ``more`` (with dots for underscores), on file systems of its own
+    (not the cached one); its Hadoop configuration as it was afterwards."""
+    spark_conf = spark_conf if spark_conf is not None else {**S3_CONF, **faults.server.spark_conf()}
+    settings = {name.removeprefix("spark.hadoop."): value for name, value in spark_conf.items()
+                if name.startswith("spark.hadoop.fs.s3a.")}  # fmt: skip
     settings |= {"fs.s3a.endpoint": faults.proxy.endpoint, "fs.s3a.impl.disable.cache": "true"}
     settings |= {name.replace("_", "."): value for name, value in more.items()}
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
@@ -414,7 +405,7 @@ def test_a_pipeline_on_s3_survives_a_kill_after_its_commit_and_a_second_process_
 
 
 @pytest.mark.crash
-@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+@pytest.mark.skipif(not other_hosts_possible(),
                     reason="another host is a namespace of its own: unshare, as root")  # fmt: skip
 def test_a_pipeline_on_s3_sigkilled_on_host_a_is_taken_over_from_host_b_by_itself(
     kafka_broker: KafkaBroker, s3_server: S3Server, s3_spark: Any, tmp_path: Path

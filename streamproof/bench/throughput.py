@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,9 +264,13 @@ def side_ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float
     }
 
 
-def _median_run(runs: list[PipelineRun]) -> PipelineRun:
-    """The run of median rows/s (the lower of the two middle ones), whose details the results keep."""
-    ordered = sorted(runs, key=lambda run: run.rows_per_second)
+def _median_run(runs: list[Any], rate: Callable[[Any], float] = lambda run: run.rows_per_second) -> Any:
+    """The run of median ``rate`` (rows/s; the lower of the two middle ones), whose details the results keep.
+
+    >>> _median_run([{"r": 3}, {"r": 1}, {"r": 2}, {"r": 4}], lambda run: run["r"])
+    {'r': 2}
+    """
+    ordered = sorted(runs, key=rate)
     return ordered[(len(ordered) - 1) // 2]
 
 
@@ -298,7 +302,7 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
             bench.drain(bench.pipeline("throughput_delta_alo", topic, f"throughput-delta-alo-{round_number}"))
         )
     delta, files, delta_alo = _median_run(delta_runs), _median_run(files_runs), _median_run(delta_alo_runs)
-    native = sorted(native_runs, key=lambda run: run["rows_per_second"])[(len(native_runs) - 1) // 2]
+    native = _median_run(native_runs, lambda run: run["rows_per_second"])
     sides = {
         "delta_exactly_once": medians([figures_of_run(run) for run in delta_runs]),
         "native_delta_sink": medians([figures_of_native(run) for run in native_runs]),

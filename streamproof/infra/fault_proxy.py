@@ -222,7 +222,7 @@ class FaultProxy:
                 if to_store and (path := _conditional_put_path(data)) is not None:
                     self.conditional_requests[data.split(b" ", 1)[0].decode()] += 1
                     if (fault := self._next_fault()) == "conflict":
-                        self._answer_in_place(pair, data, fault)
+                        self._answer_in_place(pair, fault)
                         break
                     pair.drop_answer = fault == "drop-answer"
                     pair.conditional_put = True
@@ -246,9 +246,9 @@ class FaultProxy:
                 self._open.discard(pair)
             pair.close()
 
-    def _answer_in_place(self, pair: _Connection, head: bytes, fault: str) -> None:
-        """Answer the request ``head`` begins with ``fault``'s error instead of the store (which never sees it), read
-        what the client still sends of it, and close: the client reads the answer, not a reset."""
+    def _answer_in_place(self, pair: _Connection, fault: str) -> None:
+        """Answer the request the client just began with ``fault``'s error instead of the store (which never sees
+        it), read what the client still sends of it, and close: the client reads the answer, not a reset."""
         client, upstream = pair.sockets
         pair.resetting = True  # the other pump, woken by the upstream's close, passes nothing on
         with contextlib.suppress(OSError):

@@ -400,12 +400,17 @@ class Location:
                     continue
                 if not refused_as_existing(error):
                     raise self._os_error(error.java_exception) from None
-                try:
-                    return self.read_text() == text
-                except FileNotFoundError:
-                    return False
+                return self._holds_exactly(text)
             return True
         return False  # not reached: the last attempt returns or raises
+
+    def _holds_exactly(self, text: str) -> bool:
+        """Whether the file holds ``text``: a conditional write the store refused (412) was our own, retried after
+        its first answer was lost, when it does."""
+        try:
+            return self.read_text() == text
+        except FileNotFoundError:
+            return False
 
     def version_tag(self) -> str | None:
         """S3: the ETag of the object as it is now (None when it is not there), for :meth:`replace_if_unchanged`: a
@@ -433,10 +438,7 @@ class Location:
                 return False
             if not refused_as_existing(error):
                 raise self._os_error(error.java_exception) from None
-            try:
-                return self.read_text() == text
-            except FileNotFoundError:
-                return False
+            return self._holds_exactly(text)
         return True
 
     def replace_with_text(self, text: str) -> None:

@@ -58,8 +58,6 @@ what it acts on) and :meth:`NemesisSteps.can` (and the live state allows it now)
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from collections import Counter
@@ -69,7 +67,7 @@ from streamproof.checkpoint.copies import kept_aside
 from streamproof.checkpoint.folder import LEASE_ENV
 from streamproof.checkpoint.log import committed_batches
 from streamproof.config import DeltaSinkSpec, KafkaSinkSpec
-from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE, kill_process_tree, process_tree_groups
+from streamproof.faults.points import DATANODE_RESTART, EXECUTOR_MID_WRITE, kill_process_tree
 from streamproof.harness.child import PipelineChild, other_hosts_possible
 from streamproof.harness.crashes import run_with_crashes
 from streamproof.harness.daemons import KafkaFaults, kafka_up_supervised, maintain_delta_tables, restore_behind
@@ -77,6 +75,7 @@ from streamproof.harness.matrix import cluster_points
 from streamproof.harness.nemesis.judgement import NemesisJudgement
 from streamproof.harness.nemesis.runs import NemesisFailure
 from streamproof.harness.sequence import HOST_STEPS, Step, state_allows
+from streamproof.infra.fault_proxy import FaultProxy
 from streamproof.pipeline.events import STANDBY
 from streamproof.sinks.delta_log import commit_file, latest_version, pipeline_commit
 from streamproof.storage.location import Location
@@ -235,11 +234,7 @@ class NemesisSteps(NemesisJudgement):
         self._s3_fault(step, "reset")
 
     def _s3_fault(self, step: Step, fault: str) -> None:
-        assert self.daemons.s3 is not None
-        proxy = self.daemons.s3.proxy
-        before = Counter(proxy.faults_given)
-        self._outage(step, lambda: proxy.fail(fault, OUTAGE_S), lambda: None)
-        self._say(step, f"the proxy's faults: {dict(proxy.faults_given - before) or 'none (no request came)'}")
+        self._through_the_proxy(step, lambda proxy: proxy.fail(fault, OUTAGE_S), lambda proxy: None, "request")
 
     def _s3_lost_answer(self, step: Step) -> None:
         self._s3_conditional_fault(step, "drop-answer")
@@ -248,14 +243,18 @@ class NemesisSteps(NemesisJudgement):
         self._s3_conditional_fault(step, "conflict")
 
     def _s3_conditional_fault(self, step: Step, fault: str) -> None:
+        self._through_the_proxy(step, lambda proxy: proxy.fail_conditional_puts(fault, CONDITIONAL_FAULTS),
+                                lambda proxy: proxy.stop_failing_conditional_puts(), "conditional write",
+                                outage=f"the conditional writes of {OUTAGE_S:.0f} s met by {fault}")  # fmt: skip
+
+    def _through_the_proxy(self, step: Step, start: Callable[[FaultProxy], object], end: Callable[[FaultProxy], object],
+                           met: str, outage: str = "") -> None:  # fmt: skip
+        """An outage made by S3's fault proxy (``start`` it, ``end`` it), and the faults it gave said."""
         assert self.daemons.s3 is not None
         proxy = self.daemons.s3.proxy
         before = Counter(proxy.faults_given)
-        self._outage(step, lambda: proxy.fail_conditional_puts(fault, CONDITIONAL_FAULTS),
-                     proxy.stop_failing_conditional_puts,
-                     outage=f"the conditional writes of {OUTAGE_S:.0f} s met by {fault}")  # fmt: skip
-        given = dict(proxy.faults_given - before) or "none (no conditional write came)"
-        self._say(step, f"the proxy's faults: {given}")
+        self._outage(step, lambda: start(proxy), lambda: end(proxy), outage=outage)
+        self._say(step, f"the proxy's faults: {dict(proxy.faults_given - before) or f'none (no {met} came)'}")
 
     def _moved(self, step: Step) -> None:
         first = self._start(environment=SHORT_LEASE)
@@ -298,9 +297,7 @@ class NemesisSteps(NemesisJudgement):
             second = self._start(host=OTHER_HOST, environment=SHORT_LEASE)
             self._ended(step, second, f"on host {OTHER_HOST}, the paused run's lock taken over")
         finally:
-            for group in process_tree_groups(first.pid):  # as they stopped: the driver, its JVM, its workers
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(group, signal.SIGCONT)
+            kill_process_tree(first.pid, signal.SIGCONT)  # the driver, its JVM and its workers, as they stopped
         code = first.wait(300)
         first.close()
         line = first.error_line() or ""
