@@ -77,6 +77,18 @@ SLOW_TIER = {
         "tests/test_cluster.py::test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally (the same job, "
         "its own argument, its two durable steps found without a marker and crashed after each: duplicated after the "
         "first, clean after the second; on the cluster, through an executor's loss too)",
+    "tests/test_jobs.py::test_the_wheel_set_up_outside_the_checkout_proves_the_tutorial_delta_job_exactly_once_at_"
+    "each_moment[every-moment]":
+        "tests/test_jobs.py::test_the_wheel_set_up_outside_the_checkout_proves_the_tutorial_delta_job_exactly_once_at_"
+        "each_moment[sink-moments] (the same wheel, set-up and job, crashed mid-write and after the sink's commit: the "
+        "moments where the sink and Spark's log disagree) and tests/test_sinks_exactly_once.py::test_every_sink_is_"
+        "exactly_once_through_every_crash_point (Spark's own Delta sink before its write and after the checkpoint's "
+        "commit, among the others)",
+    "tests/test_cluster.py::test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally[both-commits]":
+        "tests/test_cluster.py::test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally[first-commit] "
+        "(the executor's loss and the kill after the first durable step, which decides the verdict) and tests/test_"
+        "your_code.py::test_your_sinks_get_the_guarantee_their_code_gives (a ledger checked before its rows, "
+        "SIGKILLed at its second commit found without a marker)",
     "tests/test_s3.py::test_a_quarantine_table_on_s3_behind_a_local_checkpoint_is_refused_at_start_then_rewound":
         "tests/test_s3.py::test_checkpoint_commands_and_maintenance_work_on_s3 (a table on S3 that lost its newest "
         "commit refused at start in one line, `checkpoint rewind`, both checkers 0/0/0)",

@@ -88,19 +88,29 @@ def _installed_wheel(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return venv / "bin" / "streamproof", environment
 
 
+# The moments the job's proof crashes it at: the two where the sink holds part or all of the batch and Spark's log
+# does not (CI), or every one (the slow tier).
+TUTORIAL_MOMENTS = {
+    "sink-moments": ("mid-sink-write", "after-sink-commit"),
+    "every-moment": ("before-sink-write", "mid-sink-write", "after-sink-commit", "after-checkpoint-commit"),
+}
+
+
 @pytest.mark.integration
 @pytest.mark.crash
+@pytest.mark.parametrize("moments", list(TUTORIAL_MOMENTS))
 def test_the_wheel_set_up_outside_the_checkout_proves_the_tutorial_delta_job_exactly_once_at_each_moment(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, moments: str
 ) -> None:
     """The wheel of this checkout, installed into a fresh virtualenv outside it, `streamproof setup` (Java, the jars;
     --no-archive: the archive of a new install takes a minute and only speeds JVM starts up), then, from the team's
     folder, `streamproof prove` of examples/jobs/orders_bronze.py (brokers, s3:// paths, startingOffsets latest, a
     30-second trigger, current_timestamp() in a column), SIGKILLed at before-sink-write, mid-sink-write (its first
     data file of batch 1 on disk), after-sink-commit (Delta committed batch 1, commits/1 not written) and
-    after-checkpoint-commit, each restarted until drained: every cell 0/0/0 against the twin, ingested_at named as
-    left out, the twin agreeing with the plan recomputed as one batch. Then the oracle's negative control: one row
-    deleted from a cell's table is one lost, by both checkers."""
+    after-checkpoint-commit (``every-moment``, slow tier; CI's ``sink-moments`` the middle two), each restarted until
+    drained: every cell 0/0/0 against the twin, ingested_at named as left out, the twin agreeing with the plan
+    recomputed as one batch. Then the oracle's negative control: one row deleted from a cell's table is one lost, by
+    both checkers."""
     streamproof, environment = _installed_wheel(tmp_path)
     team = tmp_path / "team"  # the team's folder: its job, nothing of this checkout
     team.mkdir()
@@ -121,7 +131,10 @@ def test_the_wheel_set_up_outside_the_checkout_proves_the_tutorial_delta_job_exa
     assert str(tmp_path / "venv") in installed.stdout, installed.stdout  # the installed package, not the checkout's
     topic = _topic(kafka_broker, "jobs-bronze")
     report = team / "proof.json"
-    done = run("prove", str(job), *_flags(kafka_broker, team, topic), "--json", str(report), timeout=PROVE_TIMEOUT_S)
+    chosen = TUTORIAL_MOMENTS[moments]
+    crash_at = [] if moments == "every-moment" else ["--crash-at", ",".join(chosen)]  # every one is prove's default
+    done = run("prove", str(job), *_flags(kafka_broker, team, topic), "--json", str(report), *crash_at,
+               timeout=PROVE_TIMEOUT_S)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert hashlib.sha256(job.read_bytes()).hexdigest() == digest, "the proof changed the job file"
     proof = json.loads(report.read_text())
@@ -131,7 +144,7 @@ def test_the_wheel_set_up_outside_the_checkout_proves_the_tutorial_delta_job_exa
     assert query["left_out"] == {"ingested_at": "current_timestamp()"}
     assert query["twin_against_recomputation"] == [0, 0, 0]
     points = {cell["point"]: cell for cell in query["cells"]}
-    assert set(points) == {"before-sink-write", "mid-sink-write", "after-sink-commit", "after-checkpoint-commit"}
+    assert set(points) == set(chosen)
     for cell in points.values():
         assert cell["missed"] is None and cell["outcome"] == "clean", cell
         assert cell["outputs"] and all(check["twin_rows"] == check["rows"] > 0 for check in cell["outputs"])
