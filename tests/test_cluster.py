@@ -235,3 +235,50 @@ def test_the_ledger_job_on_the_cluster_gives_the_verdict_it_gives_locally(
     else:
         assert not after_the_second, after_the_second
 
+
+def test_a_lease_renewal_on_hdfs_that_a_takeover_overtook_never_writes_over_the_takers_lock(
+    cluster: ClusterFaults, spark: Any
+) -> None:
+    """The run lock on hdfs:// (lease 3 s, renewed every second). Another machine's takeover lands between a renewal's
+    read (the file still names this run) and its write, every time: HDFS has no conditional write, so the renewal
+    writes nothing, it sets the file's modification time and reads the file again. The taker's lock stays as written
+    and the run's next check says it lost its lease to the taker. With the renewal a rewrite of the file, it wrote
+    over the taker's lock and the run went on."""
+    import threading
+    import time
+
+    from streamproof.checkpoint.folder import Holder
+
+    assert cluster.hdfs is not None
+    folder = Location(f"{cluster.hdfs.uri}/tests/renewals-{free_port()}/checkpoint")
+    lock = RunLock(folder, lease_s=3.0).__enter__()
+    try:
+        assert lock.mine is not None
+        watcher = lock._written_holder()
+        time.sleep(2.5)  # renewals made by the file's time: a watcher sees the lease renewed, the file unchanged
+        renewed = lock._written_holder()
+        assert renewed is not None and watcher is not None and renewed.holder == watcher.holder
+        assert renewed != watcher and renewed.renewed_at > watcher.renewed_at, (watcher, renewed)
+        lock.check()
+        taker = Holder(1, "host-b", "b" * 32, "another machine", 0, lock.mine.epoch + 1, 3.0, 0, time.time())
+        read_it = lock._written_holder
+        landed: list[str] = []
+
+        def read_then_overtaken() -> Holder | None:
+            holder = read_it()
+            if threading.current_thread().name == "streamproof-lease" and not landed:
+                lock.path.delete()  # the taker, from another machine: the stale lock deleted, its own created
+                assert lock.path.create_new(taker.to_text())
+                landed.append(taker.holder)
+            return holder
+
+        lock._written_holder = read_then_overtaken  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        with pytest.raises(PipelineError, match=r"this run lost its lease to pid 1 on host host-b \(epoch 2\)"):
+            while time.monotonic() < deadline:
+                lock.check()
+                time.sleep(0.1)
+        assert landed
+    finally:
+        lock.__exit__()
+    assert Holder.parse(lock.path.read_text()) == taker  # the taker's lock, kept (and not deleted by the exit)

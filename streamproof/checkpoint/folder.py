@@ -292,6 +292,8 @@ class RunLock:
                 problem = f"cannot be read ({error.strerror or error})"
                 continue
             if (holder := Holder.parse(text)) is not None:
+                if self._renewed_by_touch and (status := self.path.status()) is not None:
+                    holder = replace(holder, renewed_at=max(holder.renewed_at, status[1] / 1000))
                 return holder
             problem = f"names no process ({text.strip()[:40]!r})"
         raise PipelineError(
@@ -368,6 +370,13 @@ class RunLock:
         self._keeper = threading.Thread(target=self._keep, name="streamproof-lease", daemon=True)
         self._keeper.start()
 
+    @property
+    def _renewed_by_touch(self) -> bool:
+        """HDFS (a remote store without conditional writes): the lease is renewed by the file's modification time,
+        never by writing it again, so a renewal cannot write over the lock a takeover from another machine put in its
+        place between the renewal's read and its write; :meth:`_written_holder` reads the time as ``renewed_at``."""
+        return self.path.is_remote and self.path.scheme not in CONDITIONAL_SCHEMES
+
     def _keep(self) -> None:
         """Renew the lease every third of it, while the file names this run; note a loss and stop when it does not."""
         pause = self.lease_s / 3
@@ -384,7 +393,13 @@ class RunLock:
                         self._lost, self._lost_at = written, time.time()
                         return
                     renewed = replace(self.mine, renewals=self.mine.renewals + 1, renewed_at=time.time())
-                    if tag is None:
+                    if self._renewed_by_touch:
+                        self.path.touch()
+                        now = self._written_holder()  # the time touched may be a taker's file: then it is lost
+                        if now is None or now.holder != self.mine.holder:
+                            self._lost, self._lost_at = now, time.time()
+                            return
+                    elif tag is None:
                         self.path.replace_with_text(renewed.to_text())
                     elif not self.path.replace_if_unchanged(renewed.to_text(), tag):
                         self._lost, self._lost_at = self._written_holder(), time.time()

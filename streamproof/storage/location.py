@@ -399,7 +399,7 @@ class Location:
                     time.sleep(CONFLICT_PAUSE_S * (attempt + 1))
                     continue
                 if not refused_as_existing(error):
-                    raise self._os_error(error.java_exception) from None
+                    raise self._os_error(error) from None
                 return self._holds_exactly(text)
             return True
         return False  # not reached: the last attempt returns or raises
@@ -437,9 +437,29 @@ class Location:
             if not NOT_FOUND.isdisjoint(java_classes(error.java_exception)):
                 return False
             if not refused_as_existing(error):
-                raise self._os_error(error.java_exception) from None
+                raise self._os_error(error) from None
             return self._holds_exactly(text)
         return True
+
+    def touch(self) -> None:
+        """Set the file's modification time to now, its content untouched (HDFS: ``setTimes`` at the NameNode): a
+        lease renewed this way never writes over a lock another holder wrote in its place.
+
+        >>> import tempfile
+        >>> file = Location(tempfile.mkdtemp()) / "lock"
+        >>> file.write_text("mine"); before = file.status()[1]; time.sleep(0.01); file.touch()
+        >>> file.status()[1] > before, file.read_text()
+        (True, 'mine')
+        """
+        if not self.is_remote:
+            os.utime(self.path)
+            return
+        from py4j.protocol import Py4JJavaError
+
+        try:
+            self._fs.setTimes(self._jpath, int(time.time() * 1000), -1)  # -1: the access time left as it is
+        except Py4JJavaError as error:
+            raise self._os_error(error) from None
 
     def replace_with_text(self, text: str) -> None:
         """Write the file so that a reader (or a crash) sees the old text or the new, never a part: a temporary
