@@ -18,7 +18,6 @@ detection of wrong values on planted tables (test_the_oracle_counts_rows_and_key
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -118,7 +117,42 @@ def test_a_replayed_batch_reads_its_recorded_lookup_version_when_pinned(tmp_path
     expected = [({}, {"customers": 3}), ({"t": {"0": 20}}, {"customers": 4})] if pin else [
         ({}, {"customers": 3}), ({"t": {"0": 10}}, {"customers": 4})]  # fmt: skip
     assert record.segments() == expected
-    assert json.loads((tmp_path / LookupVersions.NAME).read_text())["through"] == 2
+    assert record.read()["through"] == 2
+
+
+def test_a_run_that_lost_its_lease_never_rewrites_the_lookup_record(tmp_path: Path) -> None:
+    """Run A records batch 1's versions and is paused; run B takes over (its claim on the record made at its start),
+    records batch 1 again with the newer version and goes on. A, woken, writes nothing over B's record: once when it
+    reads the record after B's claim (it finds B's lease in it), once when it read the record before B's claim and
+    writes after it (the entry's name is taken: the store refuses the create). B's record stays as B wrote it.
+    Before, the record was one file rewritten in place: A's write replaced B's."""
+    first = {"t": {"0": 10}}
+    a = LookupVersions(Location(tmp_path), earlier=Location(tmp_path / "none"))
+    a.fence("a" * 32)
+    a.remember(0, None, {"customers": 3})
+    b = LookupVersions(Location(tmp_path))
+    b.fence("b" * 32)
+    b.remember(1, first, {"customers": 4})
+    with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease bbbbbbbb\)"):
+        a.remember(1, first, {"customers": 3})
+    assert b.recorded(1) == {"customers": 4} and b.read()["holder"] == "b" * 32
+
+    # A's read before a takeover, its write after it.
+    c = LookupVersions(Location(tmp_path))
+    read = b._newest
+
+    def read_then_taken_over() -> tuple[int, dict[str, Any]]:
+        before = read()
+        c.fence("c" * 32)
+        return before
+
+    b._newest = read_then_taken_over  # type: ignore[method-assign]
+    with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease cccccccc\)"):
+        b.remember(2, {"t": {"0": 20}}, {"customers": 5})
+    assert c.recorded(1) == {"customers": 4} and c.recorded(2) is None and c.read()["holder"] == "c" * 32
+    c.remember(2, {"t": {"0": 20}}, {"customers": 5})  # the holder goes on, its older entries pruned as it writes
+    assert c.recorded(2) == {"customers": 5}
+    assert len(list((tmp_path / LookupVersions.FOLDER).iterdir())) <= LookupVersions.KEPT
 
 
 @pytest.mark.integration

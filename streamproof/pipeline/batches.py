@@ -111,13 +111,15 @@ class BatchWriter:
         self.lease_check: Callable[[], None] = lambda: None
 
     def fence(self, holder: str) -> None:
-        """Every sink claimed for the run holding the lease ``holder`` (:meth:`streamproof.sinks.base.Sink.fence`),
-        before the run's first write.
+        """Every sink, and the record of lookup versions, claimed for the run holding the lease ``holder``
+        (:meth:`streamproof.sinks.base.Sink.fence`, :meth:`LookupVersions.fence`), before the run's first write.
 
         >>> writer.fence(lock.holder_id)                                                     # doctest: +SKIP
         """
         for sink in self.sinks:
             sink.fence(holder)
+        if self.lookup_versions is not None:
+            self.lookup_versions.fence(holder)
 
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:
         """Your transform on the batch's valid records, lookups at the versions recorded for the batch (recorded
@@ -236,6 +238,7 @@ class BatchWriter:
                 self.lease_check()
                 self.quarantine.append(quarantined_records(records), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
+                    self.lease_check()  # a woken run that lost its lease would set the mark back to its batch
                     QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
                     self._note_head(self.quarantine)
                 phases["quarantine"] = time.monotonic() - started

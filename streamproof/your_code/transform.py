@@ -272,15 +272,20 @@ def lookup_version_now(spark: SparkSession, path: Location, name: str) -> int:
 
 
 class LookupVersions:
-    """``<checkpoint>.streamproof/lookups.json`` (:attr:`PipelineSpec.state_dir`, beside the checkpoint, so that a
+    """``<checkpoint>.streamproof/lookups/`` (:attr:`PipelineSpec.state_dir`, beside the checkpoint, so that a
     restored or recovered checkpoint keeps it: :meth:`of`): the lookup versions each batch read, as segments of batches.
 
     A segment starts at a batch (and its start offsets, by which verification finds its records) and holds the
     versions its batches read; a new one starts when a lookup table changed. ``through`` is the last batch
-    recorded. Written aside and renamed (never torn), before the batch writes anything, so a batch that reached a
-    sink is always recorded. A pinned lookup of a batch at or below ``through`` (a replay) gets its recorded
-    version; an unpinned one the newest, and the record is rewritten from that batch on (it says what the batch's
-    last attempt read).
+    recorded. Each change is a new entry of a log, ``<n>.json``, created only if absent (never torn, never written
+    over), before the batch writes anything, so a batch that reached a sink is always recorded; the newest entry is the
+    record. A pinned lookup of a batch at or below ``through`` (a replay) gets its recorded version; an unpinned one
+    the newest, and the record is rewritten from that batch on (it says what the batch's last attempt read).
+
+    A run claims the log for its lease (:meth:`fence`, an entry naming it) before its first batch: a run paused past
+    its lease and woken after another took over finds the newer run's entry, or loses the race for the next entry's
+    name, and writes nothing (``tests/test_your_code.py::test_a_run_that_lost_its_lease_never_rewrites_the_lookup_
+    record``).
 
     >>> import tempfile
     >>> record = LookupVersions(Location(tempfile.mkdtemp()))
@@ -290,34 +295,74 @@ class LookupVersions:
     ({'customers': 1}, {'customers': 2}, None)
     """
 
-    NAME = "lookups.json"
-    IN_CHECKPOINT = "_streamproof_lookups.json"  # where it was kept before, inside the checkpoint: read if alone
+    FOLDER = "lookups"
+    NAME = "lookups.json"  # the single file kept before the log (rewritten in place): read while the log is empty
+    IN_CHECKPOINT = "_streamproof_lookups.json"  # where it was kept before that, inside the checkpoint: read if alone
+    KEPT = 10  # entries kept; older ones are deleted as new ones are made
 
     def __init__(self, folder: Location, earlier: Location | None = None) -> None:
+        self.log = folder / self.FOLDER
         self.path = folder / self.NAME
         self.earlier = earlier
+        self.holder = ""  # the lease this run holds (:meth:`fence`); "" writes unclaimed
 
     @classmethod
     def of(cls, spec: PipelineSpec) -> LookupVersions:
         """The pipeline's record, beside its checkpoint."""
         return cls(spec.state_dir, earlier=spec.checkpoint_dir / cls.IN_CHECKPOINT)
 
-    def read(self) -> dict[str, Any]:
+    def _entries(self) -> list[int]:
+        return sorted(int(name[:-5]) for name in self.log.names() if name.endswith(".json") and name[:-5].isdigit())
+
+    def _newest(self) -> tuple[int, dict[str, Any]]:
+        """The newest entry's number (-1: none yet) and the record it holds."""
+        entries = self._entries()
+        source = self.log / f"{entries[-1]:020d}.json" if entries else self.path
         try:
-            text = self.path.read_text()
+            text = source.read_text()
         except FileNotFoundError:
-            if self.earlier is None or not self.earlier.exists():
-                return {"through": -1, "segments": []}
+            if entries or self.earlier is None or not self.earlier.exists():
+                return (entries[-1] if entries else -1), {"through": -1, "segments": []}
             text = self.earlier.read_text()
         try:
             data = json.loads(text)
             assert isinstance(data, dict) and isinstance(data.get("segments"), list)
-            return data
         except (ValueError, AssertionError):
             raise PipelineError(
-                f"{self.path} is damaged: it records which lookup versions each batch read; restore it "
+                f"{source} is damaged: it records which lookup versions each batch read; restore it "
                 "from a checkpoint backup"
             ) from None
+        return (entries[-1] if entries else -1), data
+
+    def read(self) -> dict[str, Any]:
+        return self._newest()[1]
+
+    def fence(self, holder: str) -> None:
+        """Claim the record for the lease ``holder`` (an entry naming it, the record unchanged): from here on an
+        entry of another lease means this run lost its own, and it writes nothing more."""
+        self.holder = holder
+        if holder:
+            newest, data = self._newest()
+            self._append(newest, data)
+
+    def _append(self, newest: int, data: dict[str, Any], read: dict[str, Any] | None = None) -> None:
+        """The record's next entry, ``data`` with this run's lease in it, created only if no other run made it; when
+        the entry ``read`` (the newest, which ``data`` changes) names another lease, it claimed the record after this
+        run did, and this run writes nothing."""
+        written = (read or {}).get("holder", "")
+        if self.holder and written and written != self.holder:
+            raise self._lost(written)
+        self.log.mkdir()
+        if not (self.log / f"{newest + 1:020d}.json").create_new(json.dumps({**data, "holder": self.holder})):
+            raise self._lost(self._newest()[1].get("holder", ""))
+        for old in self._entries()[: -self.KEPT]:
+            (self.log / f"{old:020d}.json").delete()
+
+    def _lost(self, other: str) -> PipelineError:
+        return PipelineError(
+            f"this run lost its lease: {self.log} was written by another run (lease {other[:8] or 'unknown'}) since "
+            "this one's start; it stops before its next commit"
+        )
 
     def recorded(self, batch_id: int) -> dict[str, int] | None:
         """The versions recorded for a batch, None when it was never recorded."""
@@ -329,7 +374,7 @@ class LookupVersions:
 
     def remember(self, batch_id: int, start_offsets: Offsets | None, versions: dict[str, int]) -> None:
         """Record that ``batch_id`` (starting at ``start_offsets``) read ``versions``."""
-        data = self.read()
+        newest, data = self._newest()
         segments = [
             s
             for s in data["segments"]
@@ -337,8 +382,7 @@ class LookupVersions:
         ]
         if not segments or segments[-1]["versions"] != versions:
             segments.append({"from_batch": batch_id, "from_offsets": start_offsets or {}, "versions": versions})
-        self.path.parent.mkdir()
-        self.path.replace_with_text(json.dumps({"through": batch_id, "segments": segments}))
+        self._append(newest, {"through": batch_id, "segments": segments}, read=data)
 
     def versions_for(
         self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
