@@ -38,16 +38,14 @@ from streamproof.storage.location import CONDITIONAL_SCHEMES, Location
 class ProgressFile:
     """At-most-once progress: the end offsets of the last batch marked done *before* it was written.
 
-    Kept beside Spark's logs in the checkpoint folder; every start of an at-most-once pipeline wipes
-    Spark's logs (so nothing is replayed) and starts reading from these offsets.
+    Kept beside Spark's logs in the checkpoint folder; every start of an at-most-once pipeline wipes Spark's logs (so
+    nothing is replayed) and starts reading from these offsets.
 
-    Example::
-
-        >>> import tempfile
-        >>> progress = ProgressFile(Location(tempfile.mkdtemp()))
-        >>> progress.mark_done({"orders": {"0": 120, "1": 98}}, batch_id=4)
-        >>> progress.starting_offsets()
-        '{"orders": {"0": 120, "1": 98}}'
+    >>> import tempfile
+    >>> progress = ProgressFile(Location(tempfile.mkdtemp()))
+    >>> progress.mark_done({"orders": {"0": 120, "1": 98}}, batch_id=4)
+    >>> progress.starting_offsets()
+    '{"orders": {"0": 120, "1": 98}}'
     """
 
     NAME = "_streamproof_progress.json"
@@ -292,9 +290,14 @@ class RunLock:
                 problem = f"cannot be read ({error.strerror or error})"
                 continue
             if (holder := Holder.parse(text)) is not None:
-                if self._renewed_by_touch and (status := self.path.status()) is not None:
-                    holder = replace(holder, renewed_at=max(holder.renewed_at, status[1] / 1000))
-                return holder
+                if not self._renewed_by_touch:
+                    return holder
+                try:  # the time itself, not the newer of it and the text's: a touch always changes what is read
+                    status = self.path.status()
+                except Exception as error:  # noqa: BLE001 - the NameNode away a moment: read again, as above
+                    problem = f"cannot be read ({str(error).splitlines()[0][:200]})"
+                    continue
+                return replace(holder, renewed_at=status[1] / 1000) if status is not None else holder
             problem = f"names no process ({text.strip()[:40]!r})"
         raise PipelineError(
             f"{self.path}: the run lock exists but {problem} after {self.READS} reads in "
@@ -372,10 +375,9 @@ class RunLock:
 
     @property
     def _renewed_by_touch(self) -> bool:
-        """HDFS (a remote store without conditional writes): the lease is renewed by the file's modification time,
-        never by writing it again, so a renewal cannot write over the lock a takeover from another machine put in its
-        place between the renewal's read and its write; :meth:`_written_holder` reads the time as ``renewed_at``."""
-        return self.path.is_remote and self.path.scheme not in CONDITIONAL_SCHEMES
+        """HDFS (no conditional write; a client sets a file's times, which object stores ignore): the lease renewed by
+        the file's time, never a rewrite that could land over a taker's lock; read as ``renewed_at``."""
+        return self.path.scheme == "hdfs"
 
     def _keep(self) -> None:
         """Renew the lease every third of it, while the file names this run; note a loss and stop when it does not."""

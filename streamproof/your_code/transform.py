@@ -321,8 +321,10 @@ class LookupVersions:
         try:
             text = source.read_text()
         except FileNotFoundError:
-            if entries or self.earlier is None or not self.earlier.exists():
-                return (entries[-1] if entries else -1), {"through": -1, "segments": []}
+            if entries:  # listed, then gone: entries are never deleted from the newest end
+                raise PipelineError(f"{source} was deleted: restore {self.log} from a checkpoint backup") from None
+            if self.earlier is None or not self.earlier.exists():
+                return -1, {"through": -1, "segments": []}
             text = self.earlier.read_text()
         try:
             data = json.loads(text)
@@ -341,9 +343,13 @@ class LookupVersions:
         """Claim the record for the lease ``holder`` (an entry naming it, the record unchanged): from here on an
         entry of another lease means this run lost its own, and it writes nothing more."""
         self.holder = holder
-        if holder:
+        for attempt in range(3 if holder else 0):  # a woken older run's entry made in between: claim after it
             newest, data = self._newest()
-            self._append(newest, data)
+            try:
+                return self._append(newest, data)
+            except PipelineError:
+                if attempt == 2:
+                    raise
 
     def _append(self, newest: int, data: dict[str, Any], read: dict[str, Any] | None = None) -> None:
         """The record's next entry, ``data`` with this run's lease in it, created only if no other run made it; when
