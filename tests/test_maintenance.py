@@ -4,6 +4,7 @@ takes, known after OPTIMIZE tried it: on a real Delta table)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import Any, cast
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_cli
 from streamproof.checkpoint.folder import RunLock
-from streamproof.config import load_pipeline, parse_pipeline
+from streamproof.config import dump_pipeline, load_pipeline, parse_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.maintenance import maintain
 
@@ -51,6 +52,26 @@ def test_a_short_vacuum_while_the_pipeline_runs_is_refused_before_optimize_commi
         f"pipeline {spec.name!r} is running (pid {running.pid}): a short VACUUM would delete the files of the batch it "
         "is writing; stop it first"
     )
+
+
+@pytest.mark.integration
+def test_a_pipeline_started_during_a_short_vacuum_is_refused_naming_it(tmp_path: Path, spark: Any) -> None:
+    """``--vacuum 1 --allow-short-retention`` holds the pipeline's run lock while it runs: a start meanwhile is
+    refused naming `streamproof maintain` (before, the VACUUM only looked for a running pipeline at its start, and one
+    started after that look had the files of its first batch deleted under it); the lock is gone when it ends."""
+    spec = load_pipeline(REPO / "examples" / "orders_to_delta.toml")
+    spec = spec.model_copy(update={"checkpoint": str(tmp_path / "checkpoint")})
+    (tmp_path / "checkpoint").mkdir()
+    steps = maintain(spark, spec, compact=False, vacuum_hours=1, allow_short_retention=True)
+    first = next(steps)  # the first table's line: the command is under way
+    assert "not written yet" in first, first
+    pipeline_file = tmp_path / "pipeline.toml"
+    pipeline_file.write_text(dump_pipeline(spec))
+    started = run_cli("run", str(pipeline_file), "--available-now", timeout=120)
+    assert started.returncode == 2, started.stdout[-2000:] + started.stderr[-2000:]
+    assert f"is in use by `streamproof maintain` (pid {os.getpid()}" in started.stderr, started.stderr
+    assert list(steps)  # the rest of it
+    assert not (tmp_path / "checkpoint" / RunLock.NAME).exists()
 
 
 @pytest.mark.integration
