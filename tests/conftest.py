@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -231,6 +233,29 @@ SLOW_TIER = {
         "(the same commands) and tests/test_cluster.py::test_every_sink_is_exactly_once_through_the_cluster_faults "
         "(the checkpoint on HDFS through three faults)",
 }  # fmt: skip
+
+
+# A run writes a few GiB under the temporary folder (brokers' logs, Delta tables, S3's volumes); on a disk nearly full
+# its servers fail without naming the disk (SeaweedFS: "Not enough data nodes found"; a broker that never answers).
+FREE_DISK_NEEDED = 4 * 2**30
+
+
+def free_disk_refusal(folder: Path, needed: int = FREE_DISK_NEEDED) -> str | None:
+    """One line when the disk of ``folder`` has less than ``needed`` bytes free, else None."""
+    free = shutil.disk_usage(folder).free
+    if free >= needed:
+        return None
+    return (
+        f"only {free / 2**30:.1f} GiB free on the disk of {folder}: the suite needs about {needed / 2**30:.0f} GiB, "
+        "and its servers fail without naming the disk; free some (`uv cache prune` removes the wheels uv keeps for "
+        "every install)"
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to start on a disk nearly full, in one line (:func:`free_disk_refusal`)."""
+    if (why := free_disk_refusal(Path(tempfile.gettempdir()))) is not None:
+        pytest.exit(why, returncode=3)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
