@@ -18,6 +18,9 @@ class PaymentsWriter:
         self.connection = psycopg.connect(DSN)
         self.partition_id, self.epoch_id = partition_id, epoch_id
         with self.connection.cursor() as cursor:
+            # The partitions' first open() runs at once: CREATE TABLE IF NOT EXISTS is not atomic between sessions
+            # (one of them fails on pg_type's unique index), so the creation is serialized until the commit below.
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('payments tables'))")
             cursor.execute(
                 "CREATE TABLE IF NOT EXISTS payments (event_id TEXT, order_id TEXT, customer_id TEXT, "
                 "amount DOUBLE PRECISION, status TEXT, event_time TIMESTAMP)"
