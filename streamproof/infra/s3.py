@@ -222,7 +222,11 @@ class S3Server(LocalDaemon):
         # The first object written makes SeaweedFS allocate its volumes: seconds during which writes wait (16
         # racing PUTs right after a start saw 7 of them time out after 10 s). Up means a write is answered at once.
         while not self._writes(f"/{S3_BUCKET}/_streamproof_ready"):
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline:  # stopped as above: a server that took no write is not left running
+                if started_process.poll() is None:
+                    started_process.kill()
+                    started_process.wait(timeout=30)
+                self.process.pid_file.unlink(missing_ok=True)
                 raise InfraError(
                     f"SeaweedFS at {self.endpoint} answers but took no write in {timeout_s:.0f} s; last "
                     f"lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
