@@ -26,7 +26,8 @@ from urllib.parse import unquote, urlparse
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from streamproof.checkpoint.folder import RunLock
+from streamproof.checkpoint.copies import held_by_command
+from streamproof.checkpoint.folder import Holder, RunLock
 from streamproof.config import DeltaSinkSpec, PipelineSpec
 from streamproof.errors import ConfigError, PipelineError, first_line
 from streamproof.storage.location import Location
@@ -90,18 +91,17 @@ def _held_for_a_short_vacuum(spec: PipelineSpec, vacuum_hours: float | None) -> 
     if vacuum_hours is None or vacuum_hours >= DEFAULT_RETENTION_HOURS or not spec.checkpoint_dir.is_dir():
         yield
         return
-    lock = RunLock(spec.checkpoint_dir, command="maintain")
-    if (holder := lock.try_acquire()) is not None:
-        raise PipelineError(
+
+    def refused(holder: Holder) -> str:
+        if holder.command:
+            return f"{spec.checkpoint_dir} is in use by {holder.what} (pid {holder}); wait for it to end"
+        return (
             f"pipeline {spec.name!r} is running (pid {holder}): a short VACUUM would delete the files of the batch "
             "it is writing; stop it first"
-            if not holder.command
-            else f"{spec.checkpoint_dir} is in use by {holder.what} (pid {holder}); wait for it to end"
         )
-    try:
+
+    with held_by_command(spec.checkpoint_dir, "vacuum", "maintain", refused):
         yield
-    finally:
-        lock.__exit__()
 
 
 def _maintained(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from streamproof.checkpoint.folder import RunLock
+from streamproof.checkpoint.folder import Holder, RunLock
 from streamproof.checkpoint.log import Checkpoint
 from streamproof.errors import PipelineError
 from streamproof.storage.location import Location
@@ -59,10 +59,13 @@ def kept_aside(checkpoint: Location, why: str) -> list[Location]:
 
 
 @contextlib.contextmanager
-def held_by_command(checkpoint: Checkpoint, action: str, command: str) -> Iterator[RunLock]:
+def held_by_command(
+    checkpoint: Checkpoint, action: str, command: str, refused: Callable[[Holder], str] | None = None
+) -> Iterator[RunLock]:
     """The checkpoint's run lock, held by an operator command (``command``: "checkpoint rewind") for its whole run:
     refused in one line while a pipeline (or another command) holds it, and a pipeline started meanwhile is refused
     naming the command. A lease like a run's (renewed; a command of another machine that went quiet is taken over).
+    ``refused``: the refusal's line for the holder found, when the command says it otherwise.
 
     >>> import tempfile
     >>> from streamproof.checkpoint.folder import Holder
@@ -73,6 +76,8 @@ def held_by_command(checkpoint: Checkpoint, action: str, command: str) -> Iterat
     """
     lock = RunLock(Location(checkpoint), command=command)
     holder = lock.try_acquire()
+    if holder is not None and refused is not None:
+        raise PipelineError(refused(holder))
     if holder is not None:
         raise PipelineError(
             f"cannot {action} {checkpoint} while "

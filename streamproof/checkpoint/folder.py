@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from streamproof.errors import PipelineError
+from streamproof.errors import PipelineError, first_line
 from streamproof.faults.points import process_info
 from streamproof.storage.location import CONDITIONAL_SCHEMES, Location
 
@@ -295,7 +295,7 @@ class RunLock:
                 try:  # the time itself, not the newer of it and the text's: a touch always changes what is read
                     status = self.path.status()
                 except Exception as error:  # noqa: BLE001 - the NameNode away a moment: read again, as above
-                    problem = f"cannot be read ({str(error).splitlines()[0][:200]})"
+                    problem = f"cannot be read ({first_line(error)})"
                     continue
                 return replace(holder, renewed_at=status[1] / 1000) if status is not None else holder
             problem = f"names no process ({text.strip()[:40]!r})"

@@ -22,6 +22,7 @@ import http.client
 import json
 import re
 import shutil
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -209,11 +210,7 @@ class S3Server(LocalDaemon):
         deadline = time.monotonic() + timeout_s
         while not (self._answers() and self.request("PUT", f"/{S3_BUCKET}") in (200, 409)):
             if started_process.poll() is not None or time.monotonic() > deadline:
-                ended = started_process.poll()
-                if ended is None:  # it runs but never answered: stopped by the pid it was started with
-                    started_process.kill()
-                    started_process.wait(timeout=30)
-                self.process.pid_file.unlink(missing_ok=True)
+                ended = self._stop_failed_start(started_process)
                 why = f"exited with code {ended}" if ended is not None else f"did not answer in {timeout_s:.0f} s"
                 raise InfraError(
                     f"SeaweedFS at {self.endpoint} {why}; last lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
@@ -222,11 +219,8 @@ class S3Server(LocalDaemon):
         # The first object written makes SeaweedFS allocate its volumes: seconds during which writes wait (16
         # racing PUTs right after a start saw 7 of them time out after 10 s). Up means a write is answered at once.
         while not self._writes(f"/{S3_BUCKET}/_streamproof_ready"):
-            if time.monotonic() > deadline:  # stopped as above: a server that took no write is not left running
-                if started_process.poll() is None:
-                    started_process.kill()
-                    started_process.wait(timeout=30)
-                self.process.pid_file.unlink(missing_ok=True)
+            if time.monotonic() > deadline:
+                self._stop_failed_start(started_process)
                 raise InfraError(
                     f"SeaweedFS at {self.endpoint} answers but took no write in {timeout_s:.0f} s; last "
                     f"lines of {self.log_file}:\n{log_tail(self.log_file, 20)}"
@@ -237,6 +231,16 @@ class S3Server(LocalDaemon):
             f"started S3 (SeaweedFS) at {self.endpoint} in {time.monotonic() - started:.1f} s (bucket "
             f"{S3_BUCKET}: s3a://{S3_BUCKET}/...)"
         )
+
+    def _stop_failed_start(self, started: subprocess.Popen[bytes]) -> int | None:
+        """A start given up: the server, if it still runs (never answered, or took no write), stopped by the pid it
+        was started with, never left behind; its exit code when it had ended by itself."""
+        ended = started.poll()
+        if ended is None:
+            started.kill()
+            started.wait(timeout=30)
+        self.process.pid_file.unlink(missing_ok=True)
+        return ended
 
     def down(self, wipe: bool = False) -> str:
         """Stop the server ``up`` started (by its pid); ``wipe`` also deletes its data."""

@@ -343,12 +343,12 @@ class LookupVersions:
         """Claim the record for the lease ``holder`` (an entry naming it, the record unchanged): from here on an
         entry of another lease means this run lost its own, and it writes nothing more."""
         self.holder = holder
-        for attempt in range(3 if holder else 0):  # a woken older run's entry made in between: claim after it
-            newest, data = self._newest()
+        tries = 3 if holder else 0
+        for attempt in range(1, tries + 1):  # a woken older run's entry made in between: claim after it
             try:
-                return self._append(newest, data)
+                return self._append(*self._newest())
             except PipelineError:
-                if attempt == 2:
+                if attempt == tries:
                     raise
 
     def _append(self, newest: int, data: dict[str, Any], read: dict[str, Any] | None = None) -> None:
@@ -361,8 +361,7 @@ class LookupVersions:
         self.log.mkdir()
         if not (self.log / f"{newest + 1:020d}.json").create_new(json.dumps({**data, "holder": self.holder})):
             raise self._lost(self._newest()[1].get("holder", ""))
-        for old in self._entries()[: -self.KEPT]:
-            (self.log / f"{old:020d}.json").delete()
+        (self.log / f"{newest + 1 - self.KEPT:020d}.json").delete()  # entries are numbered on: one falls out
 
     def _lost(self, other: str) -> PipelineError:
         return PipelineError(
