@@ -44,7 +44,7 @@ from conftest import (
     write_pipeline,
 )
 from streamproof.checkpoint.copies import backup
-from streamproof.checkpoint.folder import QuarantineMark, RunCounter, RunLock
+from streamproof.checkpoint.folder import RunLock
 from streamproof.checkpoint.log import (
     DONE,
     batch_end_offsets,
@@ -54,6 +54,7 @@ from streamproof.checkpoint.log import (
     next_batch_to_run,
     rebuild,
 )
+from streamproof.checkpoint.marks import QuarantineMark, RunCounter
 from streamproof.checkpoint.positions import refuse_if_sink_behind, refuse_if_source_behind, rewind, sinks_behind
 from streamproof.checkpoint.recover import recover, refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import read_sinks, starting_point
@@ -308,21 +309,63 @@ path = "{tmp_path}/orders"
 
 
 def test_a_torn_quarantine_mark_is_refused_never_taken_for_no_mark(tmp_path: Path) -> None:
-    """The checkpoint's quarantine mark tells a quarantine table that lost commits (its own log cannot). Recorded by
-    renaming a written file over it, so a crash leaves the old mark or the new; one damaged all the same stops the
-    start in one line, where it used to read as "no mark" and turn the check off."""
+    """The checkpoint's quarantine mark tells a quarantine table that lost commits (its own log cannot). Each mark is
+    a new entry created only if absent, so a crash leaves the old mark or the new; one damaged all the same (and the
+    single file of older versions, torn) stops the start in one line, where it used to read as "no mark" and turn the
+    check off."""
 
     spec = _one_delta_sink(tmp_path, "marked")
     (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
     (tmp_path / "checkpoint" / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
     mark = QuarantineMark(Location(tmp_path / "checkpoint"))
-    mark.record(0)
-    assert mark.read() == 0 and not list((tmp_path / "checkpoint").glob("._streamproof_quarantine*"))
-    mark.path.write_text("")  # torn: truncated, never written
-    with pytest.raises(PipelineError) as refusal:
-        refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
-    message = str(refusal.value)
-    assert message.startswith(f"{mark.path} is damaged ('' is not a batch id)") and "\n" not in message, message
+    mark.path.write_text("")  # the older versions' single file, torn: truncated, never written
+    for damaged, says in ((mark.path, "'' is not a batch id"), (None, "'' is not a record")):
+        if damaged is None:
+            mark.path.delete()  # as the refusal says
+            mark.record(0)
+            assert mark.read() == 0
+            entries = list((tmp_path / "checkpoint" / QuarantineMark.FOLDER).iterdir())
+            assert [entry.name for entry in entries] == [f"{0:020d}.json"], entries  # nothing written aside is left
+            damaged = Location(entries[0])
+            entries[0].write_text("")
+        with pytest.raises(PipelineError) as refusal:
+            refuse_if_sink_behind(spec, read_sinks(None, open_sinks(spec), starting_point(spec)))
+        message = str(refusal.value)
+        assert message.startswith(f"{damaged} is damaged ({says})") and "\n" not in message, message
+
+
+def test_a_run_that_lost_its_lease_never_sets_the_quarantine_mark_back(tmp_path: Path) -> None:
+    """Run A marks batch 3 and is paused; run B takes over (its claim on the mark made at its start) and marks batch
+    5. A, woken, never sets the mark back to its own batch: once when it reads the mark after B's claim (it finds B's
+    lease in it), once when it read the mark before B's claim and writes after it (the entry's name is taken: the
+    store refuses the create). Before, the mark was one file renamed over: A's batch 4 replaced B's 5, and a quarantine
+    table that lost batch 5 would have passed the start's check."""
+    checkpoint = Location(tmp_path / "checkpoint")
+    a = QuarantineMark(checkpoint)
+    a.fence("a" * 32)
+    a.record(3)
+    b = QuarantineMark(checkpoint)
+    b.fence("b" * 32)
+    b.record(5)
+    with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease bbbbbbbb\)"):
+        a.record(4)
+    assert QuarantineMark(checkpoint).read() == 5
+
+    # B's read before a takeover, its write after it.
+    c = QuarantineMark(checkpoint)
+    read = b._newest
+
+    def read_then_taken_over() -> tuple[int, dict[str, object]]:
+        before = read()
+        c.fence("c" * 32)
+        return before
+
+    b._newest = read_then_taken_over  # type: ignore[method-assign]
+    with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease cccccccc\)"):
+        b.record(6)
+    assert QuarantineMark(checkpoint).read() == 5
+    c.record(7)  # the holder goes on
+    assert QuarantineMark(checkpoint).read() == 7
 
 
 def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not_behind(tmp_path: Path) -> None:
@@ -645,7 +688,8 @@ def test_a_start_reads_each_sink_once_and_with_spark_only_those_it_could_not_rea
         return real_past(table, **look)
 
     def names(folder: Location) -> list[str]:
-        count(f"{folder.parent.name} listed")  # a young table's log: no Delta checkpoint, listed to find its head
+        if folder.name == "_delta_log":  # a young table's log: no Delta checkpoint, listed to find its head
+            count(f"{folder.parent.name} listed")
         return real_names(folder)
 
     monkeypatch.setattr(DeltaSink, "last_commit", last_commit)

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from streamproof.checkpoint.copies import aside, held_by_command
-from streamproof.checkpoint.folder import QuarantineMark, RunLock
+from streamproof.checkpoint.folder import RunLock
 from streamproof.checkpoint.log import DONE, batch_end_offsets, check_readable, offsets_entry
+from streamproof.checkpoint.marks import QuarantineMark
 from streamproof.checkpoint.recover import refuse_if_checkpoint_lost
 from streamproof.checkpoint.start import SinksAtStart, StartingPoint, quarantine_table, read_sinks, starting_point
 from streamproof.config import KafkaSource, PipelineSpec

@@ -32,8 +32,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from streamproof.checkpoint.folder import ProgressFile, QuarantineMark
+from streamproof.checkpoint.folder import ProgressFile
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
+from streamproof.checkpoint.marks import QuarantineMark
 from streamproof.checkpoint.start import quarantine_table
 from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
@@ -103,6 +104,7 @@ class BatchWriter:
         self.results: dict[int, BatchResult] = {}
         # Each keyed sink's head after its last write in this run (sinks.base.Sink.head), the quarantine's too.
         self.quarantine = quarantine_table(spec)
+        self.quarantine_mark = QuarantineMark(spec.checkpoint_dir)
         self.heads: dict[str, int] = {}
         self.code = YourCode.of(spec)
         self.lookup_versions = LookupVersions.of(spec) if spec.lookups else None
@@ -111,8 +113,9 @@ class BatchWriter:
         self.lease_check: Callable[[], None] = lambda: None
 
     def fence(self, holder: str) -> None:
-        """Every sink, and the record of lookup versions, claimed for the run holding the lease ``holder``
-        (:meth:`streamproof.sinks.base.Sink.fence`, :meth:`LookupVersions.fence`), before the run's first write.
+        """Every sink, the record of lookup versions and the quarantine mark, claimed for the run holding the lease
+        ``holder`` (:meth:`streamproof.sinks.base.Sink.fence`, :meth:`LookupVersions.fence`,
+        :meth:`QuarantineMark.fence`), before the run's first write.
 
         >>> writer.fence(lock.holder_id)                                                     # doctest: +SKIP
         """
@@ -120,6 +123,8 @@ class BatchWriter:
             sink.fence(holder)
         if self.lookup_versions is not None:
             self.lookup_versions.fence(holder)
+        if self.wiring.idempotent_sink:  # the mark's writer (keyed batches)
+            self.quarantine_mark.fence(holder)
 
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:
         """Your transform on the batch's valid records, lookups at the versions recorded for the batch (recorded
@@ -239,7 +244,7 @@ class BatchWriter:
                 self.quarantine.append(quarantined_records(records), batch)
                 if batch.keyed:  # what a start compares the quarantine table with (checkpoint.positions)
                     self.lease_check()  # a woken run that lost its lease would set the mark back to its batch
-                    QuarantineMark(self.spec.checkpoint_dir).record(batch_id)
+                    self.quarantine_mark.record(batch_id)
                     self._note_head(self.quarantine)
                 phases["quarantine"] = time.monotonic() - started
             writes, seconds = {}, {}

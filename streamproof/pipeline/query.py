@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from streamproof import sources
-from streamproof.checkpoint.folder import RunCounter, RunLock
+from streamproof.checkpoint.folder import RunLock
 from streamproof.checkpoint.log import (
     commit_without_running,
     committed_batches,
@@ -34,6 +34,7 @@ from streamproof.checkpoint.log import (
     logged_batches,
     next_batch_to_run,
 )
+from streamproof.checkpoint.marks import RunCounter
 from streamproof.checkpoint.positions import HeldBeyond, held_beyond, refuse_unsafe_start, refuse_with_spark
 from streamproof.checkpoint.start import StartingPoint
 from streamproof.config import PipelineSpec

@@ -39,6 +39,7 @@ from pyspark.sql.types import StructType
 
 from streamproof.config import PipelineSpec, replay_unsafe
 from streamproof.errors import ConfigError, PipelineError
+from streamproof.storage.claimed_log import ClaimedLog
 from streamproof.storage.location import Location
 from streamproof.transform.records import SOURCE_COLUMNS, sink_rows_schema, users_analysis_errors
 from streamproof.your_code.modules import importable_beside, load_function, ship_module
@@ -298,76 +299,41 @@ class LookupVersions:
     FOLDER = "lookups"
     NAME = "lookups.json"  # the single file kept before the log (rewritten in place): read while the log is empty
     IN_CHECKPOINT = "_streamproof_lookups.json"  # where it was kept before that, inside the checkpoint: read if alone
-    KEPT = 10  # entries kept; older ones are deleted as new ones are made
+    KEPT = ClaimedLog.KEPT
 
     def __init__(self, folder: Location, earlier: Location | None = None) -> None:
-        self.log = folder / self.FOLDER
+        self.log = ClaimedLog(folder / self.FOLDER, "the lookup versions each batch read")
         self.path = folder / self.NAME
         self.earlier = earlier
-        self.holder = ""  # the lease this run holds (:meth:`fence`); "" writes unclaimed
 
     @classmethod
     def of(cls, spec: PipelineSpec) -> LookupVersions:
         """The pipeline's record, beside its checkpoint."""
         return cls(spec.state_dir, earlier=spec.checkpoint_dir / cls.IN_CHECKPOINT)
 
-    def _entries(self) -> list[int]:
-        return sorted(int(name[:-5]) for name in self.log.names() if name.endswith(".json") and name[:-5].isdigit())
-
     def _newest(self) -> tuple[int, dict[str, Any]]:
         """The newest entry's number (-1: none yet) and the record it holds."""
-        entries = self._entries()
-        source = self.log / f"{entries[-1]:020d}.json" if entries else self.path
-        try:
-            text = source.read_text()
-        except FileNotFoundError:
-            if entries:  # listed, then gone: entries are never deleted from the newest end
-                raise PipelineError(f"{source} was deleted: restore {self.log} from a checkpoint backup") from None
-            if self.earlier is None or not self.earlier.exists():
-                return -1, {"through": -1, "segments": []}
-            text = self.earlier.read_text()
-        try:
-            data = json.loads(text)
-            assert isinstance(data, dict) and isinstance(data.get("segments"), list)
-        except (ValueError, AssertionError):
-            raise PipelineError(
-                f"{source} is damaged: it records which lookup versions each batch read; restore it "
-                "from a checkpoint backup"
-            ) from None
-        return (entries[-1] if entries else -1), data
+        number, text = self.log.newest_text()
+        source = self.log.entry(number) if text is not None else self.path
+        if text is None:
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                if self.earlier is None or not self.earlier.exists():
+                    return -1, {"through": -1, "segments": []}
+                source, text = self.earlier, self.earlier.read_text()
+        data = self.log.parse(source, text)
+        if not isinstance(data.get("segments"), list):
+            raise self.log.damaged(source, text)
+        return number, data
 
     def read(self) -> dict[str, Any]:
         return self._newest()[1]
 
     def fence(self, holder: str) -> None:
-        """Claim the record for the lease ``holder`` (an entry naming it, the record unchanged): from here on an
-        entry of another lease means this run lost its own, and it writes nothing more."""
-        self.holder = holder
-        tries = 3 if holder else 0
-        for attempt in range(1, tries + 1):  # a woken older run's entry made in between: claim after it
-            try:
-                return self._append(*self._newest())
-            except PipelineError:
-                if attempt == tries:
-                    raise
-
-    def _append(self, newest: int, data: dict[str, Any], read: dict[str, Any] | None = None) -> None:
-        """The record's next entry, ``data`` with this run's lease in it, created only if no other run made it; when
-        the entry ``read`` (the newest, which ``data`` changes) names another lease, it claimed the record after this
-        run did, and this run writes nothing."""
-        written = (read or {}).get("holder", "")
-        if self.holder and written and written != self.holder:
-            raise self._lost(written)
-        self.log.mkdir()
-        if not (self.log / f"{newest + 1:020d}.json").create_new(json.dumps({**data, "holder": self.holder})):
-            raise self._lost(self._newest()[1].get("holder", ""))
-        (self.log / f"{newest + 1 - self.KEPT:020d}.json").delete()  # entries are numbered on: one falls out
-
-    def _lost(self, other: str) -> PipelineError:
-        return PipelineError(
-            f"this run lost its lease: {self.log} was written by another run (lease {other[:8] or 'unknown'}) since "
-            "this one's start; it stops before its next commit"
-        )
+        """Claim the record for the lease ``holder`` (:meth:`ClaimedLog.claim`, the record unchanged): from here on
+        an entry of another lease means this run lost its own, and it writes nothing more."""
+        self.log.claim(holder, self._newest)
 
     def recorded(self, batch_id: int) -> dict[str, int] | None:
         """The versions recorded for a batch, None when it was never recorded."""
@@ -387,7 +353,7 @@ class LookupVersions:
         ]
         if not segments or segments[-1]["versions"] != versions:
             segments.append({"from_batch": batch_id, "from_offsets": start_offsets or {}, "versions": versions})
-        self._append(newest, {"through": batch_id, "segments": segments}, read=data)
+        self.log.append(newest, {"through": batch_id, "segments": segments}, read=data)
 
     def versions_for(
         self, spark: SparkSession, code: YourCode, batch_id: int, start_offsets: Offsets | None
