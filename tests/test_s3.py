@@ -18,6 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +271,56 @@ def test_a_lease_renewal_on_s3_that_a_takeover_overtook_is_refused_by_the_store(
         finally:
             lock.__exit__()
     assert Holder.parse(Location(f"s3a://{key.lstrip('/')}").read_text()) == taker  # the taker's lock, kept
+
+
+def test_a_takeover_on_s3_that_a_renewal_overtook_is_refused_by_the_store(
+    s3_server: S3Server, s3_spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run lock on s3a:// held by another machine (lease 2 s) goes unrenewed (its holder paused), and a taker waits
+    its lease out. The holder wakes and renews in the instant between the taker's last read and its write, every time
+    (the renewal lands just before the taker's write). The store refuses the takeover (If-Match on the version the
+    taker read), the renewed lock stays, and the taker, watching again, finds a holder that renews: it is refused.
+    With the takeover a delete and a create, it deleted the renewed lock of a live holder and took it."""
+    path = Location(f"s3a://{S3_BUCKET}/takeovers-{free_port()}/checkpoint/{RunLock.NAME}")
+    holder = Holder(1, "host-a", "a" * 32, "another machine", 0, 1, 2.0, 0, time.time())
+    assert path.create_new(holder.to_text())
+    renewing = threading.Event()
+
+    def renew() -> None:  # the holder, awake: renews every half second over the version it read, as RunLock does
+        nonlocal holder
+        while not renewing.wait(0.5):
+            tag = path.version_tag()
+            if tag is None or Holder.parse(path.read_text()) != holder:
+                return
+            renewed = replace(holder, renewals=holder.renewals + 1, renewed_at=time.time())
+            if path.replace_if_unchanged(renewed.to_text(), tag):
+                holder = renewed
+
+    renewer = threading.Thread(target=renew, daemon=True)
+    taker = RunLock(path.parent, lease_s=2.0)
+
+    def wakes_first(real: Any) -> Any:
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if not renewer.is_alive() and not renewing.is_set():
+                renewer.start()
+                time.sleep(1.0)  # its first renewal lands
+            return real(*args, **kwargs)
+
+        return write
+
+    for name in ("delete", "replace_if_unchanged"):  # the taker's write, whichever way it takes over
+        monkeypatch.setattr(taker.path, name, wakes_first(getattr(taker.path, name)))
+    try:
+        live = taker.try_acquire()
+        assert renewer.ident is not None, "the taker never wrote: the holder was never stale"
+        assert live is not None and live.holder == "a" * 32, live  # refused: the holder renews
+        assert Holder.parse(path.read_text()).holder == "a" * 32 and holder.renewals >= 1
+    finally:
+        renewing.set()
+        if renewer.ident is not None:
+            renewer.join(timeout=5)
+        taker.__exit__()
+        path.delete()
 
 
 def test_a_conditional_create_in_parts_is_refused_the_second_time(s3_server: S3Server, s3_spark: Any) -> None:

@@ -223,7 +223,7 @@ class RunLock:
       that the file still names it. On S3 the renewal is written over the version read only (If-Match): a takeover
       from another machine between the read and the write is refused by the store, never overwritten
       (``tests/test_s3.py::test_a_lease_renewal_on_s3_that_a_takeover_overtook_is_refused_by_the_store``); on HDFS
-      it is a plain rewrite, and can race a takeover from another machine.
+      it sets the file's time, and the renewal reads the file again after it.
     - A holder of this machine and PID namespace is judged by its pid (and the pid's start time); a dead one is taken
       over at once. One of another machine, or of another PID namespace with the same hostname, is taken over when
       its lease was not renewed for the lease plus :data:`LEASE_GRACE_S`, as watched from here; never while it renews.
@@ -339,16 +339,23 @@ class RunLock:
                     continue  # released or taken by another: look again
                 why = f"its lease of {written.lease_s:g} s was not renewed for {waited:.1f} s"
             with _host_mutex(self.path):
+                tag = self.path.version_tag() if self.path.scheme in CONDITIONAL_SCHEMES else None
                 if self._written_holder() != written:
                     continue  # renewed or taken in between
                 # Stale. The file exists, so no start can create it, and no process of this host deletes it while
-                # this one holds the mutex: what is deleted is the stale file (or, from another machine, a renewal
-                # written in its last instant, whose holder then finds the lock taken and stops before its next
-                # commit).
+                # this one holds the mutex. On S3 the takeover is written over the version read (If-Match): a renewal
+                # from another machine landing after that read makes the store refuse it (``tests/test_s3.py::
+                # test_a_takeover_on_s3_that_a_renewal_overtook_is_refused_by_the_store``). Elsewhere the stale file
+                # is deleted, then created: a renewal written in that instant is deleted, and its holder finds the
+                # lock taken at its next renewal and stops before its next commit.
                 started = time.monotonic()
                 taker = Holder.me(lease_s=self.lease_s, epoch=written.epoch + 1, command=self.command)
-                self.path.delete()
-                if self.path.create_new(taker.to_text()):
+                if tag is not None:
+                    taken = self.path.replace_if_unchanged(taker.to_text(), tag)
+                else:
+                    self.path.delete()
+                    taken = self.path.create_new(taker.to_text())
+                if taken:
                     took_over = f"took over the run lock of {self.path.parent} from pid {written} (epoch {taker.epoch})"
                     print(f"[streamproof] {took_over}: {why}", file=sys.stderr, flush=True)
                     self._hold(taker, started)
