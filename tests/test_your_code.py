@@ -37,6 +37,7 @@ from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import compare_rows
 from streamproof.reconcile.counts import Check
 from streamproof.reconcile.independent import disagreements, verify_independently
+from streamproof.sinks.handed import HandedOut
 from streamproof.storage.location import Location
 from streamproof.your_code.transform import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
 
@@ -153,6 +154,29 @@ def test_a_run_that_lost_its_lease_never_rewrites_the_lookup_record(tmp_path: Pa
     c.remember(2, {"t": {"0": 20}}, {"customers": 5})  # the holder goes on, its older entries pruned as it writes
     assert c.recorded(2) == {"customers": 5}
     assert len(list((tmp_path / LookupVersions.FOLDER).iterdir())) <= LookupVersions.KEPT
+
+
+def test_a_run_that_lost_its_lease_marks_a_hand_out_returned_only_as_the_new_holder_holds_it(tmp_path: Path) -> None:
+    """Run A hands batch 5 to your sink and is paused inside your write; run B takes over, hands batch 5 again (the
+    checkpoint logs the same offsets: a replay, so the record is not made again), its write returns, and it hands out
+    batch 6. A, woken, its write returned, marks batch 5 returned: what it writes is the record B holds, byte for
+    byte (the same batch, offsets and key: the write is provably the new holder's), and batch 6 is untouched. A woken
+    run of another history (other offsets for batch 5) is refused before its write, as any such hand-out."""
+    state = Location(tmp_path / "orders.streamproof")
+    a, b = HandedOut(state, "ledger"), HandedOut(state, "ledger")
+    start, end = {"t": {"0": 10}}, {"t": {"0": 20}}
+    assert a.hand(5, start, end, "orders:5")
+    assert not b.hand(5, start, end, "orders:5")  # B's replay of the batch A was inside
+    b.returned(5)
+    assert b.hand(6, end, {"t": {"0": 30}}, "orders:6")
+    held = {batch: (state / "handed" / "ledger" / f"{batch}.json").read_text() for batch in (5, 6)}
+    a.returned(5)  # A wakes: its write of batch 5 returned
+    assert {batch: (state / "handed" / "ledger" / f"{batch}.json").read_text() for batch in (5, 6)} == held
+    with pytest.raises(PipelineError, match=r"^your sink's batch 5 was handed out before with end offsets"):
+        a.hand(5, start, {"t": {"0": 25}}, "orders:5b")
+    assert [(r.batch_id, r.end_offsets, r.returned) for r in b.records()] == [
+        (5, end, True), (6, {"t": {"0": 30}}, False)
+    ]
 
 
 @pytest.mark.integration
