@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 BYTECODE := $(subst installed,bytecode,$(INSTALLED))
 
-.PHONY: demo test test-all setup system-packages jars jvm-archive lint clean
+.PHONY: demo test test-all setup system-packages jars jvm-archive lint clean kafka-delta-ingest
 
 demo: setup
 	@$(PY) -m compileall -q streamproof
@@ -50,6 +50,10 @@ jars: $(INSTALLED)
 # Class-data archive of a trained Spark JVM (once, ~1 min): each later JVM start is ~4 s faster.
 jvm-archive: jars
 	@$(PY) -m streamproof.jvm.archive
+
+# bench throughput's kafka-delta-ingest side, built once from its source (about an hour; not part of setup).
+kafka-delta-ingest:
+	@scripts/build-kafka-delta-ingest.sh
 
 lint: setup
 	$(VENV)/bin/ruff check streamproof tests

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import run_cli
 from streamproof.bench.common import ratio
+from streamproof.bench.kafka_delta_ingest import BINARY_ENV, commits, create_empty_table
 from streamproof.bench.latency import commit_timestamps
 from streamproof.bench.runner import check_request
 from streamproof.errors import ConfigError
@@ -49,8 +50,9 @@ def test_commit_timestamps_map_each_data_file_to_its_commit(tmp_path: Path) -> N
 
 @pytest.mark.integration
 def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
-    kafka_broker: KafkaBroker, tmp_path: Path
+    kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(BINARY_ENV, "off")  # kafka-delta-ingest left out: the same test on every machine
     events = 20_000
     results = tmp_path / "results"
     out = tmp_path / "bench.json"
@@ -88,6 +90,8 @@ def test_throughput_benchmark_writes_its_results_with_same_run_ratios(
     # 20,000 events make one batch: there is no batch after the first to give a steady rate.
     assert ratios.pop("steady_delta_exactly_once_vs_parquet_at_least_once") is None
     assert ratios.pop("steady_exactly_once_over_native_delta_sink") is None
+    assert ratios.pop("clean_exactly_once_over_kafka_delta_ingest_from_launch") is None
+    assert throughput["delta_exactly_once_clean_topic"]["rows_in"] == events  # the topic of valid records only
     assert all(value is not None and value > 0 for value in ratios.values()), ratios
     # Each side's medians (one round here), the first batch apart; the lease's cost against a run never renewing.
     for side in ("delta_exactly_once", "native_delta_sink", "delta_exactly_once_no_renewal"):
@@ -111,3 +115,28 @@ def test_steady_rate_leaves_out_the_first_batch() -> None:
     assert round(run.rows_per_second, 2) == 21.43
     assert run.steady_rows_per_second == 100.0
     assert PipelineRun("p").steady_rows_per_second == 0.0
+
+
+def test_a_kafka_delta_ingest_table_is_made_empty_and_its_commits_read_with_their_rows(tmp_path: Path) -> None:
+    """The kafka-delta-ingest side writes into a table that exists (version 0, made without a JVM) and is timed by
+    its commits' files: each commit's rows from its files' statistics, version 0 left out."""
+    from streamproof.bench.throughput import figures_of_ingester
+
+    table = tmp_path / "orders"
+    create_empty_table(table, "event_id STRING, amount DOUBLE, event_time TIMESTAMP")
+    zero = [json.loads(line) for line in (table / "_delta_log" / f"{0:020d}.json").read_text().splitlines()]
+    assert zero[0] == {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}}
+    schema = json.loads(zero[1]["metaData"]["schemaString"])
+    assert [(f["name"], f["type"]) for f in schema["fields"]] == [
+        ("event_id", "string"), ("amount", "double"), ("event_time", "timestamp")
+    ]
+    assert commits(table) == []
+    for version, rows in ((1, 500), (2, 300)):
+        add = {"add": {"path": f"part-{version}.parquet", "stats": json.dumps({"numRecords": rows})}}
+        txn = {"txn": {"appId": "kdi", "version": version}}
+        (table / "_delta_log" / f"{version:020d}.json").write_text(json.dumps(txn) + "\n" + json.dumps(add) + "\n")
+    assert [rows for _, rows in commits(table)] == [500, 300]
+    run = {"rows_in": 800, "rows_per_second_from_launch": 80, "first_commit_from_launch_s": 6.0, "batches": 2,
+           "batch_seconds": [6.0, 4.0], "batch_rows": [400, 400]}  # fmt: skip
+    figures = figures_of_ingester(run)
+    assert figures["first_batch_s"] == 6.0 and figures["steady_rows_per_second"] == 100

@@ -239,16 +239,17 @@ class Bench:
             self._spark = build_session(SparkSettings(driver_memory="4g"), app_name="streamproof-bench")
         return self._spark
 
-    def topic(self, events: int) -> str:
-        """A 4-partition topic holding exactly ``events`` generated orders (reused when it already does)."""
-        topic = f"bench-orders-{events}-s{SEED}"
+    def topic(self, events: int, malformed: float = MALFORMED) -> str:
+        """A 4-partition topic holding exactly ``events`` generated orders, ``malformed`` of them malformed (reused
+        when it already does)."""
+        topic = f"bench-orders-{events}-s{SEED}" + ("" if malformed == MALFORMED else f"-m{malformed:g}")
         if topic_exists(self.bootstrap, topic):
             held = sum(topic_end_offsets(self.bootstrap, topic).values())
             if held == events:
                 self.emit(f"using topic {topic}: {events:,} events already there")
                 return topic
             topic = f"{topic}-{time.strftime('%H%M%S')}"
-        result = generate(self.bootstrap, topic, events, partitions=4, malformed=MALFORMED, seed=SEED)
+        result = generate(self.bootstrap, topic, events, partitions=4, malformed=malformed, seed=SEED)
         self.emit(
             f"produced {events:,} events into {topic} in {result.seconds:.1f} s "
             f"({result.records_per_second:,.0f} records/s, {result.malformed:,} malformed)"

@@ -5,7 +5,9 @@ query writing plain Parquet at-least-once, (b) a ``confluent-kafka`` consumer re
 deserialising the JSON, (c) Spark reading the topic and counting, (d) the same Delta pipeline at-least-once (the
 cost of exactly-once on the same sink), (e) Spark's own Delta streaming sink as the Spark/Delta docs teach it
 (``benchmarks/native_delta_sink.py``: what a user writes instead of streamproof, with no quarantine and no offsets
-recorded); and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet. Then,
+recorded), (f) the exactly-once pipeline on a topic of valid records only (what the malformed ones cost), (g)
+kafka-delta-ingest on that topic when it is built (:mod:`streamproof.bench.kafka_delta_ingest`), both timed from their
+launch; and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet. Then,
 with the checkpoint and the tables on HDFS (when ``streamproof infra up --hdfs`` runs) and on S3 (``infra up --s3``):
 the exactly-once Delta pipeline and Spark's own Delta sink, a run each, on S3 with its requests counted by kind and
 per batch (S3 bills and throttles per request).
@@ -47,8 +49,9 @@ from streamproof.bench.common import (
     stores_running,
     timed,
 )
+from streamproof.bench.kafka_delta_ingest import HOW_TO_BUILD, ingest_rate, installed_binary
 from streamproof.checkpoint.folder import LEASE_ENV
-from streamproof.config import PipelineSpec, load_pipeline
+from streamproof.config import KafkaSource, PipelineSpec, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.jvm.session import JIT_ENV
 from streamproof.kafka_client import client_config, topic_end_offsets
@@ -210,8 +213,11 @@ def without_renewal() -> Iterator[None]:
 def figures_of_run(run: PipelineRun) -> dict[str, Any]:
     """What an operator reads of one of our runs: the whole run's rows/s, its first batch and the steady batches."""
     first = run.batches[0]["duration_s"] if run.batches else None
+    last_from_launch = run.batches[-1]["t"] if run.batches else 0
     return {
         "rows_per_second": round(run.rows_per_second),
+        # From the process's launch to its last commit: how kafka-delta-ingest is timed too.
+        "rows_per_second_from_launch": round(run.rows_in / last_from_launch) if last_from_launch > 0 else None,
         "first_batch_s": rounded(first),
         # From the process's launch: the JVM's start, the checks and the tables' creation count too.
         "first_commit_from_launch_s": rounded(run.batches[0]["t"]) if run.batches else None,
@@ -233,6 +239,21 @@ def figures_of_native(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def figures_of_ingester(result: dict[str, Any]) -> dict[str, Any]:
+    """:func:`figures_of_run` for a run of kafka-delta-ingest (:func:`ingest_rate`), timed from its launch: its
+    first batch includes its start."""
+    seconds, rows = result["batch_seconds"], result["batch_rows"]
+    later = sum(seconds[1:])
+    return {
+        "rows_per_second": result["rows_per_second_from_launch"],
+        "rows_per_second_from_launch": result["rows_per_second_from_launch"],
+        "first_batch_s": rounded(seconds[0]) if seconds else None,
+        "first_commit_from_launch_s": result["first_commit_from_launch_s"],
+        "steady_rows_per_second": round(sum(rows[1:]) / later) if later else None,
+        "batch_seconds": seconds,
+    }
+
+
 def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The median of each figure over the rounds (not the best: an operator gets the typical run), and the rounds.
 
@@ -243,8 +264,10 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     20
     """
     summary: dict[str, Any] = {}
-    for figure in ("rows_per_second", "first_batch_s", "first_commit_from_launch_s", "steady_rows_per_second"):
-        values = [one[figure] for one in rounds if one[figure] is not None]
+    figures = ("rows_per_second", "rows_per_second_from_launch", "first_batch_s", "first_commit_from_launch_s",
+               "steady_rows_per_second")  # fmt: skip
+    for figure in figures:
+        values = [one[figure] for one in rounds if one.get(figure) is not None]
         summary[figure] = statistics.median(values) if values else None
     return {**summary, "rounds": rounds}
 
@@ -279,13 +302,33 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
     at-least-once, the raw consumer, Spark's count and the ceiling; ``rounds`` interleaved rounds, the medians kept;
     then on the stores of ``state_dir``'s servers that run (:func:`on_stores`)."""
     topic = bench.topic(bench.events)
+    # Valid records only: what malformed records cost us, and kafka-delta-ingest (it stops at one that does not fit).
+    clean_topic = bench.topic(bench.events, malformed=0.0)
+    ingester = installed_binary()
+    if ingester is None:
+        bench.emit(HOW_TO_BUILD)
+    spec = load_pipeline(PIPELINES / "throughput_delta.toml")
+    batch = spec.source.max_offsets_per_trigger if isinstance(spec.source, KafkaSource) else None
     # Rounds interleaved: on a shared 2-core machine a slow spell falls on every side alike.
     delta_runs, renewal_free_runs, files_runs, delta_alo_runs, native_runs = [], [], [], [], []
+    clean_runs: list[PipelineRun] = []
+    ingester_runs: list[dict[str, Any]] = []
     for round_number in range(1, rounds + 1):
         of = f"(round {round_number} of {rounds})"
         bench.emit(f"pipeline: Kafka -> Delta, exactly-once {of}")
         delta_file = bench.pipeline("throughput_delta", topic, f"throughput-delta-{round_number}")
         delta_runs.append(bench.drain(delta_file))
+        bench.emit(f"the same exactly-once pipeline on a topic of valid records only {of}")
+        clean_file = bench.pipeline("throughput_delta", clean_topic, f"throughput-clean-{round_number}")
+        clean_runs.append(bench.drain(clean_file))
+        if ingester is not None:
+            bench.emit(f"kafka-delta-ingest on the topic of valid records only {of}")
+            ingested = ingest_rate(
+                ingester, bench.bootstrap, clean_topic, spec.transform.schema_, bench.workdir / f"kdi-{round_number}",
+                events=bench.events, batch=batch or 500_000, timeout_s=3600,
+            )  # fmt: skip
+            bench.emit(f"  {ingested['rows_per_second_from_launch']:,} rows/s from its launch to its last commit")
+            ingester_runs.append(ingested)
         bench.emit(f"baseline (e): Spark's own Delta streaming sink, the docs' code {of}")
         native_runs.append(native_delta_sink_rate(bench, delta_file, f"throughput-native-delta-{round_number}"))
         bench.emit(f"the lease's cost: the same exactly-once pipeline, its run lock never renewed {of}")
@@ -309,7 +352,10 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
         "delta_exactly_once_no_renewal": medians([figures_of_run(run) for run in renewal_free_runs]),
         "parquet_at_least_once": medians([figures_of_run(run) for run in files_runs]),
         "delta_at_least_once": medians([figures_of_run(run) for run in delta_alo_runs]),
-    }
+        "delta_exactly_once_clean_topic": medians([figures_of_run(run) for run in clean_runs]),
+        **({"kafka_delta_ingest_clean_topic": medians([figures_of_ingester(run) for run in ingester_runs])}
+           if ingester_runs else {}),
+    }  # fmt: skip
     over_native = side_ratios(sides["delta_exactly_once"], sides["native_delta_sink"])
     bench.emit(
         f"exactly-once over Spark's own Delta sink, by the medians of {rounds} rounds: {json.dumps(over_native)}"
@@ -328,7 +374,6 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
     count = spark_count_rate(spark, bench.bootstrap, topic)
     bench.emit(f"  {count['rows_per_second']:,} rows/s")
     bench.emit("ceiling: from_json + Parquet from a cached copy")
-    spec = load_pipeline(PIPELINES / "throughput_delta.toml")
     ceiling = ceiling_rate(spark, bench.bootstrap, topic, spec, bench.workdir / "ceiling")
     bench.emit(f"  {ceiling['rows_per_second']:,} rows/s")
     rate = sides["delta_exactly_once"]["rows_per_second"]
@@ -344,6 +389,15 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
         "steady_exactly_once_over_native_delta_sink": over_native["steady_batches"],
         # The lease's cost: a run renewing its lock against the same run never renewing it (1.0: free).
         "exactly_once_vs_no_lease_renewal": ratio(rate, sides["delta_exactly_once_no_renewal"]["rows_per_second"]),
+        # What 0.1% of malformed records cost: our rate on that topic over our rate on a topic of valid ones only.
+        "malformed_topic_vs_clean_topic": ratio(rate, sides["delta_exactly_once_clean_topic"]["rows_per_second"]),
+        # Both from the process's launch to the last commit, on the topic of valid records only.
+        "clean_exactly_once_over_kafka_delta_ingest_from_launch": ratio(
+            sides["delta_exactly_once_clean_topic"]["rows_per_second_from_launch"] or 0,
+            sides["kafka_delta_ingest_clean_topic"]["rows_per_second_from_launch"] or 0,
+        )
+        if "kafka_delta_ingest_clean_topic" in sides
+        else None,
         "steady_delta_exactly_once_vs_parquet_at_least_once": ratio(
             sides["delta_exactly_once"]["steady_rows_per_second"] or 0,
             sides["parquet_at_least_once"]["steady_rows_per_second"] or 0,
@@ -357,7 +411,10 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
         >= 1.5,
         "delta_exactly_once_vs_delta_at_least_once >= 0.9": (ratios["delta_exactly_once_vs_delta_at_least_once"] or 0)
         >= 0.9,
-    }
+        "malformed_topic_vs_clean_topic >= 0.95": (ratios["malformed_topic_vs_clean_topic"] or 0) >= 0.95,
+        **({"clean_exactly_once_over_kafka_delta_ingest_from_launch >= 1.5":
+            (ratios["clean_exactly_once_over_kafka_delta_ingest_from_launch"] or 0) >= 1.5} if ingester_runs else {}),
+    }  # fmt: skip
     return {
         "events": bench.events,
         "topic": topic,
@@ -449,6 +506,8 @@ PLOTTED_SIDES = {
     "delta_exactly_once": ("streamproof exactly-once", "tab:blue"),
     "native_delta_sink": ("Spark's own Delta sink", "tab:orange"),
     "delta_exactly_once_no_renewal": ("streamproof, lease never renewed", "tab:green"),
+    "delta_exactly_once_clean_topic": ("streamproof, valid records only", "tab:purple"),
+    "kafka_delta_ingest_clean_topic": ("kafka-delta-ingest, valid records only (from launch)", "tab:red"),
 }
 
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds kafka-delta-ingest (delta-io's Rust ingester) once, into streamproof's cache, for `streamproof bench
+# throughput`'s side of it (streamproof/bench/kafka_delta_ingest.py). Not part of `make setup`: about an hour of
+# 2 cores (its release profile links with LTO). Idempotent: a binary built before is kept.
+#   make kafka-delta-ingest                      # its source cloned from GitHub at the commit below
+#   KDI_SOURCE=~/src/kafka-delta-ingest make kafka-delta-ingest   # a checkout you have
+set -euo pipefail
+
+commit=c6d42de  # streamproof/bench/kafka_delta_ingest.py SOURCE_COMMIT: the figures of docs/performance.md
+cache="$HOME/.cache/streamproof/kafka-delta-ingest"
+binary="$cache/bin/kafka-delta-ingest"
+if [ -x "$binary" ]; then
+  echo "kafka-delta-ingest: $binary (built before; delete it to build again)"
+  exit 0
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: cargo not found: install Rust with rustup (https://rustup.rs), then run this again" >&2
+  exit 2
+fi
+# rdkafka-sys builds librdkafka from source: cmake, a C++ compiler, OpenSSL's and zlib's headers.
+missing=()
+for package in cmake g++ pkg-config libssl-dev zlib1g-dev; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+source="${KDI_SOURCE:-}"
+if [ -z "$source" ]; then
+  source="$cache/src"
+  [ -d "$source/.git" ] || git clone --quiet https://github.com/delta-io/kafka-delta-ingest "$source"
+  git -C "$source" checkout --quiet "$commit"
+fi
+echo "building kafka-delta-ingest from $source (cargo build --release; about an hour on 2 cores)"
+CARGO_TARGET_DIR="$cache/target" cargo build --release --manifest-path "$source/Cargo.toml"
+install -D "$cache/target/release/kafka-delta-ingest" "$binary"
+echo "kafka-delta-ingest: $binary"
