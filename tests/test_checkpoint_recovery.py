@@ -70,6 +70,7 @@ from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks import open_sinks
 from streamproof.sources import require_available
+from streamproof.storage.claimed_log import ClaimedLog
 from streamproof.storage.location import Location
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
@@ -366,6 +367,18 @@ def test_a_run_that_lost_its_lease_never_sets_the_quarantine_mark_back(tmp_path:
     assert QuarantineMark(checkpoint).read() == 5
     c.record(7)  # the holder goes on
     assert QuarantineMark(checkpoint).read() == 7
+
+    # C read the mark, then slept while E took over and made more entries than are kept: the name after C's read is
+    # free again (pruned) and C's create of it is made, but it is not the newest entry, and C stops all the same.
+    stale = c._newest()
+    e = QuarantineMark(checkpoint)
+    e.fence("e" * 32)
+    for batch in range(8, 8 + ClaimedLog.KEPT + 1):
+        e.record(batch)
+    c._newest = lambda: stale  # type: ignore[method-assign]
+    with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease eeeeeeee\)"):
+        c.record(99)
+    assert QuarantineMark(checkpoint).read() == 8 + ClaimedLog.KEPT
 
 
 def test_a_delta_log_holding_files_past_its_last_commit_is_refused_even_when_not_behind(tmp_path: Path) -> None:

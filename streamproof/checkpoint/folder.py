@@ -339,9 +339,10 @@ class RunLock:
                     continue  # released or taken by another: look again
                 why = f"its lease of {written.lease_s:g} s was not renewed for {waited:.1f} s"
             with _host_mutex(self.path):
-                tag = self.path.version_tag() if self.path.scheme in CONDITIONAL_SCHEMES else None
-                if self._written_holder() != written:
-                    continue  # renewed or taken in between
+                conditional = self.path.scheme in CONDITIONAL_SCHEMES
+                tag = self.path.version_tag() if conditional else None
+                if self._written_holder() != written or (conditional and tag is None):
+                    continue  # renewed or taken in between (on S3: no version to write over, gone)
                 # Stale. The file exists, so no start can create it, and no process of this host deletes it while
                 # this one holds the mutex. On S3 the takeover is written over the version read (If-Match): a renewal
                 # from another machine landing after that read makes the store refuse it (``tests/test_s3.py::

@@ -65,20 +65,25 @@ class QuarantineMark:
     def _newest(self) -> tuple[int, dict[str, object]]:
         number, mark = self.log.newest_record({})
         if number >= 0:
-            if not isinstance(mark.get("batch", 0), int):
+            batch = mark.get("batch", 0)
+            if not isinstance(batch, int) or isinstance(batch, bool):
                 raise self.log.damaged(self.log.entry(number), json.dumps(mark))
             return number, mark
         try:
             text = self.path.read_text()
         except FileNotFoundError:
             return -1, {}
-        if not text.strip().isdigit():
+        try:
+            batch = int(text.strip()) if text.strip().isascii() else -1
+        except ValueError:
+            batch = -1
+        if batch < 0:
             raise PipelineError(
                 f"{self.path} is damaged ({text[:40]!r} is not a batch id): it names the last batch that wrote "
                 "quarantine rows, so that a quarantine table that lost commits is told; restore a checkpoint backup, "
                 "or delete the file (the check then starts again with the next batch that quarantines records)"
             )
-        return -1, {"batch": int(text)}
+        return -1, {"batch": batch}
 
     def fence(self, holder: str) -> None:
         """Claim the mark for the lease ``holder``; from here on another lease's entry stops this run's writes."""

@@ -14,7 +14,8 @@ answers ``409 ConditionalRequestConflict`` without forwarding it (S3's answer to
 flight). :meth:`FaultProxy.pair_conditional_puts` makes two writers racing for one key meet at the store every time
 (the first conditional PUT of a key waits for the second), and ``conditional_answers`` counts the store's answers to
 conditional PUTs by status (412: a create refused because the object exists, or a write over a version that is no
-longer there). Conditional PUTs are those with ``If-None-Match`` or ``If-Match``.
+longer there), ``refused_paths`` the paths answered 412. Conditional PUTs are those with ``If-None-Match`` or
+``If-Match``.
 
 Example::
 
@@ -84,6 +85,7 @@ class FaultProxy:
         self.faults_given: Counter[str] = Counter()
         self.conditional_requests: Counter[str] = Counter()  # conditional writes passed, by method (PUT, POST)
         self.conditional_answers: Counter[int] = Counter()  # the store's answers to them, by status
+        self.refused_paths: Counter[str] = Counter()  # the paths of those answered 412, each as often as it was
         threading.Thread(target=self._accept, name=f"fault-proxy-{self.port}", daemon=True).start()
 
     @property
@@ -225,12 +227,15 @@ class FaultProxy:
                         self._answer_in_place(pair, fault)
                         break
                     pair.drop_answer = fault == "drop-answer"
-                    pair.conditional_put = True
+                    pair.conditional_put, pair.conditional_path = True, path
                     self._meet_twin(path)
                     self._run_before(path)
                 elif not to_store and pair.conditional_put and _final_answer(data):
                     pair.conditional_put = False
-                    self.conditional_answers[int(data.split(b" ", 2)[1])] += 1
+                    status = int(data.split(b" ", 2)[1])
+                    self.conditional_answers[status] += 1
+                    if status == 412:
+                        self.refused_paths[pair.conditional_path.decode(errors="replace")] += 1
                     if pair.drop_answer:
                         pair.reset()  # the store wrote the object and answered; the client never hears it
                         self.faults_given["drop-answer"] += 1
@@ -297,6 +302,7 @@ class _Connection:
         self.resetting = False
         self.conditional_put = False  # a conditional PUT passed to the store: its answer is counted
         self.drop_answer = False  # ... and dropped
+        self.conditional_path = b""  # ... of this path
         self.closed = threading.Event()
         self._ended = 0
         self._lock = threading.Lock()

@@ -17,7 +17,8 @@ Python copy (``_streamproof`` on the reader or writer) for the run to decide on 
 * ``StreamingQuery.awaitTermination`` and ``StreamingQueryManager.awaitAnyTermination`` (every query drains).
 
 The patches touch PySpark's private fields ``_jreader``, ``_jwrite``, ``_df`` and ``_options``:
-``tests/test_jobs.py::test_the_private_fields_the_patches_use_exist_in_this_pyspark`` fails when PySpark renames one.
+``tests/test_jobs_units.py::test_the_private_fields_the_patches_use_exist_in_this_pyspark`` fails when PySpark renames
+one.
 
 Example::
 

@@ -112,6 +112,10 @@ class ClaimedLog:
         self.folder.mkdir()
         if not self.entry(newest + 1).create_new(json.dumps({**record, "holder": self.holder})):
             raise self.lost(self.newest_record({})[1].get("holder", ""))
+        # A run paused while another made KEPT entries or more finds the name free (pruned): its entry is not the
+        # newest, which readers take; it lost all the same.
+        if self.numbers()[-1] != newest + 1:
+            raise self.lost(self.newest_record({})[1].get("holder", ""))
         self.entry(newest + 1 - self.KEPT).delete()  # entries are numbered on: one falls out
 
     def lost(self, other: str) -> PipelineError:

@@ -416,7 +416,8 @@ class Location:
         """S3: the ETag of the object as it is now (None when it is not there), for :meth:`replace_if_unchanged`: a
         read made after this call and found to be what the caller expects is safe to replace."""
         status = self._unless_missing(lambda: self._fs.getFileStatus(self._jpath))
-        return str(status.getEtag()) if status is not None else None
+        tag = status.getEtag() if status is not None else None
+        return str(tag) if tag else None
 
     def replace_if_unchanged(self, text: str, tag: str) -> bool:
         """S3: write ``text`` over the object only if it is still the version :meth:`version_tag` named ``tag`` (a
