@@ -17,19 +17,24 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "error: cargo not found: install Rust with rustup (https://rustup.rs), then run this again" >&2
   exit 2
 fi
-# rdkafka-sys builds librdkafka from source: cmake, a C++ compiler, OpenSSL's and zlib's headers.
+# rdkafka-sys builds librdkafka from source: make, cmake, a C++ compiler, OpenSSL's and zlib's headers.
 missing=()
-for package in cmake g++ pkg-config libssl-dev zlib1g-dev; do
-  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+for package in make cmake g++ pkg-config libssl-dev zlib1g-dev; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  "${as_root[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq "${missing[@]}"
 fi
 source="${KDI_SOURCE:-}"
 if [ -z "$source" ]; then
   source="$cache/src"
   [ -d "$source/.git" ] || git clone --quiet https://github.com/delta-io/kafka-delta-ingest "$source"
   git -C "$source" checkout --quiet "$commit"
+elif [ -d "$source/.git" ] && [ "$(git -C "$source" rev-parse --short=7 HEAD)" != "$commit" ]; then
+  echo "warning: $source is at $(git -C "$source" rev-parse --short=7 HEAD), not $commit (the bench's figures)" >&2
 fi
 echo "building kafka-delta-ingest from $source (cargo build --release; about an hour on 2 cores)"
 CARGO_TARGET_DIR="$cache/target" cargo build --release --manifest-path "$source/Cargo.toml"

@@ -426,6 +426,16 @@ def bench_throughput(bench: Bench, rounds: int = 3, state_dir: Path | None = Non
         "delta_exactly_once": delta.to_dict(),
         "parquet_at_least_once": files.to_dict(),
         "delta_at_least_once": delta_alo.to_dict(),
+        "delta_exactly_once_clean_topic": _median_run(clean_runs).to_dict(),
+        **(
+            {
+                "kafka_delta_ingest_clean_topic": _median_run(
+                    ingester_runs, lambda run: run["rows_per_second_from_launch"]
+                )
+            }
+            if ingester_runs
+            else {}
+        ),
         "native_delta_sink": native,
         "consumer_read": consumer,
         "spark_count": count,
