@@ -110,6 +110,13 @@ def _assert_clean(spark: Any, pipeline_file: Path, events: int) -> None:
     assert [report.sink for report in reports] == ["delta", "pg"]
 
 
+def _a_start_meanwhile(checkpoint: Path) -> str:
+    """What a run started now on ``checkpoint`` says: tests/data/hold_run_lock.py takes the run lock as a run does."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "data" / "hold_run_lock.py"), str(checkpoint), "2",
+                           "0.2"], capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
+    return done.stdout.strip()
+
+
 def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     kafka_broker: KafkaBroker,
     streamproof_postgres: PostgresServer,
@@ -218,7 +225,19 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     # two trailing commits lost: the rewind's first replayed batch starts where the table's own record of the batch
     # before it ends, an entry the offset log lost with the checkpoint (found by `prove --nemesis`).
     shutil.rmtree(checkpoint)
+    # Both commands hold the run lock for their whole run: a start while they work (a real process taking the lock
+    # as a run does) is refused naming the command.
+    starts: list[str] = []
+    import streamproof.checkpoint.recover as recover_module
+
+    def reads_the_sinks_and_a_start_meanwhile(sinks: Any) -> Any:
+        starts.append(_a_start_meanwhile(checkpoint))
+        return real_recording(sinks)
+
+    real_recording = recover_module.recording
+    monkeypatch.setattr(recover_module, "recording", reads_the_sinks_and_a_start_meanwhile)
     recover(spark, spec)
+    monkeypatch.setattr(recover_module, "recording", real_recording)
     log = tmp_path / "orders" / "_delta_log"
     newest = max(int(path.name.split(".")[0]) for path in log.glob("*.json"))
     for version in (newest, newest - 1):
@@ -228,8 +247,16 @@ def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(
     (delta_lag,) = [lag for lag in lags if lag.sink.name == "delta"]
     assert delta_lag.holds_through not in logged_batches(checkpoint), logged_batches(checkpoint)
     # As the command calls it (the command itself ran above), in this process: a JVM start saved.
-    replayed = rewind(spec, lambda spec: run_pipeline(spec, once=True), spark)
+    def replay_and_a_start_meanwhile(spec: PipelineSpec) -> None:
+        starts.append(_a_start_meanwhile(checkpoint))
+        run_pipeline(spec, once=True)
+
+    replayed = rewind(spec, replay_and_a_start_meanwhile, spark)
     assert f"replayed batches {delta_lag.holds_through + 1}-" in replayed, replayed
+    assert len(starts) >= 2 and starts[0].startswith(
+        f"refused: {checkpoint} is in use by `streamproof checkpoint recover`"
+    ) and all(line.startswith(f"refused: {checkpoint} is in use by `streamproof checkpoint rewind`")
+              for line in starts[1:]), starts  # fmt: skip
     reports = assert_every_sink_clean(spark, pipeline_file, 11_500)
     assert disagreements(reports, verify_independently(spec)) == []
 
