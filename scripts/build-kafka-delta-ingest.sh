@@ -7,7 +7,7 @@
 set -euo pipefail
 
 commit=c6d42de  # streamproof/bench/kafka_delta_ingest.py SOURCE_COMMIT: the figures of docs/performance.md
-cache="$HOME/.cache/streamproof/kafka-delta-ingest"
+cache="${STREAMPROOF_CACHE:-$HOME/.cache/streamproof}/kafka-delta-ingest"  # as streamproof.jvm.jars.cache_root
 binary="$cache/bin/kafka-delta-ingest"
 if [ -x "$binary" ]; then
   echo "kafka-delta-ingest: $binary (built before; delete it to build again)"

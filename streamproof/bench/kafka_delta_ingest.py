@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.errors import ConfigError, PipelineError
+from streamproof.jvm.jars import cache_root
 
 BINARY_ENV = "STREAMPROOF_KAFKA_DELTA_INGEST"
 SOURCE_COMMIT = "c6d42de"  # the commit the bench's figures were measured with (docs/performance.md)
-CACHED_BINARY = Path.home() / ".cache" / "streamproof" / "kafka-delta-ingest" / "bin" / "kafka-delta-ingest"
 HOW_TO_BUILD = (
     "kafka-delta-ingest is not installed: build it once with `make kafka-delta-ingest` (its source from GitHub, or "
     "KDI_SOURCE=<a checkout>; Rust from rustup; about 25 minutes on 2 cores), or name a build in "
@@ -55,8 +55,9 @@ def installed_binary() -> Path | None:
         if not Path(named).is_file():
             raise ConfigError(f"${BINARY_ENV} names {named}, which is not a file: build it, or unset the variable")
         return Path(named)
-    if CACHED_BINARY.is_file():
-        return CACHED_BINARY
+    built = cache_root() / "kafka-delta-ingest" / "bin" / "kafka-delta-ingest"  # where the make target puts it
+    if built.is_file():
+        return built
     found = shutil.which("kafka-delta-ingest")
     return Path(found) if found else None
 

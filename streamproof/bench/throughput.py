@@ -539,7 +539,7 @@ def plot_throughput(document: dict[str, Any], png: Path) -> Path | None:
     from matplotlib.ticker import MaxNLocator
 
     panels = {"local disk": throughput["sides"], **{where: one["sides"] for where, one in throughput["stores"].items()}}
-    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), dpi=100, squeeze=False)
+    figure, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), dpi=100, squeeze=False)
     for axis, (where, sides) in zip(axes[0], panels.items(), strict=True):
         for name, (label, color) in PLOTTED_SIDES.items():
             for index, one in enumerate(sides.get(name, {}).get("rounds", [])):
@@ -552,7 +552,7 @@ def plot_throughput(document: dict[str, Any], png: Path) -> Path | None:
         axis.set_ylabel("batch duration (s)")
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
-        axis.legend()
+        axis.legend(fontsize="x-small", loc="upper right", framealpha=0.7)
     machine = document.get("machine", {})
     figure.suptitle(f"Kafka -> Delta, each round's batches ({machine.get('cores', '?')} cores, "
                     f"{str(machine.get('date', ''))[:10]})")  # fmt: skip
