@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -408,6 +409,18 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
         assert damage == (0, 0, 0, 0), report.to_json()
         assert report.identity_holds
     return reports
+
+
+def taken_over_after_reading(read: Callable[[], Any], take_over: Callable[[], None]) -> Callable[[], Any]:
+    """``read`` (a record's newest entry) followed at once by another run's takeover: a woken run's read made before
+    the takeover, its write after it (tests of :class:`streamproof.storage.claimed_log.ClaimedLog`'s users)."""
+
+    def read_then_taken_over() -> Any:
+        before = read()
+        take_over()
+        return before
+
+    return read_then_taken_over
 
 
 def on_host(host: str, command: list[str]) -> list[str]:

@@ -40,6 +40,7 @@ from conftest import (
     drain_in_process,
     plant_delta_commit,
     run_cli,
+    taken_over_after_reading,
     tree_bytes,
     write_pipeline,
 )
@@ -381,14 +382,7 @@ def test_a_run_that_lost_its_lease_never_sets_the_quarantine_mark_back(tmp_path:
 
     # B's read before a takeover, its write after it.
     c = QuarantineMark(checkpoint)
-    read = b._newest
-
-    def read_then_taken_over() -> tuple[int, dict[str, object]]:
-        before = read()
-        c.fence("c" * 32)
-        return before
-
-    b._newest = read_then_taken_over  # type: ignore[method-assign]
+    b._newest = taken_over_after_reading(b._newest, lambda: c.fence("c" * 32))  # type: ignore[method-assign]
     with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease cccccccc\)"):
         b.record(6)
     assert QuarantineMark(checkpoint).read() == 5

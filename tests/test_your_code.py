@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from conftest import CLI_TIMEOUT_S, REPO, run_cli
+from conftest import CLI_TIMEOUT_S, REPO, run_cli, taken_over_after_reading
 from streamproof.config import PipelineSpec, load_pipeline
 from streamproof.errors import ConfigError, PipelineError
 from streamproof.generator import generate
@@ -140,14 +140,7 @@ def test_a_run_that_lost_its_lease_never_rewrites_the_lookup_record(tmp_path: Pa
 
     # A's read before a takeover, its write after it.
     c = LookupVersions(Location(tmp_path))
-    read = b._newest
-
-    def read_then_taken_over() -> tuple[int, dict[str, Any]]:
-        before = read()
-        c.fence("c" * 32)
-        return before
-
-    b._newest = read_then_taken_over  # type: ignore[method-assign]
+    b._newest = taken_over_after_reading(b._newest, lambda: c.fence("c" * 32))  # type: ignore[method-assign]
     with pytest.raises(PipelineError, match=r"^this run lost its lease: .* another run \(lease cccccccc\)"):
         b.remember(2, {"t": {"0": 20}}, {"customers": 5})
     assert c.recorded(1) == {"customers": 4} and c.recorded(2) is None and c.read()["holder"] == "c" * 32
