@@ -411,12 +411,12 @@ def assert_every_sink_clean(spark: Any, pipeline_file: Path, events: int) -> lis
     return reports
 
 
-def taken_over_after_reading(read: Callable[[], Any], take_over: Callable[[], None]) -> Callable[[], Any]:
+def taken_over_after_reading(read: Callable[..., Any], take_over: Callable[[], None]) -> Callable[..., Any]:
     """``read`` (a record's newest entry) followed at once by another run's takeover: a woken run's read made before
     the takeover, its write after it (tests of :class:`streamproof.storage.claimed_log.ClaimedLog`'s users)."""
 
-    def read_then_taken_over() -> Any:
-        before = read()
+    def read_then_taken_over(*args: Any) -> Any:
+        before = read(*args)
         take_over()
         return before
 

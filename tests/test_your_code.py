@@ -37,7 +37,7 @@ from streamproof.reconcile import verify_pipeline
 from streamproof.reconcile.checker import compare_rows
 from streamproof.reconcile.counts import Check
 from streamproof.reconcile.independent import disagreements, verify_independently
-from streamproof.sinks.handed import HandedOut
+from streamproof.sinks.handed import HandedOut, HandOut
 from streamproof.storage.location import Location
 from streamproof.your_code.transform import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
 
@@ -153,7 +153,8 @@ def test_a_run_that_lost_its_lease_marks_a_hand_out_returned_only_as_the_new_hol
     """Run A hands batch 5 to your sink and is paused inside your write; run B takes over, hands batch 5 again (the
     checkpoint logs the same offsets: a replay, so the record is not made again), its write returns, and it hands out
     batch 6. A, woken, its write returned, marks batch 5 returned: what it writes is the record B holds, byte for
-    byte (the same batch, offsets and key: the write is provably the new holder's), and batch 6 is untouched. A woken
+    byte (the same batch, offsets and key: the write is provably the new holder's), and batch 6 is untouched; so is
+    what it writes when it read batch 6's record before B marked it and writes after. A woken
     run of another history (other offsets for batch 5) is refused before its write, as any such hand-out."""
     state = Location(tmp_path / "orders.streamproof")
     a, b = HandedOut(state, "ledger"), HandedOut(state, "ledger")
@@ -165,10 +166,16 @@ def test_a_run_that_lost_its_lease_marks_a_hand_out_returned_only_as_the_new_hol
     held = {batch: (state / "handed" / "ledger" / f"{batch}.json").read_text() for batch in (5, 6)}
     a.returned(5)  # A wakes: its write of batch 5 returned
     assert {batch: (state / "handed" / "ledger" / f"{batch}.json").read_text() for batch in (5, 6)} == held
+    # The other order: A reads batch 6's record before B marks it returned, and writes after B did.
+    a.read = taken_over_after_reading(a.read, lambda: b.returned(6))  # type: ignore[method-assign]
+    a.returned(6)
+    assert (state / "handed" / "ledger" / "6.json").read_text() == HandOut(6, end, {"t": {"0": 30}}, "orders:6",
+                                                                            True).text()  # fmt: skip
+    held[6] = (state / "handed" / "ledger" / "6.json").read_text()
     with pytest.raises(PipelineError, match=r"^your sink's batch 5 was handed out before with end offsets"):
         a.hand(5, start, {"t": {"0": 25}}, "orders:5b")
     assert [(r.batch_id, r.end_offsets, r.returned) for r in b.records()] == [
-        (5, end, True), (6, {"t": {"0": 30}}, False)
+        (5, end, True), (6, {"t": {"0": 30}}, True)
     ]
 
 
