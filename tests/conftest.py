@@ -52,6 +52,12 @@ SLOW_TIER = {
         for kind in ("postgres", "kafka", "files")
     },
     "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+    "inside-your-own-write]":
+        "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
+        "inside-the-postgres-write] (a sink's write paused, taken over, woken: one line, 0/0/0) and tests/test_your_"
+        "code.py::test_a_run_that_lost_its_lease_marks_a_hand_out_returned_only_as_the_new_holder_holds_it (your "
+        "sink's record of the batch, written by a woken run, is the new holder's)",
+    "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
     "inside-the-kafka-write]":
         "tests/test_lease.py::test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing["
         "inside-the-postgres-write] (a write from Python tasks paused with its transactions open, taken over, woken: "

@@ -45,6 +45,7 @@ from streamproof.storage.location import Location
 
 LEASE_S = 2.0
 HOLDER = REPO / "tests" / "data" / "hold_run_lock.py"
+YOUR_CODE = REPO / "examples" / "your_code"
 
 pytestmark = pytest.mark.skipif(not other_hosts_possible(),
                                 reason="another host is a namespace of its own: unshare, as root")  # fmt: skip
@@ -243,6 +244,37 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
     assert disagreements(reports, verify_independently(load_pipeline(pipeline_file))) == []
 
 
+def _your_ledger(workdir: Path, broker: KafkaBroker, postgres: Any, topic: str) -> Path:
+    """A pipeline of one sink of your own, ``shop.sinks:ledger_in_one_transaction`` (the ledger checked, the rows and
+    the ledger row written in one PostgreSQL transaction), batches of 2,000."""
+    path = workdir / "pipeline.toml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"""
+name = "paused-yours"
+guarantee = "exactly-once"
+checkpoint = "{workdir}/checkpoint"
+
+[source]
+kind = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "{topic}"
+max_offsets_per_trigger = 2000
+
+[transform]
+schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
+required = ["event_id", "order_id"]
+quarantine = "{workdir}/quarantine"
+
+[[sinks]]
+label = "ledger-in-one-transaction"
+kind = "python"
+write = "shop.sinks:ledger_in_one_transaction"
+read = "shop.sinks:read_rows"
+options = {{ table = "paused_ledger_{workdir.name[-8:].lower().replace('-', '_')}", port = {postgres.port} }}
+""")
+    return path
+
+
 def _stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP)."""
     info = process_info(pid)
@@ -260,15 +292,18 @@ def _stopped(pid: int) -> bool:
     (f"{AFTER_CHECKPOINT_COMMIT}@0", "pg-append"),
     (f"{AFTER_CHECKPOINT_COMMIT}@0", "kafka"),
     (f"{AFTER_CHECKPOINT_COMMIT}@0", "files"),
+    (f"{MID_SINK_WRITE}@1", "yours"),
 ], ids=["inside-the-delta-write", "between-batches", "inside-the-postgres-write", "inside-the-kafka-write",
         "inside-the-files-write", "between-batches-postgres", "between-batches-kafka",
-        "between-batches-files"])  # fmt: skip
+        "between-batches-files", "inside-your-own-write"])  # fmt: skip
 def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damages_nothing(
-    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, request: pytest.FixtureRequest, pause_at: str, sink: str
+    kafka_broker: KafkaBroker, spark: Any, tmp_path: Path, request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch, pause_at: str, sink: str
 ) -> None:
     """A pipeline (6,000 events, 0.5% malformed, batches of 2,000), lease 3 s, on host A: its whole process tree
     SIGSTOPped inside its sink's write of batch 1 (Delta's or the files sink's first data file written, no commit;
-    PostgreSQL's or Kafka's last task with its rows sent, its transaction open), or between batches (batch 0
+    PostgreSQL's or Kafka's last task with its rows sent, its transaction open; your own sink's write after its first
+    psycopg commit, its tables made, the ledger not yet read), or between batches (batch 0
     committed, Spark's offsets of batch 1 logged, nothing of it written); host B starts, waits out A's lease, takes
     over (epoch 2) and runs batches 1 and 2; then A is continued, its write half done. A stops in one line naming
     the lease it lost to B, commits nothing of its own and leaves B's lock; B, stopped by SIGTERM, releases it: both
@@ -279,6 +314,10 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
     if sink == "delta":  # the demo pipeline
         pipeline_file = write_pipeline(tmp_path, name="paused", topic=topic,
                                        bootstrap=kafka_broker.bootstrap_servers, max_offsets=2_000)  # fmt: skip
+    elif sink == "yours":  # your own sink: examples/your_code's ledger in the rows' own transaction
+        monkeypatch.setenv("PYTHONPATH", str(YOUR_CODE))  # A, B and the checkers import shop.sinks
+        monkeypatch.syspath_prepend(str(YOUR_CODE))
+        pipeline_file = _your_ledger(tmp_path, kafka_broker, request.getfixturevalue("streamproof_postgres"), topic)
     else:
         postgres = request.getfixturevalue("streamproof_postgres") if sink.startswith("pg-") else None
         where = "between" if pause_at.startswith(AFTER_CHECKPOINT_COMMIT) else "inside"  # tables of its own

@@ -107,8 +107,10 @@ class PythonSink(Sink):
             raise self._failed(error, batch.batch_id) from None
         if batch.keyed:
             self.handed.returned(batch.batch_id)
-        if armed is not None:  # the write went through fewer moments: killed now, the harness told why
-            steps.crash(not_reached(self.spec.write, batch.batch_id, armed, steps.moments), "driver", reached=False)
+        if steps.armed is not None:  # the write went through fewer moments: killed now, the harness told why
+            steps.crash(
+                not_reached(self.spec.write, batch.batch_id, steps.armed, steps.moments), "driver", reached=False
+            )
         return SinkWrite(batch.rows, moments=tuple(steps.moments), unseen=tuple(steps.unseen))
 
     def _failed(self, error: BaseException, batch_id: int) -> PipelineError:

@@ -140,8 +140,16 @@ class WriteSteps:
         return found.task_step if found is not None and found.step == len(self.steps) + 1 else None
 
     def crash(self, moment: str, where: str, reached: bool = True) -> None:
-        """SIGKILL the whole run here, its landing written first (the harness's evidence)."""
+        """SIGKILL the whole run here, its landing written first (the harness's evidence); with
+        ``$STREAMPROOF_CRASH_ACTION=pause``, SIGSTOP it instead, once, and go on with your write when it is continued
+        (a driver paused past its lease inside your write: ``tests/test_lease.py``)."""
         record_landing(self.evidence, self.batch_id, self.sink, self.armed or 0, moment, where, reached)
+        if os.environ.get(faults.ACTION_ENV) == faults.PAUSE and where == "driver":
+            self.armed = None  # the moments after it pass on
+            print(f"[streamproof] mid-sink-write of {self.sink} in batch {self.batch_id}, {moment}: SIGSTOP",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            faults.pause_own_process_tree()
+            return
         print(
             f"[streamproof] mid-sink-write#{self.armed} of {self.sink} in batch {self.batch_id}, {moment}: SIGKILL",
             file=sys.stderr,
