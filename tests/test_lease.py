@@ -25,7 +25,7 @@ from test_sinks_exactly_once import fan_out_pipeline
 from conftest import REPO, assert_every_sink_clean, on_host, wait_for_a_committed_batch, wait_for_line, write_pipeline
 from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
-from streamproof.config import load_pipeline
+from streamproof.config import PythonSinkSpec, dump_pipeline, load_pipeline
 from streamproof.errors import PipelineError
 from streamproof.faults.points import (
     ACTION_ENV,
@@ -245,33 +245,24 @@ def test_a_pipeline_sigkilled_on_host_a_is_restarted_on_host_b_by_itself_and_rec
 
 
 def _your_ledger(workdir: Path, broker: KafkaBroker, postgres: Any, topic: str) -> Path:
-    """A pipeline of one sink of your own, ``shop.sinks:ledger_in_one_transaction`` (the ledger checked, the rows and
-    the ledger row written in one PostgreSQL transaction), batches of 2,000."""
-    path = workdir / "pipeline.toml"
+    """examples/your_code/your_sinks.toml with its first sink alone, ``shop.sinks:ledger_in_one_transaction`` (the
+    ledger checked, the rows and the ledger row written in one PostgreSQL transaction), on the test's servers and
+    folders, batches of 2,000."""
+    spec = load_pipeline(YOUR_CODE / "your_sinks.toml")
+    ledger = spec.sinks[0]
+    assert isinstance(ledger, PythonSinkSpec) and ledger.write == "shop.sinks:ledger_in_one_transaction"
+    table = f"paused_ledger_{workdir.name[-8:].lower().replace('-', '_')}"
+    spec = spec.model_copy(update={
+        "name": "paused-yours",
+        "checkpoint": str(workdir / "checkpoint"),
+        "source": spec.source.model_copy(update={"bootstrap_servers": broker.bootstrap_servers, "topic": topic,
+                                                 "max_offsets_per_trigger": 2000}),
+        "transform": spec.transform.model_copy(update={"quarantine": str(workdir / "quarantine")}),
+        "sinks": [ledger.model_copy(update={"options": {"table": table, "port": postgres.port}})],
+    })  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"""
-name = "paused-yours"
-guarantee = "exactly-once"
-checkpoint = "{workdir}/checkpoint"
-
-[source]
-kind = "kafka"
-bootstrap_servers = "{broker.bootstrap_servers}"
-topic = "{topic}"
-max_offsets_per_trigger = 2000
-
-[transform]
-schema = "event_id STRING, order_id STRING, customer_id STRING, amount DOUBLE, status STRING, event_time TIMESTAMP"
-required = ["event_id", "order_id"]
-quarantine = "{workdir}/quarantine"
-
-[[sinks]]
-label = "ledger-in-one-transaction"
-kind = "python"
-write = "shop.sinks:ledger_in_one_transaction"
-read = "shop.sinks:read_rows"
-options = {{ table = "paused_ledger_{workdir.name[-8:].lower().replace('-', '_')}", port = {postgres.port} }}
-""")
+    path = workdir / "pipeline.toml"
+    path.write_text(dump_pipeline(spec))
     return path
 
 
