@@ -187,6 +187,9 @@ def test_two_restores_in_a_row_keep_the_checkpoint_the_pipeline_last_ran_on_for_
     refused = f"error: .../files holds batch 3 ... cannot be checked: {TOO_OLD_REPAIR}"
     assert nemesis._put_back_if_too_old(Step("drain"), 2, refused)
     assert committed_batches(checkpoint)[-1] == 9 and nemesis.replaced is None
+    # A copy whose name sorts after the next restore's own: the put-back's copy in a second whose first name was
+    # freed (a CI run kept batch 9's copy for batch 2's), here planted under a later stamp so it happens every time.
+    rebuild(checkpoint.with_name(f"{checkpoint.name}.replaced-29991231T235959"), {0: {"restored": {"0": 0}}}, 0)
 
     nemesis._restore(Step("restore", index=0))
     nemesis.runs += 1  # a run on the restored backup: the pipeline ran on it since

@@ -361,13 +361,17 @@ class NemesisSteps(NemesisJudgement):
 
     def _restore(self, step: Step) -> None:
         which = step.index % len(self.backups)
+        before = {folder.text for folder in kept_aside(self.checkpoint, "replaced")}
         self._cli(step, "checkpoint", "restore", str(self.cell_file), "--from", str(self.backups[which]))
         aside = kept_aside(self.checkpoint, "replaced")
+        # This restore's copy is the name that was not there before it, not the last by name: a name of the same
+        # second freed by a put-back is taken again (a CI run kept batch 9's copy for batch 2's).
+        made = [folder for folder in aside if folder.text not in before]
         # The checkpoint an operator puts back is the one the pipeline last ran on. A restore right after another,
         # with no run between, replaced only the backup the first one restored (still among the backups): the first
         # one's is kept (found at step 169 of a 300-step run: two restores, then a put-back of the older backup).
         if self.replaced is None or self.replaced_at_run != self.runs:
-            self.replaced, self.replaced_at_run = (aside[-1] if aside else None), self.runs
+            self.replaced, self.replaced_at_run = (made[-1] if made else None), self.runs
         for folder in aside:
             if self.replaced is None or folder.text != self.replaced.text:
                 folder.delete(recursive=True)
