@@ -39,7 +39,9 @@ def aside(checkpoint: Location, why: str) -> Location:
 
 
 def kept_aside(checkpoint: Location, why: str) -> list[Location]:
-    """The checkpoints :func:`aside` named for ``why`` beside ``checkpoint``, oldest first.
+    """The checkpoints :func:`aside` named for ``why`` beside ``checkpoint``, by name: their second, then their number.
+    That is the order they were made in only while none of them was deleted: :func:`aside` takes a freed name of a
+    second again (the nemesis tells the copy a restore made by the name that was not there before it).
 
     >>> import tempfile
     >>> checkpoint = Location(tempfile.mkdtemp()) / "orders"
