@@ -429,6 +429,17 @@ def taken_over_after_reading(read: Callable[..., Any], take_over: Callable[[], N
     return read_then_taken_over
 
 
+def run_lock_holder(checkpoint: Path, lease_s: float, seconds: float, host: str | None = None) -> subprocess.Popen[str]:
+    """tests/data/hold_run_lock.py: a process taking ``checkpoint``'s run lock as a run does (lease ``lease_s``),
+    holding it ``seconds``; it prints one line as soon as it holds or is refused. On ``host``: :func:`on_host`."""
+    command = [sys.executable, str(REPO / "tests" / "data" / "hold_run_lock.py"), str(checkpoint), str(lease_s),
+               str(seconds)]  # fmt: skip
+    if host is not None:
+        command = on_host(host, command)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)  # fmt: skip
+
+
 def on_host(host: str, command: list[str]) -> list[str]:
     """``command`` run as on another machine: UTS and PID namespaces of its own, named ``host`` (as root)."""
     from streamproof.harness.child import on_another_host

@@ -40,6 +40,7 @@ from conftest import (
     drain_in_process,
     plant_delta_commit,
     run_cli,
+    run_lock_holder,
     taken_over_after_reading,
     tree_bytes,
     write_pipeline,
@@ -112,10 +113,9 @@ def _assert_clean(spark: Any, pipeline_file: Path, events: int) -> None:
 
 
 def _a_start_meanwhile(checkpoint: Path) -> str:
-    """What a run started now on ``checkpoint`` says: tests/data/hold_run_lock.py takes the run lock as a run does."""
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "data" / "hold_run_lock.py"), str(checkpoint), "2",
-                           "0.2"], capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
-    return done.stdout.strip()
+    """What a run started now on ``checkpoint`` says (:func:`conftest.run_lock_holder`, lease 2 s, held 0.2 s)."""
+    out, _ = run_lock_holder(checkpoint, 2, 0.2).communicate(timeout=60)
+    return out.strip()
 
 
 def test_lost_and_damaged_checkpoints_are_refused_then_rebuilt_from_the_sinks(

@@ -22,7 +22,15 @@ from typing import Any
 import pytest
 from test_sinks_exactly_once import fan_out_pipeline
 
-from conftest import REPO, assert_every_sink_clean, on_host, wait_for_a_committed_batch, wait_for_line, write_pipeline
+from conftest import (
+    REPO,
+    assert_every_sink_clean,
+    on_host,
+    run_lock_holder,
+    wait_for_a_committed_batch,
+    wait_for_line,
+    write_pipeline,
+)
 from streamproof.checkpoint.copies import backup, held_by_command, restore
 from streamproof.checkpoint.folder import LEASE_ENV, LEASE_GRACE_S, Holder, RunLock
 from streamproof.config import PythonSinkSpec, dump_pipeline, load_pipeline
@@ -44,7 +52,6 @@ from streamproof.reconcile.independent import disagreements, verify_independentl
 from streamproof.storage.location import Location
 
 LEASE_S = 2.0
-HOLDER = REPO / "tests" / "data" / "hold_run_lock.py"
 YOUR_CODE = REPO / "examples" / "your_code"
 
 pytestmark = pytest.mark.skipif(not other_hosts_possible(),
@@ -52,12 +59,8 @@ pytestmark = pytest.mark.skipif(not other_hosts_possible(),
 
 
 def _holder(checkpoint: Path, seconds: float, host: str | None = None) -> subprocess.Popen[str]:
-    """A run holding ``checkpoint``'s lock; on ``host``, a UTS and PID namespace of its own named so."""
-    command = [sys.executable, str(HOLDER), str(checkpoint), str(LEASE_S), str(seconds)]
-    if host is not None:
-        command = on_host(host, command)
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)  # fmt: skip
+    """A run holding ``checkpoint``'s lock, lease :data:`LEASE_S`; on ``host``, a UTS and PID namespace of its own."""
+    return run_lock_holder(checkpoint, LEASE_S, seconds, host)
 
 
 def _first_line(process: subprocess.Popen[str], timeout_s: float = 30) -> str:

@@ -31,16 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.faults.points import (
-    ACTION_ENV,
     DATANODE_RESTART,
     EXECUTOR_MID_WRITE,
     MID_SINK_WRITE,
-    PAUSE,
     SPECULATION,
     WORKER_LOSS,
     ancestor_running,
     kill_from_task,
     kill_process_tree,
+    pausing,
 )
 
 FAULT_DIR_ENV = "STREAMPROOF_FAULT_DIR"
@@ -181,7 +180,7 @@ def task_fault(point: str | None, partitions: int, batch_id: int = 0) -> TaskFau
     ``point`` the batch carries (None: nothing). Built in the driver, shipped to the tasks."""
     last = partitions - 1
     if point == MID_SINK_WRITE:
-        return CrashInTask(os.getpid(), last, os.environ.get(ACTION_ENV) == PAUSE)
+        return CrashInTask(os.getpid(), last, pausing())
     if point == SPECULATION:
         return SlowFirstAttempt(last)
     if point in (EXECUTOR_MID_WRITE, WORKER_LOSS):

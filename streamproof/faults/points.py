@@ -290,13 +290,22 @@ def reached(point: str, batch_id: int) -> None:
     global _ARMED
     crash = _ARMED
     if crash is not None and crash.point == point and crash.batch_id == batch_id:
-        if os.environ.get(ACTION_ENV) == PAUSE:
+        if pausing():
             _ARMED = None  # a watcher that sees the point again after the pause passes on
             print(f"[streamproof] crash point {point} reached in batch {batch_id}: SIGSTOP", flush=True)
             pause_own_process_tree()
             return
         print(f"[streamproof] crash point {point} reached in batch {batch_id}: SIGKILL", flush=True)
         kill_own_process_group()
+
+
+def pausing() -> bool:
+    """Whether an armed point of the driver pauses the run instead of killing it (``$STREAMPROOF_CRASH_ACTION=pause``).
+
+    >>> pausing()
+    False
+    """
+    return os.environ.get(ACTION_ENV) == PAUSE
 
 
 def pause_own_process_tree() -> None:

@@ -144,7 +144,7 @@ class WriteSteps:
         ``$STREAMPROOF_CRASH_ACTION=pause``, SIGSTOP it instead, once, and go on with your write when it is continued
         (a driver paused past its lease inside your write: ``tests/test_lease.py``)."""
         record_landing(self.evidence, self.batch_id, self.sink, self.armed or 0, moment, where, reached)
-        if os.environ.get(faults.ACTION_ENV) == faults.PAUSE and where == "driver":
+        if faults.pausing() and where == "driver":
             self.armed = None  # the moments after it pass on
             print(f"[streamproof] mid-sink-write of {self.sink} in batch {self.batch_id}, {moment}: SIGSTOP",
                   file=sys.stderr, flush=True)  # fmt: skip
