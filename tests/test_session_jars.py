@@ -126,3 +126,16 @@ def test_hadoop_s_own_configuration_turning_conditional_writes_off_is_refused_be
     assert "the bucket prod on s3a:// cannot guarantee exactly-once: " in error, error
     assert 'fs.s3a.bucket.prod.create.conditional.enabled = "false" (set in ' in error and "core-site.xml" in error
     assert "Traceback" not in done.stderr and "Py4J" not in done.stderr
+
+
+def test_the_driver_heap_starts_at_driver_memory(spark: Any) -> None:
+    """The shared session's JVM was started with its heap at ``driver_memory`` (2g): a JVM grown from its default
+    start (1/64 of this machine's 24 GiB, 384 MB) would hold far less now, its first batch collected in full as it
+    grew (streamproof.jvm.session.initial_heap_option)."""
+    from streamproof.config import SparkSettings
+    from streamproof.jvm.session import session_conf
+
+    assert "-Xms2048m" in session_conf(SparkSettings())["spark.driver.extraJavaOptions"].split()
+    assert "-Xms512m" in session_conf(SparkSettings(driver_memory="512m"))["spark.driver.extraJavaOptions"].split()
+    runtime = spark._jvm.java.lang.Runtime.getRuntime()
+    assert runtime.totalMemory() >= 0.9 * 2 * 2**30  # committed heap; max is 2g
