@@ -72,7 +72,9 @@ def test_jit_setting_picks_c1_only_and_the_environment_wins(monkeypatch: pytest.
 
     monkeypatch.delenv(JIT_ENV, raising=False)
     assert "TieredStopAtLevel" not in java_options()
+    assert "-XX:CompileThresholdScaling=3" in java_options().split()
     assert "-XX:TieredStopAtLevel=1" in java_options(jit="quick-start")
+    assert "CompileThresholdScaling" not in java_options(jit="quick-start")
     monkeypatch.setenv(JIT_ENV, "quick-start")
     assert "-XX:TieredStopAtLevel=1" in java_options()
     monkeypatch.setenv(JIT_ENV, "tiered")

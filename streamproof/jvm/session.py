@@ -53,6 +53,12 @@ JIT_ENV = "STREAMPROOF_JIT"
 # C1 only. Measured on 2 cores, two 50k-event runs side by side: 60 s with tiered compilation, 35 s with
 # this (C2's compiler threads compete with the tasks); alone at 500k events, steady batches ~15% slower.
 _QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
+# Tiered, each method compiled after 3 times as many calls and loops as the JVM's default: on 2 cores C2 took 27-28%
+# of the machine through a 25 s drain, compiling lukewarm methods beside the hot ones, while the tasks waited for a
+# core. Alternated fresh drains of the bench topic, 6 pairs (docs/performance.md, 2026-11-29): steady batches faster
+# in all 6 (+3% to +17%), the first batch shorter in 5; 2 was about as good, 5 worse, 0.25 (sooner) worse still.
+# Spark's own sink gains nothing from it. A long run's steady state is the same: its hot code gets compiled.
+_TIERED_JIT = "-XX:CompileThresholdScaling=3"
 
 
 # The driver's heap starts at its maximum (``[spark] driver_memory``): grown from the JVM's default start (1/64 of
@@ -79,11 +85,16 @@ def initial_heap_option(driver_memory: str) -> str:
 
 
 def jit_option(settings: SparkSettings) -> str:
-    """The JVM flag of ``[spark] jit`` (or of ``$STREAMPROOF_JIT``, which wins): C1 only for quick-start."""
+    """The JVM flag of ``[spark] jit`` (or of ``$STREAMPROOF_JIT``, which wins): C1 only for quick-start, later
+    compilation for tiered.
+
+    >>> jit_option(SparkSettings(jit="tiered"))  # without $STREAMPROOF_JIT           # doctest: +SKIP
+    '-XX:CompileThresholdScaling=3'
+    """
     jit = os.environ.get(JIT_ENV) or settings.jit
     if jit not in ("tiered", "quick-start"):
         raise ConfigError(f"${JIT_ENV}={jit!r}: expected tiered or quick-start")
-    return _QUICK_START_JIT if jit == "quick-start" else ""
+    return _QUICK_START_JIT if jit == "quick-start" else _TIERED_JIT
 
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
