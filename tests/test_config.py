@@ -28,6 +28,7 @@ def test_example_pipeline_loads_with_design_defaults() -> None:
         "kafka.max.partition.fetch.bytes": "16777216",
         "kafka.fetch.max.bytes": "67108864",
         "kafka.max.poll.records": "20000",
+        "kafka.fetch.max.wait.ms": "10",
     }
     assert spec.transform.required == ["event_id", "order_id"]
 
