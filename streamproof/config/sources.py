@@ -17,9 +17,9 @@ from streamproof.config.fields import Strict, kafka_passthrough
 # Larger fetches than the consumer's defaults (1 MB per partition, 500 records per poll): a 100k-record
 # batch then takes a few round trips instead of dozens; measured +20% on the raw read of a topic.
 # A fetch that finds no record returns after 10 ms, not the client's 500: a batch whose tasks read up to the log's
-# end (the last of a drain; every batch of a pipeline keeping up) waited on fetches there. Alternated fresh drains
-# of the bench topic (docs/performance.md, 2026-11-29): the batch reaching the end 3.17 s against 4.2 s, steady
-# batches 7% faster; the batches before it unchanged.
+# end while nothing new arrives (the last batch of a catch-up or of an available-now run, a quiet topic) waited on
+# fetches there. Alternated fresh drains of the bench topic (docs/performance.md, 2026-11-29): the batch reaching
+# the end 3.17 s against 4.2 s, the batches before it unchanged. Under a steady stream the fetches find records.
 # Any "kafka.*" key of the pipeline file overrides these.
 KAFKA_CONSUMER_DEFAULTS = {
     "kafka.max.partition.fetch.bytes": str(16 << 20),
