@@ -66,9 +66,10 @@ def first_batch_timeline(event_log: Path) -> list[dict[str, Any]]:
 
 def _inside(row: dict[str, Any], rows: list[dict[str, Any]]) -> bool:
     return any(
-        other is not row and other["kind"] == "sql" and other["start"] <= row["start"] and other.get("end", 0) >= row.get(
-            "end", 0
-        )
+        other is not row
+        and other["kind"] == "sql"
+        and other["start"] <= row["start"]
+        and other.get("end", 0) >= row.get("end", 0)
         and (other["start"], other["id"]) < (row["start"], row["id"])
         for other in rows
     )
@@ -111,7 +112,9 @@ def main(rounds: int) -> None:
                 first = native_delta_sink_rate(bench, pipeline, f"{side}-{round_}-out")["batch_seconds"][0]
             timeline = first_batch_timeline(_event_log(events))
             busy, whole = job_seconds(timeline)
-            print(f"{side} round {round_}: first batch {first} s; jobs ran {busy:.2f} s of its executions' {whole:.2f} s")
+            print(
+                f"{side} round {round_}: first batch {first} s; jobs ran {busy:.2f} s of its executions' {whole:.2f} s"
+            )
             for row in timeline:
                 print(f"  {row['at_s']:7.3f} {row['took_s']:7.3f}  {row['kind']} {row['id']:>3}  {row['what'][:90]}")
             sys.stdout.flush()
