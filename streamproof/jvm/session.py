@@ -54,18 +54,18 @@ JIT_ENV = "STREAMPROOF_JIT"
 # this (C2's compiler threads compete with the tasks); alone at 500k events, steady batches ~15% slower.
 _QUICK_START_JIT = "-XX:TieredStopAtLevel=1"
 # Tiered, each method compiled after 3 times as many calls and loops as the JVM's default: on 2 cores C2 took 27-28%
-# of the machine through a 25 s drain, compiling lukewarm methods beside the hot ones, while the tasks waited for a
-# core. Alternated fresh drains of the bench topic, 6 pairs (docs/performance.md, 2026-11-29): steady batches faster
+# of the machine through a 25 s drain while the tasks waited for a core (why compiling later helps was not looked
+# into). Alternated fresh drains of the bench topic, 6 pairs (docs/performance.md, 2026-11-29): steady batches faster
 # in all 6 (+3% to +17%), the first batch shorter in 5; 2 was about as good, 5 worse, 0.25 (sooner) worse still.
 # Spark's own sink gains nothing from it. A long run's steady state is the same: its hot code gets compiled.
 _TIERED_JIT = "-XX:CompileThresholdScaling=3"
 
 
 # The driver's heap starts at its maximum (``[spark] driver_memory``): grown from the JVM's default start (1/64 of
-# the machine's memory), the heap of a first batch is collected in full each time the old generation must grow (3
-# full collections in the first 8 s of a run, 0.1-0.2 s each on 2 cores, while the cached batch is promoted).
-# Alternated fresh drains of the bench topic, 4 pairs (docs/performance.md, 2026-11-29): the first batch 0.28-0.52 s
-# shorter, whole runs 2% faster; Spark's own sink, which caches nothing, gains nothing from it.
+# the machine's memory), the heap was collected in full as it grew (3 full collections in a run's first 8 s,
+# 0.09-0.21 s each on 2 cores). Alternated fresh drains of the bench topic, 4 pairs (docs/performance.md,
+# 2026-11-29): the first batch 0.28-0.52 s shorter, whole runs 0.9-3.4% faster; Spark's own sink, which caches
+# nothing, gains nothing from it.
 _MEMORY = re.compile(r"(\d+)\s*(b|k|kb|m|mb|g|gb|t|tb)?", re.IGNORECASE)
 _MIB = {"b": 1 / 2**20, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}
 
