@@ -2,8 +2,8 @@
 the bench topic as `bench throughput` runs them (``Bench.drain`` of ``benchmarks/pipelines/throughput_delta.toml``;
 ``benchmarks/native_delta_sink.py``), with Spark's event log on. Prints, for the first batch of each, every SQL
 execution and Spark job from the batch's start: when it began (seconds after the batch's first execution), how long
-it took, and what it was; then the time between the jobs (the driver's own work: planning, Delta's commits, the
-Python of a ``foreachBatch``).
+it took, and what it was; and how long jobs ran of the batch's executions (the rest is the driver's own work:
+planning, Delta's commits, the Python of a ``foreachBatch``).
 
 The event log costs each side about as much (its listener writes every event): compare the two in one run, not with
 the figures of a run without it.
@@ -24,6 +24,7 @@ from typing import Any
 
 from streamproof.bench.common import Bench, relocated
 from streamproof.bench.throughput import figures_of_run, native_delta_sink_rate
+from streamproof.harness.cluster import event_log_conf
 
 EVENTS = 2_000_000
 SQL_START = "org.apache.spark.sql.execution.ui.SparkListenerSQLExecutionStart"
@@ -87,7 +88,7 @@ def job_seconds(timeline: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def _event_log(folder: Path) -> Path:
-    return next(path for path in folder.rglob("*") if path.is_file() and not path.name.startswith((".", "app")))
+    return next(path for path in folder.rglob("*") if path.is_file() and not path.name.startswith("."))
 
 
 def main(rounds: int) -> None:
@@ -97,14 +98,8 @@ def main(rounds: int) -> None:
     for round_ in range(rounds):
         for side in ("streamproof", "spark-own-sink"):
             events = work / f"events-{side}-{round_}"
-            events.mkdir()
             pipeline = bench.pipeline("throughput_delta", topic, f"{side}-{round_}")
-            conf = {
-                "spark.eventLog.enabled": "true",
-                "spark.eventLog.dir": events.as_uri(),
-                "spark.eventLog.compress": "false",
-            }
-            relocated(pipeline, None, conf=conf)
+            relocated(pipeline, None, conf=event_log_conf(events))  # one plain JSON-lines file per run
             if side == "streamproof":
                 figures = figures_of_run(bench.drain(pipeline))
                 first = figures["first_batch_s"]
