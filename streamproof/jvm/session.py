@@ -167,6 +167,13 @@ def session_conf(
         # A micro-batch is cached once to feed two writes (sink and quarantine) and dropped right after:
         # compressing it costs more than it saves (measured: 25% of the batch's materialisation time).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Delta lists a young table's files (under 50) in each commit's checksum file, built from the previous
+        # checksum's list; a new table has none, so its first commit builds the empty table's list through a Spark job,
+        # on a cold JVM. A first batch creating the sink and quarantine tables, 12 alternated pairs of fresh drains:
+        # 10.55 s with the list, 9.76 s without it (medians; shorter in 11 pairs); the steady batches 140,227 against
+        # 137,982 rows/s, inside the rounds' spread (docs/performance.md). A reader of a small table rebuilds the list
+        # from the log instead, as it does for every table of 50 files or more.
+        "spark.databricks.delta.allFilesInCrc.enabled": "false",
         **HDFS_CLOSE_RETRY,
     }
     if not settings.master.startswith("local"):
