@@ -63,6 +63,11 @@ def test_drained_run_reconciles_exactly(drained: DrainedPipeline) -> None:
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0)
     assert report["ok"] is True and code == 0
     assert sum(report["quarantine_reasons"].values()) == malformed
+    # A batch's few quarantined records are one file (streamproof.pipeline.batches.QUARANTINE_ONE_FILE_ROWS), not one
+    # per Kafka partition (the topic has 4).
+    commits = sorted((drained.workdir / "tables" / "orders_quarantine" / "_delta_log").glob("*.json"))
+    added = [sum('"add"' in line for line in commit.read_text().splitlines()) for commit in commits]
+    assert len(added) >= 2 and set(added) == {1}, added
 
 
 def test_run_prints_one_line_per_batch(drained: DrainedPipeline) -> None:
