@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from streamproof.bench.common import Bench, relocated
-from streamproof.bench.throughput import figures_of_run, native_delta_sink_rate
+from streamproof.bench.throughput import figures_of_native, figures_of_run, native_delta_sink_rate
 
 EVENTS = 2_000_000
 FIGURES = ("rows_per_second", "first_batch_s", "steady_rows_per_second", "first_commit_from_launch_s")
@@ -45,16 +45,11 @@ def drain(bench: Bench, topic: str, name: str, conf: dict[str, str], tag: str) -
     if conf:
         relocated(pipeline, None, conf=conf)
     if name.startswith("native"):
-        run = native_delta_sink_rate(bench, pipeline, f"{tag}-out")
-        later_rows, later_s = sum(run["batch_rows"][1:]), sum(run["batch_seconds"][1:])
-        return {
-            "rows_per_second": run["rows_per_second"],
-            "first_batch_s": run["batch_seconds"][0],
-            "steady_rows_per_second": round(later_rows / later_s) if later_s else None,
-            "first_commit_from_launch_s": run.get("first_commit_s"),
-        }
+        native = figures_of_native(native_delta_sink_rate(bench, pipeline, f"{tag}-out"))
+        return {key: native[key] for key in FIGURES}
     drained = bench.drain(pipeline)
-    figures = {key: figures_of_run(drained)[key] for key in FIGURES}
+    ours = figures_of_run(drained)
+    figures = {key: ours[key] for key in FIGURES}
     return {**figures, "first_batch_phases": drained.batches[0].get("phases") if drained.batches else None}
 
 
