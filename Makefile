@@ -51,7 +51,7 @@ jars: $(INSTALLED)
 jvm-archive: jars
 	@$(PY) -m streamproof.jvm.archive
 
-# bench throughput's kafka-delta-ingest side, built once from its source (about an hour; not part of setup).
+# bench throughput's kafka-delta-ingest side, built once from its source (18-22 minutes of 2 cores; not part of setup).
 kafka-delta-ingest:
 	@scripts/build-kafka-delta-ingest.sh
 

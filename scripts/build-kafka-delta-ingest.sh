@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kafka-delta-ingest (delta-io's Rust ingester) once, into streamproof's cache, for `streamproof bench
-# throughput`'s side of it (streamproof/bench/kafka_delta_ingest.py). Not part of `make setup`: about 25 minutes of
+# throughput`'s side of it (streamproof/bench/kafka_delta_ingest.py). Not part of `make setup`: 18-22 minutes of
 # 2 cores (its release profile links with LTO). Idempotent: a binary built before is kept.
 #   make kafka-delta-ingest                      # its source cloned from GitHub at the commit below
 #   KDI_SOURCE=~/src/kafka-delta-ingest make kafka-delta-ingest   # a checkout you have
@@ -31,12 +31,17 @@ fi
 source="${KDI_SOURCE:-}"
 if [ -z "$source" ]; then
   source="$cache/src"
-  [ -d "$source/.git" ] || git clone --quiet https://github.com/delta-io/kafka-delta-ingest "$source"
+  if [ ! -d "$source/.git" ] && ! git clone --quiet https://github.com/delta-io/kafka-delta-ingest "$source"; then
+    rm -rf "$source"
+    echo "error: could not clone https://github.com/delta-io/kafka-delta-ingest: get its source another way and" \
+      "run KDI_SOURCE=<its checkout at $commit> make kafka-delta-ingest" >&2
+    exit 2
+  fi
   git -C "$source" checkout --quiet "$commit"
 elif [ -d "$source/.git" ] && [ "$(git -C "$source" rev-parse --short=7 HEAD)" != "$commit" ]; then
   echo "warning: $source is at $(git -C "$source" rev-parse --short=7 HEAD), not $commit (the bench's figures)" >&2
 fi
-echo "building kafka-delta-ingest from $source (cargo build --release; about 25 minutes on 2 cores)"
+echo "building kafka-delta-ingest from $source (cargo build --release; 18-22 minutes on 2 cores)"
 # Its build.rs refuses a build without one object store's feature; the bench reads and writes local tables, and
 # Azure's brings fewer crates than S3's (AWS's SDK and a DynamoDB lock client).
 CARGO_TARGET_DIR="$cache/target" cargo build --release --features azure --manifest-path "$source/Cargo.toml"

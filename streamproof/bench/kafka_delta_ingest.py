@@ -31,7 +31,7 @@ BINARY_ENV = "STREAMPROOF_KAFKA_DELTA_INGEST"
 SOURCE_COMMIT = "c6d42de"  # the commit the bench's figures were measured with (docs/performance.md)
 HOW_TO_BUILD = (
     "kafka-delta-ingest is not installed: build it once with `make kafka-delta-ingest` (its source from GitHub, or "
-    "KDI_SOURCE=<a checkout>; Rust from rustup; about 25 minutes on 2 cores), or name a build in "
+    "KDI_SOURCE=<a checkout>; Rust from rustup; 18-22 minutes on 2 cores), or name a build in "
     f"${BINARY_ENV}; skipped"
 )
 # Spark SQL's type names (the pipeline's [transform] schema) as a Delta table's schema names them.
