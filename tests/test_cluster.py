@@ -284,7 +284,9 @@ def test_a_lease_renewal_on_hdfs_that_a_takeover_overtook_never_writes_over_the_
     assert Holder.parse(lock.path.read_text()) == taker  # the taker's lock, kept (and not deleted by the exit)
 
 
-def test_a_delta_table_s_log_on_hdfs_is_looked_at_without_a_java_exception(cluster: ClusterFaults, spark: Any) -> None:
+def test_a_delta_table_s_log_on_hdfs_is_looked_at_without_a_java_exception(
+    cluster: ClusterFaults, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A start and a first batch look at each Delta table's log (``look_at_log``): a table not made yet, then a young
     one without Delta's ``_last_checkpoint``. Read from HDFS, a missing file or folder was a Java exception crossing
     Py4J through PySpark's and Delta's converters, about 300 round trips each: 1.3 s of a first batch on HDFS
@@ -303,7 +305,7 @@ def test_a_delta_table_s_log_on_hdfs_is_looked_at_without_a_java_exception(clust
         crossed.append(str(args[0]).splitlines()[0])
         raised(self, *args, **kwargs)
 
-    Py4JJavaError.__init__ = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Py4JJavaError, "__init__", counted)
     try:
         assert look_at_log(table) == LogLook(-1, -1, ())
         for version in range(3):
@@ -313,5 +315,4 @@ def test_a_delta_table_s_log_on_hdfs_is_looked_at_without_a_java_exception(clust
         (table / "_delta_log" / "_last_checkpoint").write_text('{"version": 1, "size": 3}')
         assert look_at_log(table) == LogLook(2, 1)  # an old table: from its pointer, its log not listed
     finally:
-        Py4JJavaError.__init__ = raised  # type: ignore[method-assign]
         table.delete(recursive=True)
