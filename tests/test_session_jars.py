@@ -146,3 +146,18 @@ def test_the_driver_heap_starts_at_driver_memory(spark: Any) -> None:
     assert "-Xms512m" in session_conf(SparkSettings(driver_memory="512m"))["spark.driver.extraJavaOptions"].split()
     runtime = spark._jvm.java.lang.Runtime.getRuntime()
     assert runtime.totalMemory() >= 0.9 * 2 * 2**30  # committed heap; max is 2g
+
+
+def test_the_driver_collects_no_heap_for_class_metadata_before_256_mb(spark: Any) -> None:
+    """The shared session's JVM runs with its first metadata threshold at 256 MB: at the JVM's default (21 MB) a
+    fresh drain collected the whole heap 5 times as its classes loaded, once in its first batch
+    (streamproof.jvm.session._CLASS_METADATA_THRESHOLD)."""
+    from streamproof.config import SparkSettings
+    from streamproof.jvm.session import session_conf
+
+    assert "-XX:MetaspaceSize=256m" in session_conf(SparkSettings())["spark.driver.extraJavaOptions"].split()
+    jvm = spark._jvm
+    diagnostics = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert int(diagnostics.getVMOption("MetaspaceSize").getValue()) == 256 * 2**20
