@@ -92,6 +92,43 @@ def test_every_hostile_record_gets_exactly_one_outcome(spark: Any, values: list[
         parsed.unpersist()
 
 
+# Values where Jackson reading bytes and Jackson reading Spark's decoded characters could part: byte-order marks, zero
+# bytes where Jackson's byte reader looks for UTF-16 and UTF-32, JSON in UTF-16, bad UTF-8 inside a string, 2-, 3- and
+# 4-byte characters, control characters, escapes.
+byte_edges = st.sampled_from([
+    b"\xef\xbb\xbf{\"event_id\":\"e\",\"order_id\":\"o\"}", b"\xfe\xff\x00{", b"\xff\xfe{\x00",
+    b"{\x00\"event_id\":\"e\"}", b"\x00\x00\x00{", b"\x00{\x00\"",
+    '{"event_id":"e","order_id":"o"}'.encode("utf-16-le"), '{"event_id":"e","order_id":"o"}'.encode("utf-16"),
+    '{"event_id":"e","order_id":"o"}'.encode("utf-32"), b'{"event_id":"\xc3(","order_id":"o"}',
+    b'{"event_id":"\xed\xa0\x80","order_id":"o"}', b'{"event_id":"\xf0\x28\x8c\x28","order_id":"o"}',
+    '{"event_id":"é€😀","order_id":"ø","status":"\u00e9"}'.encode(), b'{"event_id":"a\tb","order_id":"\x01"}',
+    b'{"event_id":"\\ud83d\\ude00","order_id":"\\u0000"}', b" \n{\"event_id\":\"e\",\"order_id\":\"o\"} \n",
+    b'{"event_id":"e","order_id":"o","amount":1e400,"event_time":"2026-01-01T00:00:00Z"}',
+])  # fmt: skip
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(values=st.lists(hostile_values | byte_edges | st.binary(max_size=12), min_size=1, max_size=60))
+def test_records_read_from_their_bytes_are_spark_s_own_from_json_s(spark: Any, values: list[bytes | None]) -> None:
+    """streamproof.transform.records.json_records (Jackson reading each record's bytes, RecordsFromJson) gives, for
+    every value, the row Spark's own from_json gives: the fields, their nulls and the corrupt-record column."""
+    from pyspark.sql import functions as F
+
+    from streamproof.transform.records import json_records
+
+    ddl = f"{SCHEMA}, _corrupt_record STRING"
+    frame = spark.createDataFrame(list(enumerate(values)), "offset LONG, value BINARY")
+    text = F.col("value").cast("string")
+    spark_s = F.from_json(text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+    ours = json_records(spark, text, ddl, {"columnNameOfCorruptRecord": "_corrupt_record"})
+    # As text, every field's null included: a time of year 0 has no Python datetime, and NaN is not NaN in Python.
+    rows = frame.select("offset", spark_s.cast("string").alias("theirs"), ours.cast("string").alias("ours"))
+    compared = rows.orderBy("offset").collect()
+    assert len(compared) == len(values)
+    for row in compared:
+        assert row["ours"] == row["theirs"], (values[row["offset"]], row["theirs"], row["ours"])
+
+
 BIG_MESSAGE = b'{"event_id":"big","order_id":"o","pad":"' + b"x" * (1 << 20) + b'"}'
 
 
