@@ -16,6 +16,7 @@ import org.apache.spark.sql.catalyst.json.CreateJacksonParser$;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
 import org.apache.spark.sql.catalyst.json.JacksonParser$;
+import org.apache.spark.sql.catalyst.util.BadRecordException;
 import org.apache.spark.sql.catalyst.util.FailureSafeParser;
 import org.apache.spark.sql.catalyst.util.ParseMode;
 import org.apache.spark.sql.catalyst.util.PermissiveMode$;
@@ -43,10 +44,15 @@ import scala.jdk.javaapi.CollectionConverters;
  * characters before Jackson reads them: in a drain of the bench topic that was 13 of the 37 GB the JVM allocated.
  * Here Jackson reads the bytes themselves (its UTF-8 parser), through the same {@code JacksonParser},
  * {@code JSONOptions} and {@code FailureSafeParser} as {@code from_json}, so a record gives the same row, the same
- * nulls and the same corrupt-record column. A record Jackson would read differently from bytes goes Spark's own way:
+ * nulls and the same corrupt-record column. A record Jackson could read differently from bytes goes Spark's own way:
  * one that is not valid UTF-8 (the reader replaces bad bytes, the byte parser refuses them), empty, starting with a
  * byte-order mark's first byte or holding a zero byte in its first four (where Jackson's byte parser looks for
- * UTF-16 and UTF-32).
+ * UTF-16 and UTF-32), or with 150 colons or more (the character parser's guard against names sharing a hash); so
+ * does every record under {@code allowUnquotedFieldNames} or {@code allowBackslashEscapingAnyCharacter}, which the
+ * two parsers read differently. A record the byte parser refuses is read again Spark's way: it refuses a few the
+ * character parser reads (a lone surrogate escaped in a field name, a name of over 50,000 bytes but not characters).
+ * Left as it is: the character parser's guard also counts names of earlier records of the task, so a record of
+ * under 150 names could be refused by Spark's own {@code from_json} after enough records of names sharing its hash.
  *
  * <p>Python builds the column with {@link #column}: {@code streamproof.transform.records.parse_records}.
  */
@@ -113,9 +119,26 @@ public final class RecordsFromJson implements Serializable {
     JacksonParser raw = SQLConf$.MODULE$.withExistingConf(
         withoutExactStrings(),
         () -> new JacksonParser(fields, parsed, false, JacksonParser$.MODULE$.$lessinit$greater$default$4()));
-    Function2<JsonFactory, UTF8String, JsonParser> reader = RecordsFromJson::jsonParser;
     Function1<UTF8String, UTF8String> itself = record -> record;
-    return new FailureSafeParser<>(record -> raw.parse(record, reader, itself), mode, schema, corrupt);
+    Function2<JsonFactory, UTF8String, JsonParser> sparks = CreateJacksonParser$.MODULE$::utf8String;
+    // Jackson's byte parser refuses a few records its character parser reads (a lone surrogate escaped in a field
+    // name, a name of over 50,000 bytes but not characters), and reads records Spark cannot under two options.
+    boolean bytesAllowed = !parsed.allowUnquotedFieldNames() && !parsed.allowBackslashEscapingAnyCharacter();
+    Function2<JsonFactory, UTF8String, JsonParser> bytes = RecordsFromJson::bytesParser;
+    Function1<UTF8String, scala.collection.Iterable<InternalRow>> read = record -> {
+      if (!bytesAllowed || !readAsBytes(record)) {
+        return raw.parse(record, sparks, itself);
+      }
+      try {
+        return raw.parse(record, bytes, itself);
+      } catch (Exception refused) { // a BadRecordException (Scala declares none): read again Spark's way
+        if (!(refused instanceof BadRecordException)) {
+          throw RecordsFromJson.<RuntimeException>rethrow(refused);
+        }
+        return raw.parse(record, sparks, itself);
+      }
+    };
+    return new FailureSafeParser<>(read, mode, schema, corrupt);
   }
 
   /**
@@ -130,26 +153,25 @@ public final class RecordsFromJson implements Serializable {
     return conf;
   }
 
-  private static JsonParser jsonParser(JsonFactory factory, UTF8String record) {
+  private static JsonParser bytesParser(JsonFactory factory, UTF8String record) {
     try {
-      Object base = record.getBaseObject();
-      if (base instanceof byte[] && readAsBytes(record)) {
-        int offset = Math.toIntExact(record.getBaseOffset() - Platform.BYTE_ARRAY_OFFSET);
-        return factory.createParser((byte[]) base, offset, record.numBytes());
-      }
-      return CreateJacksonParser$.MODULE$.utf8String(factory, record);
+      int offset = Math.toIntExact(record.getBaseOffset() - Platform.BYTE_ARRAY_OFFSET);
+      return factory.createParser((byte[]) record.getBaseObject(), offset, record.numBytes());
     } catch (java.io.IOException e) {
       throw RecordsFromJson.<RuntimeException>rethrow(e); // as Spark's (Scala) parser factory throws it
     }
   }
 
-  /** True when Jackson reads the record's bytes exactly as it reads the characters Spark's reader decodes. */
+  /**
+   * True when Jackson reading the record's bytes gives what it gives reading the characters Spark's reader decodes,
+   * or refuses the record (then read again Spark's way).
+   */
   static boolean readAsBytes(UTF8String record) {
     int length = record.numBytes();
-    if (length == 0) {
+    Object base = record.getBaseObject();
+    if (length == 0 || !(base instanceof byte[])) {
       return false;
     }
-    Object base = record.getBaseObject();
     long offset = record.getBaseOffset();
     byte first = Platform.getByte(base, offset);
     if (first == (byte) 0xEF || first == (byte) 0xFE || first == (byte) 0xFF) {
@@ -160,12 +182,18 @@ public final class RecordsFromJson implements Serializable {
         return false; // Jackson's byte parser takes a zero byte among the first four for UTF-16 or UTF-32
       }
     }
+    // Jackson's character parser refuses an object once 150 of its names share a hash (a guard its byte parser
+    // keeps only for tables of over 1,024 names): a record that could have 150 names goes Spark's way.
+    int colons = 0;
+    boolean ascii = true;
     for (int i = 0; i < length; i++) {
-      if (Platform.getByte(base, offset + i) < 0) {
-        return record.isValid(); // not ASCII: valid UTF-8 reads the same either way; invalid goes Spark's way
+      byte b = Platform.getByte(base, offset + i);
+      if (b == ':' && ++colons >= 150) {
+        return false;
       }
+      ascii &= b >= 0;
     }
-    return true;
+    return ascii || record.isValid(); // valid UTF-8 reads the same either way; invalid goes Spark's way
   }
 
   @SuppressWarnings("unchecked")
