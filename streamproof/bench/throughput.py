@@ -7,7 +7,7 @@ cost of exactly-once on the same sink), (e) Spark's own Delta streaming sink as 
 (``benchmarks/native_delta_sink.py``: what a user writes instead of streamproof, with no quarantine and no offsets
 recorded), (f) the exactly-once pipeline on a topic of valid records only (what the malformed ones cost), (g)
 kafka-delta-ingest on that topic when it is built (:mod:`streamproof.bench.kafka_delta_ingest`), both timed from their
-launch; and the ceiling: Spark parsing a cached copy of the events with ``from_json`` and writing Parquet. Then,
+launch; and the ceiling: Spark parsing a cached copy of the events as the pipeline does and writing Parquet. Then,
 with the checkpoint and the tables on HDFS (when ``streamproof infra up --hdfs`` runs) and on S3 (``infra up --s3``):
 the exactly-once Delta pipeline and Spark's own Delta sink, a run each, on S3 with its requests counted by kind and
 per batch (S3 bills and throttles per request).
@@ -123,7 +123,7 @@ def spark_count_rate(spark: SparkSession, bootstrap: str, topic: str) -> dict[st
 
 
 def ceiling_rate(spark: SparkSession, bootstrap: str, topic: str, spec: PipelineSpec, out: Path) -> dict[str, Any]:
-    """The ceiling: the events cached in memory, then parsed with the pipeline's ``from_json`` and written as
+    """The ceiling: the events cached in memory, then parsed as the pipeline parses them and written as
     Parquet (best of two runs, the first warms the JVM); no Kafka, no batches, no commit protocol."""
 
     raw = (
