@@ -160,7 +160,8 @@ def json_records(spark: SparkSession, text: Column, ddl: str, options: dict[str,
     place (``dev.streamproof.json.RecordsFromJson``, built by set-up with streamproof's other Java classes): the same
     rows, nulls and corrupt-record column as Spark's own ``from_json``, which hands every record to Jackson through
     a reader allocating 8 KB a record. A record the two could read differently (not UTF-8, a byte-order mark, a zero
-    byte in its first four) is read Spark's own way. 1,000,000 bench records parsed on a warm session: 1.23-1.28 s
+    byte in its first four, 150 colons or more), and one the byte parser refuses, is read Spark's own way (the full
+    list: the class's comment). 1,000,000 bench records parsed on a warm session: 1.23-1.28 s
     against 1.72-1.74 s with ``from_json`` (docs/performance.md, 2026-11-30).
     ``tests/test_hostile_input.py::test_records_read_from_their_bytes_are_spark_s_own_from_json_s`` compares the two
     on drawn hostile values.
