@@ -7,6 +7,7 @@ Real Delta, PostgreSQL, Kafka and Parquet; the batches are written directly with
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -249,6 +250,58 @@ def test_every_keyed_delta_append_decides_from_the_table_s_newest_commits_and_co
     assert again.write(_rows(spark, range(90, 95)), _batch(3, 5, 95)).rows_out == 5
     assert calls == [("transaction", 3)] and len(read) == 4  # its own commits are not read again
     assert again.read(spark).count() == 98  # type: ignore[union-attr]
+
+
+def test_a_delta_table_created_at_the_start_is_the_one_delta_s_writer_creates_and_its_first_batch_commits_into_it(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink's table created before the query starts (BatchWriter.create_tables) has the metadata and protocol the
+    first append through Delta's writer gives a new table: every column nullable (the rows' are not), the partition
+    columns, the session's default properties, a creation time. Batch 0 then commits into it through the transaction
+    API, its replay rule answered from the young table's log, without Delta's state rebuilt (txn_version)."""
+    import streamproof.sinks.delta as delta_sink
+
+    def log_of(table: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
+                for line in commit.read_text().splitlines()]  # fmt: skip
+
+    def described(table: Path) -> tuple[Any, ...]:
+        actions = log_of(table)
+        metadata = next(action["metaData"] for action in actions if "metaData" in action)
+        assert isinstance(metadata.pop("createdTime"), int) and metadata.pop("id")
+        return metadata, next(action["protocol"] for action in actions if "protocol" in action)
+
+    rows = _rows(spark, range(0, 40)).selectExpr("*", "coalesce(event_id, 'x') AS shard")  # a column not nullable
+    assert not rows.schema["shard"].nullable
+    written, created = (parse_pipeline(f"""
+name = "idem"
+checkpoint = "{tmp_path}/checkpoint-{name}"
+[source]
+kind = "kafka"
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic = "idem-in"
+[transform]
+schema = "{SCHEMA}"
+[sink]
+kind = "delta"
+path = "{tmp_path / name}"
+partition_by = ["_src_partition"]
+""") for name in ("written", "created"))  # fmt: skip
+    open_sink(written, written.sink_specs[0]).write(rows, _batch(0, 40, 40))
+    calls: list[str] = []
+    real_commit = delta_sink.commit_keyed
+    monkeypatch.setattr(delta_sink, "commit_keyed", lambda *args: calls.append("transaction") or real_commit(*args))
+    monkeypatch.setattr(delta_sink, "txn_version", lambda *args: pytest.fail("Delta's state rebuilt"))
+    sink = open_sink(created, created.sink_specs[0])
+    sink.create_table(spark, rows.schema)
+    sink.create_table(spark, rows.schema)  # there already: nothing committed
+    assert described(tmp_path / "created") == described(tmp_path / "written")
+    assert all(field["nullable"] for field in json.loads(described(tmp_path / "created")[0]["schemaString"])["fields"])
+    assert sink.write(rows, _batch(0, 40, 40)).rows_out == 40 and calls == ["transaction"]
+    commits = [action["commitInfo"] for action in log_of(tmp_path / "created") if "commitInfo" in action]
+    assert [commit["operation"] for commit in commits] == ["CREATE TABLE", "WRITE"]
+    assert sink.read(spark).count() == 40  # type: ignore[union-attr]
+    assert sink.write(rows, _batch(0, 40, 40)).replay_skipped
 
 
 def test_a_delta_batch_whose_columns_changed_type_is_refused_in_one_line(

@@ -59,11 +59,16 @@ from streamproof.sinks.delta_log import (
     newest_commit,
     other_writers,
 )
+from streamproof.sinks.delta_table import as_nullable, create_empty_table
 from streamproof.transform.records import recency, sink_rows_schema
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
 # whether the pipeline wrote the table at all (:meth:`DeltaSink.last_commit`).
 OTHERS_READ_PAST = 1_000
+# A pipeline's first batch into a table of fewer versions reads their commit files (as many reads) for what the table
+# holds of it, rather than asking Delta's own state (a rebuild of the table's state through Spark: 2.7 s of a first
+# batch into a table made at the start, measured on a cold JVM).
+YOUNG_LOG_VERSIONS = 10
 CONFLICT_ATTEMPTS = 5  # a MERGE's tries when other writers commit what it read first
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -253,10 +258,19 @@ class DeltaSink(FolderSink):
             assignments = ", ".join(f"'{name}' = '{value}'" for name, value in lacking.items())
             spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
 
+    def create_table(self, spark: SparkSession, rows: StructType) -> None:
+        """The table, when there is none, created empty as Delta's writer would create it on the first append: the
+        rows' columns, every one nullable, and ``partition_by``. A MERGE sink's first batch creates its own (with its
+        rows' nullability), and so does an append of ``schema_evolution = "add-columns"``, whose columns are known
+        only from a batch (:meth:`streamproof.pipeline.batches.BatchWriter.create_tables` does not ask it)."""
+        if self.spec.mode == "merge" or self.head() >= 0:
+            return
+        create_empty_table(spark, str(self.path), as_nullable(rows), self.spec.partition_by)
+
     def refuse_unfit(self, spark: SparkSession) -> None:
         """A table partitioned otherwise than ``partition_by`` says."""
         if not self.spec.partition_by or not DeltaTable.isDeltaTable(spark, str(self.path)):
-            return  # the first write creates it, partitioned
+            return  # created partitioned: before the query starts (create_table), or by a MERGE's first write
         detail = DeltaTable.forPath(spark, str(self.path)).detail().select("partitionColumns").first()
         held = list(detail[0]) if detail is not None else []
         if [c.lower() for c in held] != [c.lower() for c in self.spec.partition_by]:
@@ -369,7 +383,8 @@ class DeltaSink(FolderSink):
         self._log_read_through = version
         if version < 0:
             return {}  # no table yet
-        if first_batch < 0 and txn_version(txn or self._transaction(), self.pipeline.name) < 0:
+        young = version < YOUNG_LOG_VERSIONS  # its few commit files read below, rather than Delta's state rebuilt
+        if first_batch < 0 and not young and txn_version(txn or self._transaction(), self.pipeline.name) < 0:
             return {}  # a pipeline's first batch into a table it never wrote: no reason to read the table's log
         found = batches_back_to(self.path, self.pipeline.name, version, first_batch)
         self._restores = tuple(found.restores)
