@@ -63,12 +63,14 @@ def test_drained_run_reconciles_exactly(drained: DrainedPipeline) -> None:
     assert (report["lost"], report["duplicated"], report["unexpected"]) == (0, 0, 0)
     assert report["ok"] is True and code == 0
     assert sum(report["quarantine_reasons"].values()) == malformed
-    # Both tables were created empty before the query started (BatchWriter.create_tables), so batch 0 committed into
-    # them; a batch's few quarantined records are one file (streamproof.pipeline.batches.QUARANTINE_ONE_FILE_ROWS),
-    # not one per Kafka partition (the topic has 4).
-    for table in ("orders", "orders_quarantine"):
-        first = (drained.workdir / "tables" / table / "_delta_log" / f"{0:020d}.json").read_text()
-        assert '"operation":"CREATE TABLE"' in first and '"add"' not in first, first
+    # The quarantine table was created empty before the query started (BatchWriter.create_quarantine_table), so
+    # batch 0 committed into it; the sink's table is created by its first batch. A batch's few quarantined records
+    # are one file (streamproof.pipeline.batches.QUARANTINE_ONE_FILE_ROWS), not one per Kafka partition (the topic
+    # has 4).
+    first = (drained.workdir / "tables" / "orders_quarantine" / "_delta_log" / f"{0:020d}.json").read_text()
+    assert '"operation":"CREATE TABLE"' in first and '"add"' not in first, first
+    first = (drained.workdir / "tables" / "orders" / "_delta_log" / f"{0:020d}.json").read_text()
+    assert '"operation":"WRITE"' in first and '"add"' in first, first
     commits = sorted((drained.workdir / "tables" / "orders_quarantine" / "_delta_log").glob("*.json"))
     added = [sum('"add"' in line for line in commit.read_text().splitlines()) for commit in commits]
     assert len(added) >= 3 and added[0] == 0 and set(added[1:]) == {1}, added

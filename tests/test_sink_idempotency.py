@@ -252,14 +252,15 @@ def test_every_keyed_delta_append_decides_from_the_table_s_newest_commits_and_co
     assert again.read(spark).count() == 98  # type: ignore[union-attr]
 
 
-def test_a_delta_table_created_at_the_start_is_the_one_delta_s_writer_creates_and_its_first_batch_commits_into_it(
+def test_the_quarantine_table_created_at_the_start_is_the_one_delta_s_writer_creates_and_batch_0_commits_into_it(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sink's table created before the query starts (BatchWriter.create_tables) has the metadata and protocol the
-    first append through Delta's writer gives a new table: every column nullable (the rows' are not), the partition
-    columns, the session's default properties, a creation time. Batch 0 then commits into it through the transaction
-    API, its replay rule answered from the young table's log, without Delta's state rebuilt (txn_version)."""
+    """The quarantine table created before the query starts (BatchWriter.create_quarantine_table) has the metadata
+    and protocol the first append through Delta's writer gives a new table: every column nullable (the rows' are not),
+    the session's default properties, a creation time. Batch 0's quarantined records then commit into it through the
+    transaction API, its replay rule answered from the young table's log, without Delta's state rebuilt."""
     import streamproof.sinks.delta as delta_sink
+    from streamproof.checkpoint.start import quarantine_table
 
     def log_of(table: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
@@ -271,37 +272,27 @@ def test_a_delta_table_created_at_the_start_is_the_one_delta_s_writer_creates_an
         assert isinstance(metadata.pop("createdTime"), int) and metadata.pop("id")
         return metadata, next(action["protocol"] for action in actions if "protocol" in action)
 
-    rows = _rows(spark, range(0, 40)).selectExpr("*", "coalesce(event_id, 'x') AS shard")  # a column not nullable
-    assert not rows.schema["shard"].nullable
-    written, created = (parse_pipeline(f"""
-name = "idem"
-checkpoint = "{tmp_path}/checkpoint-{name}"
-[source]
-kind = "kafka"
-bootstrap_servers = "{kafka_broker.bootstrap_servers}"
-topic = "idem-in"
-[transform]
-schema = "{SCHEMA}"
-[sink]
-kind = "delta"
-path = "{tmp_path / name}"
-partition_by = ["_src_partition"]
-""") for name in ("written", "created"))  # fmt: skip
-    open_sink(written, written.sink_specs[0]).write(rows, _batch(0, 40, 40))
+    quarantined = _rows(spark, range(0, 40)).selectExpr(
+        "_src_topic", "_src_partition", "_src_offset", "_src_timestamp", "coalesce(event_id, 'x') AS reason",
+        "cast(order_id AS BINARY) AS raw_value")  # fmt: skip
+    assert not quarantined.schema["reason"].nullable
+    written, created = (_spec(SINKS["files"].format(workdir=tmp_path / name), tmp_path / name,
+                              kafka_broker.bootstrap_servers) for name in ("written", "created"))  # fmt: skip
+    quarantine_table(written).append(quarantined, _batch(0, 40, 40))
     calls: list[str] = []
     real_commit = delta_sink.commit_keyed
     monkeypatch.setattr(delta_sink, "commit_keyed", lambda *args: calls.append("transaction") or real_commit(*args))
     monkeypatch.setattr(delta_sink, "txn_version", lambda *args: pytest.fail("Delta's state rebuilt"))
-    sink = open_sink(created, created.sink_specs[0])
-    sink.create_table(spark, rows.schema)
-    sink.create_table(spark, rows.schema)  # there already: nothing committed
-    assert described(tmp_path / "created") == described(tmp_path / "written")
-    assert all(field["nullable"] for field in json.loads(described(tmp_path / "created")[0]["schemaString"])["fields"])
-    assert sink.write(rows, _batch(0, 40, 40)).rows_out == 40 and calls == ["transaction"]
-    commits = [action["commitInfo"] for action in log_of(tmp_path / "created") if "commitInfo" in action]
+    table = quarantine_table(created)
+    table.create_table(spark, quarantined.schema)
+    table.create_table(spark, quarantined.schema)  # there already: nothing committed
+    assert described(Path(table.location)) == described(Path(quarantine_table(written).location))
+    assert all(field["nullable"] for field in json.loads(described(Path(table.location))[0]["schemaString"])["fields"])
+    assert table.append(quarantined, _batch(0, 40, 40)).rows_out == 40 and calls == ["transaction"]
+    commits = [action["commitInfo"] for action in log_of(Path(table.location)) if "commitInfo" in action]
     assert [commit["operation"] for commit in commits] == ["CREATE TABLE", "WRITE"]
-    assert sink.read(spark).count() == 40  # type: ignore[union-attr]
-    assert sink.write(rows, _batch(0, 40, 40)).replay_skipped
+    assert table.read(spark).count() == 40  # type: ignore[union-attr]
+    assert table.append(quarantined, _batch(0, 40, 40)).replay_skipped
 
 
 def test_a_delta_batch_whose_columns_changed_type_is_refused_in_one_line(

@@ -36,7 +36,7 @@ from streamproof.checkpoint.folder import ProgressFile
 from streamproof.checkpoint.log import batch_end_offsets, batch_start_offsets, late_event_watermark_ms
 from streamproof.checkpoint.marks import QuarantineMark
 from streamproof.checkpoint.start import quarantine_table
-from streamproof.config import PipelineSpec, Transform, schema_field_names
+from streamproof.config import PipelineSpec, schema_field_names
 from streamproof.errors import PipelineError, SinkReplaced, first_line, is_transient
 from streamproof.faults import points as faults
 from streamproof.faults.in_tasks import held_back
@@ -132,24 +132,17 @@ class BatchWriter:
         if self.wiring.idempotent_sink:  # the mark's writer (keyed batches)
             self.quarantine_mark.fence(holder)
 
-    def create_tables(self, parsed: DataFrame) -> None:
-        """Every sink's table and the quarantine table, when missing, created empty before the query starts, of the
-        schemas the batches' rows will have (:func:`records_and_rows` on the query's ``parsed`` stream; your code's
-        rows as checked at the start): the first batch then writes into them rather than creating them, and the
-        tables are there, readable, from the start. A sink whose columns only a batch tells (``schema_evolution =
-        "add-columns"``) is created by its first batch, as before.
+    def create_quarantine_table(self, parsed: DataFrame) -> None:
+        """The quarantine table, when missing, created empty before the query starts, with the columns of the
+        quarantined records of the query's ``parsed`` stream (coordinates, reason, bytes: whatever the pipeline file
+        says of the records), so that a batch's quarantine commits into it rather than creating it on a cold JVM
+        (docs/performance.md). A sink's table is still created by its first batch: its columns and partitioning
+        follow the pipeline file, which a user may correct after a first run that failed.
 
-        >>> writer.create_tables(parsed_stream)                                             # doctest: +SKIP
+        >>> writer.create_quarantine_table(parsed_stream)                                   # doctest: +SKIP
         """
         self.lease_check()
-        spark = parsed.sparkSession
-        records, rows = records_and_rows(parsed, self.spec.transform)
-        if self.spec.transform.schema_evolution != "add-columns":
-            if self.spec.transform.columns:
-                rows = with_derived_columns(rows, self.spec.transform)
-            for sink in self.sinks:
-                sink.create_table(spark, sink.rows_schema or rows.schema)
-        self.quarantine.create_table(spark, quarantined_records(records).schema)
+        self.quarantine.create_table(parsed.sparkSession, quarantined_records(parsed).schema)
 
     def _your_code(self, records: DataFrame, batch_id: int, start_offsets: Offsets | None) -> DataFrame:
         """Your transform on the batch's valid records, lookups at the versions recorded for the batch (recorded
@@ -225,7 +218,16 @@ class BatchWriter:
         parsed = parsed.withColumn(RAW_VALUE, raw).persist(StorageLevel.MEMORY_AND_DISK_DESER)
         transformed: DataFrame | None = None
         try:
-            records, kept = records_and_rows(parsed, transform)
+            if transform.watermark is None:
+                records, kept = parsed, valid_records(parsed)
+            else:
+                aggregate = transform.aggregate
+                fields = schema_field_names(transform.schema_)
+                # The union gave the record rows the window columns too (null): drop them from the records.
+                window_only = [c for c in aggregate.output_columns if c not in fields] if aggregate else []
+                records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH, *window_only)
+                kept = parsed.where(F.col(BRANCH) == OPERATOR_OUTPUT)
+                kept = kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
             kept = with_extra_columns(kept)  # schema_evolution = "add-columns"; a no-op otherwise
             if transform.columns:
                 kept = with_derived_columns(kept, transform)
@@ -381,26 +383,6 @@ class BatchWriter:
                     flush=True,
                 )
                 time.sleep(retry.backoff_s)
-
-
-def records_and_rows(parsed: DataFrame, transform: Transform) -> tuple[DataFrame, DataFrame]:
-    """A batch's records (what the quarantine takes its invalid and late ones from) and the rows its sinks get,
-    before your code, the extra columns of schema evolution and the derived columns; lazy, so it gives a stream's
-    schemas too (:meth:`BatchWriter.create_tables`).
-
-    >>> records, rows = records_and_rows(parsed, spec.transform)                        # doctest: +SKIP
-    >>> rows.columns[-1]                                                                  # doctest: +SKIP
-    '_src_timestamp'
-    """
-    if transform.watermark is None:
-        return parsed, valid_records(parsed)
-    aggregate = transform.aggregate
-    fields = schema_field_names(transform.schema_)
-    # The union gave the record rows the window columns too (null): drop them from the records.
-    window_only = [c for c in aggregate.output_columns if c not in fields] if aggregate else []
-    records = parsed.where(F.col(BRANCH) == ALL_RECORDS).drop(BRANCH, *window_only)
-    kept = parsed.where(F.col(BRANCH) == OPERATOR_OUTPUT)
-    return records, kept.select(*aggregate.output_columns) if aggregate else valid_records(kept.drop(BRANCH))
 
 
 def open_batch_path(

@@ -72,7 +72,7 @@ def start_query(
     stream = sources.read_stream(spark, spec, starting_offsets=starting_offsets)
     records = sources.parsed_records(stream, spec)
     parsed = stateful_stream(records, spec.transform)
-    batches.create_tables(parsed)
+    batches.create_quarantine_table(parsed)
     # A window is written by the first batch after the watermark passes its end: with no new data, only a batch
     # without data (Spark's no-data batch) writes it, and at the end of an available-now run only that one.
     spark.conf.set(NO_DATA_BATCHES, str(spec.transform.aggregate is not None).lower())

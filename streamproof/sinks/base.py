@@ -266,14 +266,6 @@ class Sink(ABC):
     def prepare(self, spark: SparkSession) -> None:  # noqa: B027 - optional hook
         """Create what the sink needs (table, topic) before the first batch; idempotent."""
 
-    def create_table(self, spark: SparkSession, rows: StructType) -> None:  # noqa: B027 - optional hook
-        """Create the sink's table for rows of schema ``rows`` when there is none, before the query starts
-        (:meth:`streamproof.pipeline.batches.BatchWriter.create_tables`), so the first batch does not; nothing for a
-        sink whose first write makes it otherwise.
-
-        >>> open_sinks(spec)[0].create_table(spark, rows.schema)                           # doctest: +SKIP
-        """
-
     def fence(self, holder: str) -> None:  # noqa: B027 - optional hook
         """Claim the sink for the run holding the run lock's lease ``holder`` (``RunLock.holder_id``), after
         :meth:`prepare` and before the run's first write: a store that can refuse an older holder's writes refuses

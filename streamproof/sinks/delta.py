@@ -258,19 +258,10 @@ class DeltaSink(FolderSink):
             assignments = ", ".join(f"'{name}' = '{value}'" for name, value in lacking.items())
             spark.sql(f"ALTER TABLE delta.`{self.path}` SET TBLPROPERTIES ({assignments})")
 
-    def create_table(self, spark: SparkSession, rows: StructType) -> None:
-        """The table, when there is none, created empty as Delta's writer would create it on the first append: the
-        rows' columns, every one nullable, and ``partition_by``. A MERGE sink's first batch creates its own (with its
-        rows' nullability), and so does an append of ``schema_evolution = "add-columns"``, whose columns are known
-        only from a batch (:meth:`streamproof.pipeline.batches.BatchWriter.create_tables` does not ask it)."""
-        if self.spec.mode == "merge" or self.head() >= 0:
-            return
-        create_empty_table(spark, str(self.path), as_nullable(rows), self.spec.partition_by)
-
     def refuse_unfit(self, spark: SparkSession) -> None:
         """A table partitioned otherwise than ``partition_by`` says."""
         if not self.spec.partition_by or not DeltaTable.isDeltaTable(spark, str(self.path)):
-            return  # created partitioned: before the query starts (create_table), or by a MERGE's first write
+            return  # the first write creates it, partitioned
         detail = DeltaTable.forPath(spark, str(self.path)).detail().select("partitionColumns").first()
         held = list(detail[0]) if detail is not None else []
         if [c.lower() for c in held] != [c.lower() for c in self.spec.partition_by]:
@@ -557,3 +548,9 @@ class QuarantineTable(DeltaSink):
     @property
     def called(self) -> str:
         return "the quarantine table"
+
+    def create_table(self, spark: SparkSession, rows: StructType) -> None:
+        """The table, when there is none, created empty as Delta's writer would create it on the first append of
+        rows of schema ``rows`` (:func:`streamproof.sinks.delta_table.create_empty_table`)."""
+        if self.head() < 0:
+            create_empty_table(spark, str(self.path), as_nullable(rows))

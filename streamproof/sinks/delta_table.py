@@ -1,25 +1,24 @@
 """A Delta table created empty, as Delta's writer would create it on its first append: the batch path creates the
-sinks' and the quarantine's tables before a pipeline's query starts
-(:meth:`streamproof.pipeline.batches.BatchWriter.create_tables`), so that its first batch writes into them.
+quarantine table before a pipeline's query starts
+(:meth:`streamproof.pipeline.batches.BatchWriter.create_quarantine_table`), so that its first batch commits into it.
 
 Example::
 
-    >>> create_empty_table(spark, "/data/orders", as_nullable(rows.schema), ["day"])     # doctest: +SKIP
+    >>> create_empty_table(spark, "/data/orders_quarantine", as_nullable(rows.schema))    # doctest: +SKIP
     True
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import cast
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 
-def create_empty_table(spark: SparkSession, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> bool:
-    """Create the Delta table at ``path``, empty, of ``schema`` and ``partition_by``, in one commit through Delta's
+def create_empty_table(spark: SparkSession, path: str, schema: StructType) -> bool:
+    """Create the Delta table at ``path``, empty, of ``schema``, unpartitioned, in one commit through Delta's
     transaction (its protocol and the session's default table properties as Delta's writer gives a new table); False,
     committing nothing, when a table is there already. Two creating at once: one commits, the other's commit is
     Delta's conflict (a table created concurrently).
@@ -33,9 +32,6 @@ def create_empty_table(spark: SparkSession, path: str, schema: StructType, parti
     txn = delta.DeltaLog.forTable(spark._jsparkSession, path).startTransaction()
     if int(txn.readVersion()) >= 0:
         return False
-    columns = jvm.java.util.ArrayList()
-    for column in partition_by:
-        columns.add(column)
     as_scala = jvm.scala.jdk.javaapi.CollectionConverters.asScala
     defaults = delta.actions.Metadata
     metadata = delta.actions.Metadata(
@@ -44,7 +40,7 @@ def create_empty_table(spark: SparkSession, path: str, schema: StructType, parti
         None,
         getattr(defaults, "apply$default$4")(),  # Parquet files
         schema.json(),
-        as_scala(columns).toList(),
+        as_scala(jvm.java.util.ArrayList()).toList(),  # no partition columns
         getattr(defaults, "apply$default$7")(),  # no properties of its own: the session's defaults apply
         jvm.scala.Some(jvm.java.lang.Long.valueOf(str(int(time.time() * 1000)))),  # created now, as the writer says
     )
