@@ -295,6 +295,28 @@ def test_the_quarantine_table_created_at_the_start_is_the_one_delta_s_writer_cre
     assert table.append(quarantined, _batch(0, 40, 40)).replay_skipped
 
 
+def test_batch_0_replayed_into_a_table_another_writer_restored_before_the_pipeline_wrote_it_is_not_written_twice(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A table of 12 versions another writer RESTOREd before the pipeline's first batch: batch 0 is committed under
+    the appId marked with that RESTORE (streamproof.sinks.delta_log.app_id). A run killed before Spark's commit replays
+    batch 0; the new run's start meets the pipeline's commit before the RESTORE, and its first batch asks Delta's own
+    state whether the pipeline wrote the table (the table is not young): every appId of the pipeline counts, the
+    marked one too, so the replay is skipped, not written a second time."""
+    path = tmp_path / "append"
+    for version in range(12):
+        _rows(spark, range(1000 + version, 1001 + version)).write.format("delta").mode("append").save(str(path))
+    spark.sql(f"RESTORE TABLE delta.`{path}` TO VERSION AS OF 5")
+    spec = _spec(SINKS["delta-append"].format(workdir=tmp_path), tmp_path, kafka_broker.bootstrap_servers)
+    first = open_sink(spec, spec.sink_specs[0])
+    first.read_at_start(spark, last_record=True, holdings=True)
+    assert first.write(_rows(spark, range(0, 40)), _batch(0, 40, 40)).rows_out == 40
+    again = open_sink(spec, spec.sink_specs[0])  # the run after the kill
+    again.read_at_start(spark, last_record=True, holdings=True)
+    assert again.write(_rows(spark, range(0, 40)), _batch(0, 40, 40)).replay_skipped
+    assert again.read(spark).where("_src_offset < 40").count() == 40  # type: ignore[union-attr]
+
+
 def test_a_delta_batch_whose_columns_changed_type_is_refused_in_one_line(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:

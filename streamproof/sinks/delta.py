@@ -53,6 +53,7 @@ from streamproof.sinks.delta_log import (
     batches_back_to,
     commit_file,
     commits_on_disk,
+    is_app_of,
     latest_version,
     log_past_its_commits,
     look_at_log,
@@ -185,10 +186,16 @@ def column_types(schema: StructType) -> list[tuple[str, str]]:
 
 
 def txn_version(txn: Any, pipeline: str) -> int:
-    """Delta's own answer for the pipeline's appId as of the transaction's snapshot (-1: none): a rebuild of the whole
-    table state, asked only when the commit files cannot tell (cleaned up behind a Delta checkpoint)."""
-    known = txn.snapshot().transactions().get(app_id(pipeline))
-    return int(known.get()) if known.isDefined() else -1
+    """Delta's own answer for the pipeline's appIds as of the transaction's snapshot: the highest batch any of them
+    recorded, its own and those marked with a RESTORE (:func:`streamproof.sinks.delta_log.app_id`) alike (-1: none).
+    A rebuild of the whole table state, asked only when the commit files cannot tell (an old table, a log cleaned up
+    behind a Delta checkpoint)."""
+    recorded, pairs = [-1], txn.snapshot().transactions().iterator()
+    while pairs.hasNext():
+        pair = pairs.next()
+        if is_app_of(pair._1(), pipeline):
+            recorded.append(int(pair._2()))
+    return max(recorded)
 
 
 def latest_per_key(rows: DataFrame, key: str, order_by: str) -> DataFrame:

@@ -51,7 +51,7 @@ def app_id(pipeline: str, *, after_restore: int | None = None) -> str:
     return f"streamproof/{pipeline}" if after_restore is None else f"streamproof/{pipeline}@{after_restore}"
 
 
-def _is_app_of(app: object, pipeline: str) -> bool:
+def is_app_of(app: object, pipeline: str) -> bool:
     """Whether a SetTransaction's appId is one of the pipeline's (:func:`app_id`; a pipeline's name has no ``@``)."""
     return isinstance(app, str) and (app == app_id(pipeline) or app.startswith(app_id(pipeline) + "@"))
 
@@ -73,7 +73,7 @@ def pipeline_commit(text: str, pipeline: str) -> SinkCommit | None:
         if '"txn"' not in line and '"commitInfo"' not in line:
             continue  # add / remove / metaData actions: nothing of the batch key in them
         action = json.loads(line)
-        if "txn" in action and _is_app_of(action["txn"].get("appId"), pipeline):
+        if "txn" in action and is_app_of(action["txn"].get("appId"), pipeline):
             txn_versions.add(int(action["txn"]["version"]))
         elif "commitInfo" in action:
             metadata = json.loads(action["commitInfo"].get("userMetadata") or "{}").get("streamproof") or {}
