@@ -1,93 +1,172 @@
 package dev.streamproof.cache;
 
+import java.io.Serializable;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.Iterator;
 import java.util.List;
 import org.apache.spark.api.java.function.FlatMapFunction;
+import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Attribute;
+import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
 import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.classic.Dataset$;
 import org.apache.spark.sql.columnar.CachedBatch;
 import org.apache.spark.sql.columnar.SimpleMetricsCachedBatch;
-import org.apache.spark.sql.columnar.SimpleMetricsCachedBatchSerializer;
 import org.apache.spark.sql.execution.CachedData;
 import org.apache.spark.sql.execution.columnar.CachedRDDBuilder;
+import org.apache.spark.sql.execution.columnar.ColumnarIterator;
+import org.apache.spark.sql.execution.columnar.DefaultCachedBatch;
+import org.apache.spark.sql.execution.columnar.DefaultCachedBatchSerializer;
+import org.apache.spark.sql.execution.columnar.GenerateColumnAccessor;
 import org.apache.spark.sql.execution.columnar.InMemoryRelation;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.UserDefinedType;
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * A cached Dataset's rows, its columns' non-null values and one column's least value, read from the statistics
- * Spark's cache keeps of every batch of rows it holds, in the one job that fills the cache.
+ * A cached micro-batch's counts (its records, those with a reject reason, its oldest record's time) read from the
+ * statistics Spark's cache keeps of every batch of rows it holds, and its rejected records themselves, in the one
+ * job that fills the cache.
  *
- * <p>Why: a micro-batch is cached so that Kafka is read and its records parsed once for every write that follows,
- * and its counts (records, records bound for quarantine, the oldest record's time) were one more query over the
- * cache: a grouped aggregation, two more jobs. On a fresh JVM the aggregation's code generation and its jobs took
- * about half a second of the first batch. Spark's default cache serializer already counts every column's nulls
- * and keeps its bounds per batch of rows ({@code DefaultCachedBatch.stats}: lower bound, upper bound, null count,
- * count, size for each column), so the counts are those statistics summed, per cached partition, by the job that
- * builds the cache. Each partition's figures come back once, from the task that finished it (a result job).
+ * <p>Why: a micro-batch is cached so that Kafka is read and its records parsed once for every write that follows.
+ * Its counts were one more query over the cache (a grouped aggregation, two more jobs: on a fresh JVM about half a
+ * second of the first batch), and its rejected records, a few hundred of 500,000, a scan of the whole cache by the
+ * quarantine's write job, in one task. Spark's default cache serializer already counts every column's nulls and
+ * keeps its bounds per batch of rows ({@code DefaultCachedBatch.stats}: lower bound, upper bound, null count, count,
+ * size for each column): the counts are those statistics summed. The rejected records are decoded, in the same
+ * tasks, from the batches of rows whose statistics say they hold one, and come back to the driver as a local
+ * relation the quarantine's write reads. Each partition's figures and rows come back once, from the task that
+ * finished it (a result job).
  *
  * <p>Python calls {@link #of}: {@code streamproof.pipeline.batches.BatchWriter}.
  */
-public final class CachedCounts {
+public final class CachedCounts implements Serializable {
+  private static final long serialVersionUID = 1L;
   private static final int STATS_PER_COLUMN = 5; // lower bound, upper bound, null count, count, size in bytes
-  private static final int NULL_COUNT = 2;
   private static final int LOWER_BOUND = 0;
+  private static final int NULL_COUNT = 2;
 
-  private CachedCounts() {}
+  private final long records;
+  private final long rejected;
+  private final Long leastMicros;
+  private final Dataset<Row> rejectedRows;
+
+  private CachedCounts(long records, long rejected, Long leastMicros, Dataset<Row> rejectedRows) {
+    this.records = records;
+    this.rejected = rejected;
+    this.leastMicros = leastMicros;
+    this.rejectedRows = rejectedRows;
+  }
+
+  /** The batch's rows. */
+  public long records() {
+    return records;
+  }
+
+  /** Its rows whose reject column is set. */
+  public long rejected() {
+    return rejected;
+  }
+
+  /** The least value of the time column (micros), null when it had none. */
+  public Long leastMicros() {
+    return leastMicros;
+  }
 
   /**
-   * {@code [rows, non-null values of each of nonNullOf..., least value of leastOf (a long or timestamp column: its
-   * micros), 1 when leastOf has a non-null value else 0]}; null when {@code cached} is not a cached Dataset of Spark's
-   * default cache serializer, a column is missing, or {@code leastOf} is not a long or a timestamp (the caller counts
-   * its own way then). Fills the cache when it is not yet.
+   * The rejected rows, of the columns asked for (the reject column among them), as a local relation; null when none
+   * were asked for or a partition held more than the bound (the caller reads them from the cache then).
    */
-  public static long[] of(Dataset<?> cached, List<String> nonNullOf, String leastOf) {
+  public Dataset<Row> rejectedRows() {
+    return rejectedRows;
+  }
+
+  /**
+   * The counts of {@code cached}, and its rows whose {@code rejectColumn} is set, of the columns {@code rowsOf} (none:
+   * not gathered), when no partition holds more than its share of {@code maxRows} (its count divided by the number of
+   * partitions): the driver never holds more than {@code maxRows} of them. Null when {@code cached}
+   * is not a cached Dataset of Spark's default cache serializer, a column is missing, or {@code timeColumn} is not a
+   * long or a timestamp: the caller counts its own way then. Fills the cache when it is not yet.
+   */
+  public static CachedCounts of(
+      Dataset<?> cached, String rejectColumn, String timeColumn, List<String> rowsOf, int maxRows) {
     Option<CachedData> found = cached.sparkSession().sharedState().cacheManager().lookupCachedData(cached);
     if (found.isEmpty()) {
       return null;
     }
     InMemoryRelation relation = found.get().cachedRepresentation();
     CachedRDDBuilder builder = relation.cacheBuilder();
-    if (!(builder.serializer() instanceof SimpleMetricsCachedBatchSerializer)) {
+    if (!(builder.serializer() instanceof DefaultCachedBatchSerializer)) {
       return null;
     }
     List<Attribute> output = CollectionConverters.asJava(relation.output());
-    int[] nonNullAt = new int[nonNullOf.size()];
-    for (int i = 0; i < nonNullAt.length; i++) {
-      nonNullAt[i] = indexOf(output, nonNullOf.get(i));
-      if (nonNullAt[i] < 0) {
-        return null;
-      }
+    int rejectAt = indexOf(output, rejectColumn);
+    int timeAt = timeColumn == null ? -1 : indexOf(output, timeColumn);
+    if (rejectAt < 0 || (timeColumn != null && timeAt < 0)) {
+      return null;
     }
-    int leastAt = leastOf == null ? -1 : indexOf(output, leastOf);
-    if (leastOf != null) {
-      if (leastAt < 0) {
-        return null;
-      }
-      DataType type = output.get(leastAt).dataType();
+    if (timeAt >= 0) {
+      DataType type = output.get(timeAt).dataType();
       if (!type.equals(DataTypes.LongType) && !type.equals(DataTypes.TimestampType)) {
         return null;
       }
     }
-    List<long[]> partitions =
-        builder.cachedColumnBuffers().toJavaRDD().mapPartitions(new PartitionCounts(nonNullAt, leastAt)).collect();
-    long[] total = new long[nonNullAt.length + 3];
-    int least = nonNullAt.length + 1;
-    total[least] = Long.MAX_VALUE;
-    for (long[] partition : partitions) {
-      for (int i = 0; i < least; i++) {
-        total[i] += partition[i];
+    List<Attribute> rowAttributes = new ArrayList<>();
+    int[] rowColumns = new int[rowsOf.size()];
+    DataType[] rowTypes = new DataType[rowsOf.size()];
+    int rejectInRow = -1;
+    for (int i = 0; i < rowColumns.length; i++) {
+      rowColumns[i] = indexOf(output, rowsOf.get(i));
+      if (rowColumns[i] < 0) {
+        return null;
       }
-      if (partition[least + 1] == 1) {
-        total[least] = Math.min(total[least], partition[least]);
-        total[least + 1] = 1;
+      Attribute attribute = output.get(rowColumns[i]);
+      rowAttributes.add((Attribute) attribute.newInstance());
+      DataType type = attribute.dataType();
+      rowTypes[i] = type instanceof UserDefinedType ? ((UserDefinedType<?>) type).sqlType() : type;
+      if (rowColumns[i] == rejectAt) {
+        rejectInRow = i;
       }
     }
-    return total;
+    if (rowColumns.length > 0 && rejectInRow < 0) {
+      return null;
+    }
+    org.apache.spark.api.java.JavaRDD<CachedBatch> cachedBatches = builder.cachedColumnBuffers().toJavaRDD();
+    int share = Math.max(1, maxRows / Math.max(1, cachedBatches.getNumPartitions()));
+    PartitionCounts perPartition = new PartitionCounts(rejectAt, timeAt, rowColumns, rowTypes, rejectInRow, share);
+    List<Counted> partitions = cachedBatches.mapPartitions(perPartition).collect();
+    long records = 0;
+    long rejected = 0;
+    Long least = null;
+    List<InternalRow> rows = new ArrayList<>();
+    boolean allRows = rowColumns.length > 0;
+    for (Counted partition : partitions) {
+      records += partition.records;
+      rejected += partition.rejected;
+      if (partition.hasLeast) {
+        least = least == null ? partition.least : Math.min(least, partition.least);
+      }
+      if (partition.rows == null) {
+        allRows = false;
+      } else if (allRows) {
+        rows.addAll(partition.rows);
+      }
+    }
+    Dataset<Row> rejectedRows = null;
+    if (allRows) {
+      LocalRelation local =
+          new LocalRelation(
+              CollectionConverters.asScala(rowAttributes).toSeq(),
+              CollectionConverters.asScala(rows).toSeq(),
+              false,
+              Option.empty());
+      rejectedRows = Dataset$.MODULE$.ofRows(cached.sparkSession(), local);
+    }
+    return new CachedCounts(records, rejected, least, rejectedRows);
   }
 
   private static int indexOf(List<Attribute> output, String name) {
@@ -99,38 +178,75 @@ public final class CachedCounts {
     return -1;
   }
 
-  /** One partition's figures, in the layout {@link #of} returns. */
-  private static final class PartitionCounts implements FlatMapFunction<Iterator<CachedBatch>, long[]> {
+  /** One partition's figures and rejected rows (null: not gathered, or more than the bound). */
+  private static final class Counted implements Serializable {
     private static final long serialVersionUID = 1L;
-    private final int[] nonNullAt;
-    private final int leastAt;
+    long records;
+    long rejected;
+    long least = Long.MAX_VALUE;
+    boolean hasLeast;
+    List<InternalRow> rows;
+  }
 
-    PartitionCounts(int[] nonNullAt, int leastAt) {
-      this.nonNullAt = nonNullAt;
-      this.leastAt = leastAt;
+  private static final class PartitionCounts implements FlatMapFunction<Iterator<CachedBatch>, Counted> {
+    private static final long serialVersionUID = 1L;
+    private final int rejectAt;
+    private final int timeAt;
+    private final int[] rowColumns;
+    private final DataType[] rowTypes;
+    private final int rejectInRow;
+    private final int maxRows;
+
+    PartitionCounts(int rejectAt, int timeAt, int[] rowColumns, DataType[] rowTypes, int rejectInRow, int maxRows) {
+      this.rejectAt = rejectAt;
+      this.timeAt = timeAt;
+      this.rowColumns = rowColumns;
+      this.rowTypes = rowTypes;
+      this.rejectInRow = rejectInRow;
+      this.maxRows = maxRows;
     }
 
     @Override
-    public Iterator<long[]> call(Iterator<CachedBatch> batches) {
-      long[] counts = new long[nonNullAt.length + 3];
-      int least = nonNullAt.length + 1;
-      counts[least] = Long.MAX_VALUE;
+    public Iterator<Counted> call(Iterator<CachedBatch> batches) {
+      Counted counted = new Counted();
+      boolean gathering = rowColumns.length > 0;
+      List<InternalRow> rows = new ArrayList<>();
+      ColumnarIterator decoder = null;
       while (batches.hasNext()) {
         SimpleMetricsCachedBatch batch = (SimpleMetricsCachedBatch) batches.next();
         InternalRow stats = batch.stats();
-        int rows = batch.numRows();
-        counts[0] += rows;
-        for (int i = 0; i < nonNullAt.length; i++) {
-          counts[1 + i] += rows - stats.getInt(nonNullAt[i] * STATS_PER_COLUMN + NULL_COUNT);
+        int batchRows = batch.numRows();
+        int rejected = batchRows - stats.getInt(rejectAt * STATS_PER_COLUMN + NULL_COUNT);
+        counted.records += batchRows;
+        counted.rejected += rejected;
+        if (timeAt >= 0 && batchRows > stats.getInt(timeAt * STATS_PER_COLUMN + NULL_COUNT)) {
+          counted.least = Math.min(counted.least, stats.getLong(timeAt * STATS_PER_COLUMN + LOWER_BOUND));
+          counted.hasLeast = true;
         }
-        if (leastAt >= 0 && rows > stats.getInt(leastAt * STATS_PER_COLUMN + NULL_COUNT)) {
-          counts[least] = Math.min(counts[least], stats.getLong(leastAt * STATS_PER_COLUMN + LOWER_BOUND));
-          counts[least + 1] = 1;
+        if (gathering && rejected > 0) {
+          if (counted.rejected > maxRows) {
+            gathering = false; // the caller reads them from the cache: a partition's rows stay bounded in memory
+            rows = null;
+            continue;
+          }
+          if (decoder == null) {
+            decoder = (ColumnarIterator) GenerateColumnAccessor.generate(
+                CollectionConverters.asScala(java.util.Arrays.asList(rowTypes)).toSeq());
+          }
+          decoder.initialize(
+              CollectionConverters.asScala(Collections.singletonList((DefaultCachedBatch) batch).iterator()),
+              rowTypes,
+              rowColumns);
+          while (decoder.hasNext()) {
+            InternalRow row = decoder.next();
+            if (!row.isNullAt(rejectInRow)) {
+              rows.add(row.copy());
+            }
+          }
         }
       }
-      List<long[]> one = new ArrayList<>(1);
-      one.add(counts);
-      return one.iterator();
+      counted.rows = gathering ? rows : null;
+      return Collections.singletonList(counted).iterator();
     }
   }
 }
