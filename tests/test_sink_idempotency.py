@@ -295,6 +295,75 @@ def test_the_quarantine_table_created_at_the_start_is_the_one_delta_s_writer_cre
     assert table.append(quarantined, _batch(0, 40, 40)).replay_skipped
 
 
+def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_writer_makes(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's quarantined records gathered to the driver (a local relation) are written by the driver as one file
+    (streamproof.sinks.delta_table.few_rows_file), without a Spark job, and committed as Delta's writer commits them:
+    the same rows read back, the same Parquet schema, the same statistics (a timestamp's bounds to the millisecond,
+    nulls counted, no bounds for binary), the same operation metrics. A string longer than Delta keeps in its
+    statistics (32 characters) gets no bounds from the driver, where Delta's writer truncates them."""
+    from datetime import datetime
+
+    import pyarrow.parquet as pq
+
+    import streamproof.sinks.delta as delta_sink
+    from streamproof.checkpoint.start import quarantine_table
+    from streamproof.pipeline.batches import BatchWriter
+    from streamproof.transform.records import quarantined_records
+
+    def log_of(table: Path) -> list[dict[str, Any]]:
+        return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
+                for line in commit.read_text().splitlines()]  # fmt: skip
+
+    schema = ("_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP, "
+              "_reject_reason STRING, _raw_value BINARY")  # fmt: skip
+    rows = [("orders", i % 3, 1_000 + i, datetime(2026, 1, 1, 0, 0, i % 60, 123_456 + i), f"invalid_json {i % 7}",
+             None if i % 5 == 0 else f"{{{i}".encode()) for i in range(40)]  # fmt: skip
+    rows.append(("orders", None, None, None, "schema", None))
+    rows.append(("orders", 1, 999, datetime(2026, 1, 2), None, None))  # a valid record: not gathered
+    longer = [*rows, ("orders", 2, 5_000, None, "missing_required:" + "a_field_name_longer_than_delta_keeps", b"{")]
+
+    def written(name: str, records: list[Any], by_driver: bool) -> tuple[Any, ...]:
+        spec = _spec(SINKS["files"].format(workdir=tmp_path / name), tmp_path / name, kafka_broker.bootstrap_servers)
+        table = quarantine_table(spec)
+        cached = spark.createDataFrame(records, schema).persist()
+        gathered = BatchWriter._count(cached, None)["rejected_rows"]  # as a batch's counting gathers them
+        cached.unpersist()
+        frame = quarantined_records(gathered).coalesce(1)  # as the batch writer hands them to the table
+        table.create_table(spark, frame.schema)
+        quarantined = len(records) - 1
+        with monkeypatch.context() as patched:
+            if not by_driver:
+                patched.setattr(delta_sink, "few_rows_file", lambda *args: None)
+            spark.sparkContext.setJobGroup(name, name)
+            assert table.append(frame, _batch(0, quarantined, 40)).rows_out == quarantined
+            spark.sparkContext.setJobGroup("", "")
+        jobs = list(spark.sparkContext.statusTracker().getJobIdsForGroup(name))
+        actions = log_of(Path(table.location))
+        (add,) = [action["add"] for action in actions if "add" in action]
+        metrics = next(action["commitInfo"] for action in actions if "commitInfo" in action and action["commitInfo"]
+                       ["operation"] == "WRITE")["operationMetrics"]  # fmt: skip
+        read = sorted(repr(tuple(row)) for row in table.read(spark).collect())  # type: ignore[union-attr]
+        file_schema = pq.read_schema(Path(table.location) / add["path"])
+        return json.loads(add["stats"]), read, file_schema, metrics, jobs, sorted(add)
+
+    by_driver = written("driver", rows, by_driver=True)
+    by_writer = written("writer", rows, by_driver=False)
+    assert by_driver[0] == by_writer[0] and by_driver[0]["maxValues"]["_src_timestamp"] == "2026-01-01T00:00:39.123Z"
+    assert by_driver[1] == by_writer[1] and len(by_driver[1]) == len(rows) - 1
+    assert by_driver[2].remove_metadata() == by_writer[2].remove_metadata()
+    assert (by_driver[3]["numFiles"], by_driver[3]["numOutputRows"]) == (by_writer[3]["numFiles"], "41")
+    assert by_driver[4] == [] and by_writer[4] != []  # no Spark job for the driver's file
+    assert by_driver[5] == by_writer[5]  # the same fields of the AddFile
+    driver_stats = written("driver-longer", longer, by_driver=True)[0]
+    writer_stats = written("writer-longer", longer, by_driver=False)[0]
+    assert "reason" not in driver_stats["minValues"] and "reason" in writer_stats["minValues"]
+    for bounds in ("minValues", "maxValues"):
+        writer_stats[bounds].pop("reason")
+    assert driver_stats == writer_stats
+
+
 def test_batch_0_replayed_into_a_table_another_writer_restored_before_the_pipeline_wrote_it_is_not_written_twice(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:

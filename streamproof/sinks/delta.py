@@ -60,7 +60,7 @@ from streamproof.sinks.delta_log import (
     newest_commit,
     other_writers,
 )
-from streamproof.sinks.delta_table import as_nullable, create_empty_table
+from streamproof.sinks.delta_table import as_nullable, create_empty_table, few_rows_file
 from streamproof.transform.records import recency, sink_rows_schema
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
@@ -138,11 +138,14 @@ def commit_keyed(txn: Any, frame: DataFrame, batch: Batch, app: str | None = Non
     delta = jvm.org.apache.spark.sql.delta
     app = app or app_id(batch.pipeline)
     txn.readTxn().addOne(app)  # what txnVersion() records, minus the state rebuild
-    files = txn.writeFiles(frame._jdf)
     actions = jvm.java.util.ArrayList()
-    written = files.iterator()
-    while written.hasNext():
-        actions.add(written.next())
+    by_driver = few_rows_file(txn, frame)  # a batch's few gathered quarantined records: one file, no Spark job
+    if by_driver is not None:
+        actions.addAll(by_driver)
+    else:
+        written = txn.writeFiles(frame._jdf).iterator()
+        while written.hasNext():
+            actions.add(written.next())
     now = jvm.java.lang.Long.valueOf(str(int(time.time() * 1000)))
     actions.add(delta.actions.SetTransaction(app, batch.batch_id, jvm.scala.Some(now)))
     none = jvm.scala.Option.empty()

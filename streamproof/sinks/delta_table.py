@@ -1,6 +1,7 @@
-"""A Delta table created empty, as Delta's writer would create it on its first append: the batch path creates the
-quarantine table before a pipeline's query starts
-(:meth:`streamproof.pipeline.batches.BatchWriter.create_quarantine_table`), so that its first batch commits into it.
+"""A Delta table created empty, as Delta's writer would create it on its first append, and a few rows written to one
+as Delta's writer would write them without its Spark job. The batch path creates the quarantine table before a
+pipeline's query starts (:meth:`streamproof.pipeline.batches.BatchWriter.create_quarantine_table`), so that its
+first batch commits into it, and writes a batch's few quarantined records from the driver (:func:`few_rows_file`).
 
 Example::
 
@@ -10,10 +11,12 @@ Example::
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import time
-from typing import cast
+from typing import Any, cast
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, DataType, MapType, StructField, StructType
 
 
@@ -70,3 +73,73 @@ def _nullable(kind: DataType) -> DataType:
     if isinstance(kind, MapType):
         return MapType(_nullable(kind.keyType), _nullable(kind.valueType), True)
     return kind
+
+
+# Delta's statistics of a file: the first 32 columns unless the table says otherwise, strings' bounds to 32 characters
+# (its defaults: delta.dataSkippingNumIndexedCols, delta.dataSkippingStringPrefixLength).
+INDEXED_COLUMNS = 32
+STRING_PREFIX = 32
+
+
+def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
+    """The AddFile of ``frame``'s rows written by the driver as one file of the table of ``txn``
+    (``dev.streamproof.delta.FewRowsFile``: Delta's file format, options and Hadoop settings, no Spark job), with the
+    statistics Delta's writer gives it: the rows, each indexed column's nulls, bounds of its strings (when none is
+    longer than Delta keeps), numbers and times. None, writing nothing, when ``frame`` is not a local relation (the
+    records a batch's counting gathered) or the table is not one Delta's writer fills plainly (partitions,
+    constraints, generated or identity columns, column mapping, deletion vectors, chosen statistics columns): the
+    caller writes through Delta's writer then.
+    ``tests/test_sink_idempotency.py::test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_writer_makes``
+    compares the two.
+
+    >>> few_rows_file(start_transaction(spark, "/data/orders_quarantine"), gathered)      # doctest: +SKIP
+    [AddFile(part-00000-...-c000.snappy.parquet,...)]
+    """
+    jvm = frame.sparkSession._jvm
+    assert jvm is not None, "a classic Spark session has a JVM"
+    metadata = txn.metadata()
+    properties = dict(jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration()))
+    if "delta.dataSkippingStatsColumns" in properties or "deletionVectors" in str(txn.protocol().json()):
+        return None
+    written = jvm.dev.streamproof.delta.FewRowsFile.write(txn, frame._jdf)
+    if written is None:
+        return None
+    schema = StructType.fromJson(json.loads(str(metadata.schemaString())))
+    indexed = int(properties.get("delta.dataSkippingNumIndexedCols", INDEXED_COLUMNS))
+    prefix = int(properties.get("delta.dataSkippingStringPrefixLength", STRING_PREFIX))
+    columns = schema.fields if indexed < 0 else schema.fields[:indexed]
+    least: dict[str, Any] = {}
+    most: dict[str, Any] = {}
+    for i, field in enumerate(columns):
+        low, high = written.minValue(i), written.maxValue(i)
+        if low is None or (field.dataType.typeName() == "string" and written.longestString(i) > prefix):
+            continue  # no bound kept: a reader cannot skip the file on this column, as for any file without one
+        if field.dataType.typeName() == "timestamp":  # Delta's: to the millisecond, as an instant
+            low, high = _stats_time(low), _stats_time(high)
+        least[field.name], most[field.name] = low, high
+    stats = {
+        "numRecords": written.numRecords(),
+        "minValues": least,
+        "maxValues": most,
+        "nullCount": {field.name: written.nullCount(i) for i, field in enumerate(columns)},
+    }
+    add = {
+        "path": str(written.name()),
+        "partitionValues": {},
+        "size": written.size(),
+        "modificationTime": written.modificationTime(),
+        "dataChange": True,
+        "stats": json.dumps(stats, separators=(",", ":"), ensure_ascii=False),
+        "tags": None,  # as Delta's writer leaves it (read as an empty map otherwise, and written so)
+    }
+    return [jvm.org.apache.spark.sql.delta.actions.Action.fromJson(json.dumps({"add": add}))]
+
+
+def _stats_time(micros: int) -> str:
+    """A timestamp's bound as Delta's statistics write it: to the millisecond (truncated), UTC.
+
+    >>> _stats_time(1_700_000_000_123_456)
+    '2023-11-14T22:13:20.123Z'
+    """
+    moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros // 1000 * 1000)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
