@@ -318,7 +318,9 @@ def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_wr
 
     schema = ("_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP, "
               "_reject_reason STRING, _raw_value BINARY")  # fmt: skip
-    rows = [("orders", i % 3, 1_000 + i, datetime(2026, 1, 1, 0, 0, i % 60, 123_456 + i), f"invalid_json {i % 7}",
+    # Topics past the ASCII range: the bounds follow Spark's string order (UTF-8 bytes), not UTF-16's.
+    topics = ("orders", "orders-\uff5e", "orders-\U0001f600")
+    rows = [(topics[i % 3], i % 3, 1_000 + i, datetime(2026, 1, 1, 0, 0, i % 60, 123_456 + i), f"invalid_json {i % 7}",
              None if i % 5 == 0 else f"{{{i}".encode()) for i in range(40)]  # fmt: skip
     rows.append(("orders", None, None, None, "schema", None))
     rows.append(("orders", 1, 999, datetime(2026, 1, 2), None, None))  # a valid record: not gathered
@@ -346,16 +348,18 @@ def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_wr
                        ["operation"] == "WRITE")["operationMetrics"]  # fmt: skip
         read = sorted(repr(tuple(row)) for row in table.read(spark).collect())  # type: ignore[union-attr]
         file_schema = pq.read_schema(Path(table.location) / add["path"])
-        return json.loads(add["stats"]), read, file_schema, metrics, jobs, sorted(add)
+        fields = {key: value for key, value in add.items() if key not in ("path", "modificationTime", "stats")}
+        return json.loads(add["stats"]), read, file_schema, metrics, jobs, fields
 
     by_driver = written("driver", rows, by_driver=True)
     by_writer = written("writer", rows, by_driver=False)
     assert by_driver[0] == by_writer[0] and by_driver[0]["maxValues"]["_src_timestamp"] == "2026-01-01T00:00:39.123Z"
+    assert by_driver[0]["maxValues"]["_src_topic"] == "orders-\U0001f600"
     assert by_driver[1] == by_writer[1] and len(by_driver[1]) == len(rows) - 1
     assert by_driver[2].remove_metadata() == by_writer[2].remove_metadata()
     assert (by_driver[3]["numFiles"], by_driver[3]["numOutputRows"]) == (by_writer[3]["numFiles"], "41")
     assert by_driver[4] == [] and by_writer[4] != []  # no Spark job for the driver's file
-    assert by_driver[5] == by_writer[5]  # the same fields of the AddFile
+    assert by_driver[5] == by_writer[5]  # the AddFile's other fields: size, partition values, data change, tags
     driver_stats = written("driver-longer", longer, by_driver=True)[0]
     writer_stats = written("writer-longer", longer, by_driver=False)[0]
     assert "reason" not in driver_stats["minValues"] and "reason" in writer_stats["minValues"]

@@ -135,9 +135,10 @@ def test_a_batch_s_counts_and_rejected_records_from_its_cache_are_those_of_a_que
         F.lit("orders").alias("_src_topic"),
         (F.col("id") % 4).cast("int").alias("_src_partition"),
         F.col("id").alias("_src_offset"),
-        F.when(F.col("id") < 26_000, F.timestamp_micros(F.lit(1_700_000_000_123_456) + F.col("id") * 1_001)).alias(
-            "_src_timestamp"
-        ),
+        # The oldest time in a later cached batch of a later partition: id 25,999, in the second partition's second.
+        F.when(
+            F.col("id") < 26_000, F.timestamp_micros(F.lit(1_700_000_000_123_456) + (30_000 - F.col("id")) * 1_001)
+        ).alias("_src_timestamp"),
         F.when(rejected, F.lit("invalid_json")).alias("_reject_reason"),
         F.when(rejected, F.concat(F.lit("{"), F.col("id").cast("string")).cast("binary")).alias("_raw_value"),
     )
@@ -151,12 +152,18 @@ def test_a_batch_s_counts_and_rejected_records_from_its_cache_are_those_of_a_que
         grouped = BatchWriter._count(cached, F.lit(False))
         assert without_rows(from_statistics) == grouped
         assert from_statistics["records"] == 40_000 and from_statistics["invalid"] == len(range(0, 40_000, 997))
-        assert from_statistics["oldest_produced_ms"] == 1_700_000_000_123
+        assert from_statistics["oldest_produced_ms"] == (1_700_000_000_123_456 + 4_001 * 1_001) // 1000
         gathered = quarantined_records(from_statistics["rejected_rows"]).collect()
         assert sorted(gathered) == sorted(quarantined_records(cached).collect())
         assert len(gathered) == from_statistics["invalid"]
-        # More than a partition's share of the bound: not gathered (read from the cache by the quarantine's write).
-        monkeypatch.setattr(batches, "QUARANTINE_ONE_FILE_ROWS", 30)
+        # The partitions hold 14, 13 and 14 rejected records. Each may give its share of the bound (a third): at 14
+        # all are gathered; at 13 two partitions are over it, and none is (the quarantine's write reads the cache).
+        monkeypatch.setattr(batches, "QUARANTINE_ONE_FILE_ROWS", 42)
+        assert len(quarantined_records(BatchWriter._count(cached, None)["rejected_rows"]).collect()) == 41
+        monkeypatch.setattr(batches, "QUARANTINE_ONE_FILE_ROWS", 39)
+        assert BatchWriter._count(cached, None)["rejected_rows"] is None
+        monkeypatch.setattr(batches, "QUARANTINE_ONE_FILE_ROWS", 100_000)
+        monkeypatch.setattr(batches, "QUARANTINE_GATHERED_BYTES", 300)  # bytes: a partition's 14 records are more
         assert BatchWriter._count(cached, None)["rejected_rows"] is None
     finally:
         cached.unpersist()

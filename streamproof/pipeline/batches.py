@@ -73,6 +73,10 @@ from streamproof.your_code.transform import (
 # partitions, each opened, written and closed by its own task. 3 alternated pairs of fresh drains (the bench topic,
 # about 500 of 500,000 records quarantined a batch): the warm batches' quarantine 0.24-0.38 s against 0.30-0.43 s.
 QUARANTINE_ONE_FILE_ROWS = 100_000
+# A batch's rejected records are gathered to the driver by the job that counts the batch up to so many bytes of values
+# (and QUARANTINE_ONE_FILE_ROWS rows), each partition its share; above, the quarantine's own job reads them from the
+# cache: a batch of large rejected records must not outgrow the driver's memory or Spark's limit on task results.
+QUARANTINE_GATHERED_BYTES = 32 << 20
 
 
 @dataclass
@@ -327,8 +331,9 @@ class BatchWriter:
         """Records, invalid, valid, late and kept (for the sinks), and the oldest record's source timestamp (epoch
         ms, for the time the batch waited in the source), in the job that fills the batch's cache: from the
         statistics Spark's cache keeps of every batch of rows (``dev.streamproof.cache.CachedCounts``), which also
-        gathers the rejected records themselves (``rejected_rows``, up to :data:`QUARANTINE_ONE_FILE_ROWS`) so that
-        the quarantine's write does not scan the cache for them; or, with a watermark (``late``) or dedup's and
+        gathers the rejected records themselves (``rejected_rows``, up to :data:`QUARANTINE_ONE_FILE_ROWS` and
+        :data:`QUARANTINE_GATHERED_BYTES`) so that the quarantine's write does not scan the cache for them; or, with a
+        watermark (``late``) or dedup's and
         windows' two branches, in one grouped query over the cached batch. In 3 alternated pairs of fresh drains
         (docs/performance.md, 2026-11-30), the counts from the statistics cut the first batch's read and parse from
         4.08-4.62 s to 3.36-3.68 s, and the gathering the first batch's quarantine from 0.75-0.83 s to 0.60-0.75 s."""
@@ -343,6 +348,7 @@ class BatchWriter:
                 SOURCE_TIMESTAMP if has_time else None,
                 rejected_columns if set(rejected_columns) <= set(parsed.columns) else [],
                 QUARANTINE_ONE_FILE_ROWS,
+                QUARANTINE_GATHERED_BYTES,
             )
             if cached is not None:
                 records, invalid, oldest_micros = cached.records(), cached.rejected(), cached.leastMicros()

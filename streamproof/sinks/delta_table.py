@@ -116,6 +116,8 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
             continue  # no bound kept: a reader cannot skip the file on this column, as for any file without one
         if field.dataType.typeName() == "timestamp":  # Delta's: to the millisecond, as an instant
             low, high = _stats_time(low), _stats_time(high)
+            if low is None or high is None:
+                continue  # outside years 1-9999 (a time in microseconds read as milliseconds): no bound kept
         least[field.name], most[field.name] = low, high
     stats = {
         "numRecords": written.numRecords(),
@@ -135,11 +137,15 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     return [jvm.org.apache.spark.sql.delta.actions.Action.fromJson(json.dumps({"add": add}))]
 
 
-def _stats_time(micros: int) -> str:
-    """A timestamp's bound as Delta's statistics write it: to the millisecond (truncated), UTC.
+def _stats_time(micros: int) -> str | None:
+    """A timestamp's bound as Delta's statistics write it: to the millisecond (truncated), UTC; None outside the
+    years 1-9999.
 
-    >>> _stats_time(1_700_000_000_123_456)
-    '2023-11-14T22:13:20.123Z'
+    >>> _stats_time(1_700_000_000_123_456), _stats_time(1_700_000_000_123_456_000)
+    ('2023-11-14T22:13:20.123Z', None)
     """
-    moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros // 1000 * 1000)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    try:
+        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros // 1000 * 1000)
+    except OverflowError:
+        return None
+    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -25,6 +25,7 @@ import org.apache.spark.sql.execution.columnar.DefaultCachedBatchSerializer;
 import org.apache.spark.sql.execution.columnar.InMemoryRelation;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.unsafe.types.UTF8String;
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
@@ -96,13 +97,14 @@ public final class CachedCounts implements Serializable {
 
   /**
    * The counts of {@code cached}, and its rows whose {@code rejectColumn} is set, of the columns {@code rowsOf} (none:
-   * not gathered), when no partition holds more than its share of {@code maxRows} (its count divided by the number of
-   * partitions): the driver never holds more than {@code maxRows} of them. Null when {@code cached}
+   * not gathered), when no partition holds more than its share of {@code maxRows} rows or {@code maxBytes} bytes of
+   * values (each divided by the number of partitions): the driver never holds more than that of them (a batch of
+   * large rejected records is read from the cache by the quarantine's own job instead). Null when {@code cached}
    * is not a cached Dataset of Spark's default cache serializer, a column is missing, or {@code timeColumn} is not a
    * long or a timestamp: the caller counts its own way then. Fills the cache when it is not yet.
    */
   public static CachedCounts of(
-      Dataset<?> cached, String rejectColumn, String timeColumn, List<String> rowsOf, int maxRows) {
+      Dataset<?> cached, String rejectColumn, String timeColumn, List<String> rowsOf, int maxRows, long maxBytes) {
     Option<CachedData> found = cached.sparkSession().sharedState().cacheManager().lookupCachedData(cached);
     if (found.isEmpty()) {
       return null;
@@ -145,8 +147,16 @@ public final class CachedCounts implements Serializable {
       rowTypes = new DataType[0];
     }
     org.apache.spark.api.java.JavaRDD<CachedBatch> cachedBatches = builder.cachedColumnBuffers().toJavaRDD();
-    int share = Math.max(1, maxRows / Math.max(1, cachedBatches.getNumPartitions()));
-    PartitionCounts perPartition = new PartitionCounts(rejectAt, timeAt, rowColumns, rowTypes, rejectInRow, share);
+    int partitionCount = Math.max(1, cachedBatches.getNumPartitions());
+    PartitionCounts perPartition =
+        new PartitionCounts(
+            rejectAt,
+            timeAt,
+            rowColumns,
+            rowTypes,
+            rejectInRow,
+            Math.max(1, maxRows / partitionCount),
+            Math.max(1, maxBytes / partitionCount));
     List<Counted> partitions = cachedBatches.mapPartitions(perPartition).collect();
     long records = 0;
     long rejected = 0;
@@ -205,14 +215,23 @@ public final class CachedCounts implements Serializable {
     private final DataType[] rowTypes;
     private final int rejectInRow;
     private final int maxRows;
+    private final long maxBytes;
 
-    PartitionCounts(int rejectAt, int timeAt, int[] rowColumns, DataType[] rowTypes, int rejectInRow, int maxRows) {
+    PartitionCounts(
+        int rejectAt,
+        int timeAt,
+        int[] rowColumns,
+        DataType[] rowTypes,
+        int rejectInRow,
+        int maxRows,
+        long maxBytes) {
       this.rejectAt = rejectAt;
       this.timeAt = timeAt;
       this.rowColumns = rowColumns;
       this.rowTypes = rowTypes;
       this.rejectInRow = rejectInRow;
       this.maxRows = maxRows;
+      this.maxBytes = maxBytes;
     }
 
     @Override
@@ -220,6 +239,7 @@ public final class CachedCounts implements Serializable {
       Counted counted = new Counted();
       boolean gathering = rowColumns.length > 0;
       List<InternalRow> rows = new ArrayList<>();
+      long bytes = 0;
       while (batches.hasNext()) {
         SimpleMetricsCachedBatch batch = (SimpleMetricsCachedBatch) batches.next();
         InternalRow stats = batch.stats();
@@ -237,7 +257,11 @@ public final class CachedCounts implements Serializable {
             rows = null;
             continue;
           }
-          gather((DefaultCachedBatch) batch, batchRows, rows);
+          bytes += gather((DefaultCachedBatch) batch, batchRows, rows);
+          if (bytes > maxBytes) {
+            gathering = false;
+            rows = null;
+          }
         }
       }
       counted.rows = gathering ? rows : null;
@@ -247,23 +271,32 @@ public final class CachedCounts implements Serializable {
     /**
      * The batch's rows with a reject reason, copied: each column asked for read by its own accessor (Spark's
      * {@code ColumnAccessor}, which the code Spark generates for a scan of the cache calls too), without generating
-     * code: on a fresh JVM, compiling the scan's accessor took about 0.2 s of the first batch.
+     * code: on a fresh JVM, compiling the scan's accessor took about 0.2 s of the first batch. Returns the bytes of
+     * the values gathered (strings' and binaries' lengths, 8 for any other value).
      */
-    private void gather(DefaultCachedBatch batch, int batchRows, List<InternalRow> rows) {
+    private long gather(DefaultCachedBatch batch, int batchRows, List<InternalRow> rows) {
       byte[][] buffers = batch.buffers();
       ColumnAccessor[] accessors = new ColumnAccessor[rowColumns.length];
       for (int i = 0; i < accessors.length; i++) {
         accessors[i] = ColumnAccessor$.MODULE$.apply(rowTypes[i], ByteBuffer.wrap(buffers[rowColumns[i]]));
       }
       GenericInternalRow row = new GenericInternalRow(accessors.length);
+      long bytes = 0;
       for (int r = 0; r < batchRows; r++) {
         for (int i = 0; i < accessors.length; i++) {
           accessors[i].extractTo(row, i);
         }
         if (!row.isNullAt(rejectInRow)) {
-          rows.add(row.copy());
+          InternalRow copy = row.copy();
+          rows.add(copy);
+          for (int i = 0; i < accessors.length; i++) {
+            Object value = copy.isNullAt(i) ? null : copy.get(i, rowTypes[i]);
+            bytes += value instanceof UTF8String ? ((UTF8String) value).numBytes()
+                : value instanceof byte[] ? ((byte[]) value).length : 8;
+          }
         }
       }
+      return bytes;
     }
   }
 }

@@ -43,7 +43,8 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Why: a micro-batch's quarantined records are a few hundred rows, gathered by the job that counts the batch
  * ({@code dev.streamproof.cache.CachedCounts}). Delta's writer made a Spark job of them: its planning, its
- * statistics' code, one task. That took 0.10-0.18 s of every warm batch and 0.5 s of the first, for one small file.
+ * statistics' code, one task. That took 0.09-0.17 s of a warm batch and 0.51 s of the first, for one small file
+ * (docs/performance.md, 2026-11-30).
  *
  * <p>Only for what Delta's writer would write the same way: rows of a local relation (the gathered records), a table
  * without partition columns, constraints, or field metadata (generated or identity columns, column mapping, defaults,
@@ -51,6 +52,19 @@ import scala.jdk.javaapi.CollectionConverters;
  * what the caller's AddFile and its statistics are made of ({@code streamproof.sinks.delta_table}).
  */
 public final class FewRowsFile {
+  private static final List<DataType> FLAT_TYPES =
+      List.of(
+          DataTypes.StringType,
+          DataTypes.BinaryType,
+          DataTypes.BooleanType,
+          DataTypes.ByteType,
+          DataTypes.ShortType,
+          DataTypes.IntegerType,
+          DataTypes.LongType,
+          DataTypes.FloatType,
+          DataTypes.DoubleType,
+          DataTypes.DateType,
+          DataTypes.TimestampType);
   private final String name;
   private final long size;
   private final long modificationTime;
@@ -144,11 +158,15 @@ public final class FewRowsFile {
       return null;
     }
     for (StructField field : schema.fields()) {
-      if (field.metadata().json().length() > 2) { // "{}": generation, identity, mapping, defaults live there
+      if (field.metadata().json().length() > 2 // "{}": generation, identity, mapping, defaults live there
+          || !FLAT_TYPES.contains(field.dataType())) { // nested columns' statistics are Delta's own nested maps
         return null;
       }
     }
     List<InternalRow> data = CollectionConverters.asJava(((LocalRelation) plan).data());
+    if (data.isEmpty()) {
+      return null; // Delta's writer commits no file for no rows
+    }
 
     // Delta's writer: the session's Hadoop settings with the table's properties and the log's options on top.
     Configuration conf = spark.sessionState().newHadoopConfWithOptions(metadata.configuration());
@@ -183,14 +201,23 @@ public final class FewRowsFile {
     long[] longestStrings = new long[fields.length];
     OutputWriter writer = factory.newInstance(path.toString(), schema, context);
     try {
-      for (InternalRow row : data) {
-        writer.write(row);
-        for (int i = 0; i < fields.length; i++) {
-          gather(row, i, fields[i].dataType(), nullCounts, minValues, maxValues, longestStrings);
+      try {
+        for (InternalRow row : data) {
+          writer.write(row);
+          for (int i = 0; i < fields.length; i++) {
+            gather(row, i, fields[i].dataType(), nullCounts, minValues, maxValues, longestStrings);
+          }
         }
+      } finally {
+        writer.close();
       }
-    } finally {
-      writer.close();
+    } catch (Exception failed) {
+      try {
+        path.getFileSystem(taskConf).delete(path, false); // no partial file left in the table's folder
+      } catch (Exception alsoFailed) {
+        failed.addSuppressed(alsoFailed);
+      }
+      throw failed;
     }
     FileStatus status = path.getFileSystem(taskConf).getFileStatus(path);
     txn.registerPostCommitHook(org.apache.spark.sql.delta.hooks.AutoCompact$.MODULE$);
