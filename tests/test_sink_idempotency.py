@@ -54,6 +54,12 @@ def _rows(spark: Any, offsets: range, order: str = "o") -> Any:
     return frame.repartitionByRange(2, "_src_partition").sortWithinPartitions("_src_offset")
 
 
+def _log_of(table: Path) -> list[dict[str, Any]]:
+    """Every action of the Delta table's commit files, in order."""
+    return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
+            for line in commit.read_text().splitlines()]  # fmt: skip
+
+
 def _batch(batch_id: int, rows: int, end: int) -> Batch:
     return Batch("idem", batch_id, {"idem-in": {"0": end, "1": end}}, keyed=True, rows=rows)
 
@@ -262,12 +268,8 @@ def test_the_quarantine_table_created_at_the_start_is_the_one_delta_s_writer_cre
     import streamproof.sinks.delta as delta_sink
     from streamproof.checkpoint.start import quarantine_table
 
-    def log_of(table: Path) -> list[dict[str, Any]]:
-        return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
-                for line in commit.read_text().splitlines()]  # fmt: skip
-
     def described(table: Path) -> tuple[Any, ...]:
-        actions = log_of(table)
+        actions = _log_of(table)
         metadata = next(action["metaData"] for action in actions if "metaData" in action)
         assert isinstance(metadata.pop("createdTime"), int) and metadata.pop("id")
         return metadata, next(action["protocol"] for action in actions if "protocol" in action)
@@ -289,7 +291,7 @@ def test_the_quarantine_table_created_at_the_start_is_the_one_delta_s_writer_cre
     assert described(Path(table.location)) == described(Path(quarantine_table(written).location))
     assert all(field["nullable"] for field in json.loads(described(Path(table.location))[0]["schemaString"])["fields"])
     assert table.append(quarantined, _batch(0, 40, 40)).rows_out == 40 and calls == ["transaction"]
-    commits = [action["commitInfo"] for action in log_of(Path(table.location)) if "commitInfo" in action]
+    commits = [action["commitInfo"] for action in _log_of(Path(table.location)) if "commitInfo" in action]
     assert [commit["operation"] for commit in commits] == ["CREATE TABLE", "WRITE"]
     assert table.read(spark).count() == 40  # type: ignore[union-attr]
     assert table.append(quarantined, _batch(0, 40, 40)).replay_skipped
@@ -311,10 +313,6 @@ def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_wr
     from streamproof.checkpoint.start import quarantine_table
     from streamproof.pipeline.batches import BatchWriter
     from streamproof.transform.records import quarantined_records
-
-    def log_of(table: Path) -> list[dict[str, Any]]:
-        return [json.loads(line) for commit in sorted((table / "_delta_log").glob("*.json"))
-                for line in commit.read_text().splitlines()]  # fmt: skip
 
     schema = ("_src_topic STRING, _src_partition INT, _src_offset BIGINT, _src_timestamp TIMESTAMP, "
               "_reject_reason STRING, _raw_value BINARY")  # fmt: skip
@@ -342,7 +340,7 @@ def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_wr
             assert table.append(frame, _batch(0, quarantined, 40)).rows_out == quarantined
             spark.sparkContext.setJobGroup("", "")
         jobs = list(spark.sparkContext.statusTracker().getJobIdsForGroup(name))
-        actions = log_of(Path(table.location))
+        actions = _log_of(Path(table.location))
         (add,) = [action["add"] for action in actions if "add" in action]
         metrics = next(action["commitInfo"] for action in actions if "commitInfo" in action and action["commitInfo"]
                        ["operation"] == "WRITE")["operationMetrics"]  # fmt: skip

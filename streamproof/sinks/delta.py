@@ -33,7 +33,6 @@ Example (inside your own ``foreachBatch``)::
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -60,7 +59,7 @@ from streamproof.sinks.delta_log import (
     newest_commit,
     other_writers,
 )
-from streamproof.sinks.delta_table import as_nullable, create_empty_table, few_rows_file
+from streamproof.sinks.delta_table import as_nullable, create_empty_table, few_rows_file, table_schema
 from streamproof.transform.records import recency, sink_rows_schema
 
 # Other writers' commits (OPTIMIZE, another pipeline) read past, newest first, before Delta's own state is asked
@@ -171,11 +170,6 @@ def fits_table(frame: DataFrame, txn: Any) -> bool:
     True
     """
     return column_types(frame.schema) == column_types(table_schema(txn))
-
-
-def table_schema(txn: Any) -> StructType:
-    """The table's schema as of the transaction's snapshot (its metadata, no read of the log)."""
-    return StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
 
 
 def column_types(schema: StructType) -> list[tuple[str, str]]:

@@ -104,7 +104,7 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     written = jvm.dev.streamproof.delta.FewRowsFile.write(txn, frame._jdf)
     if written is None:
         return None
-    schema = StructType.fromJson(json.loads(str(metadata.schemaString())))
+    schema = table_schema(txn)
     indexed = int(properties.get("delta.dataSkippingNumIndexedCols", INDEXED_COLUMNS))
     prefix = int(properties.get("delta.dataSkippingStringPrefixLength", STRING_PREFIX))
     columns = schema.fields if indexed < 0 else schema.fields[:indexed]
@@ -135,6 +135,11 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
         "tags": None,  # as Delta's writer leaves it (read as an empty map otherwise, and written so)
     }
     return [jvm.org.apache.spark.sql.delta.actions.Action.fromJson(json.dumps({"add": add}))]
+
+
+def table_schema(txn: Any) -> StructType:
+    """The table's schema as of the transaction's snapshot (its metadata, no read of the log)."""
+    return StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
 
 
 def _stats_time(micros: int) -> str | None:

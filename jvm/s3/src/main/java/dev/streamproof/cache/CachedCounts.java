@@ -46,8 +46,7 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Python calls {@link #of}: {@code streamproof.pipeline.batches.BatchWriter}.
  */
-public final class CachedCounts implements Serializable {
-  private static final long serialVersionUID = 1L;
+public final class CachedCounts {
   private static final int STATS_PER_COLUMN = 5; // lower bound, upper bound, null count, count, size in bytes
   private static final int LOWER_BOUND = 0;
   private static final int NULL_COUNT = 2;
