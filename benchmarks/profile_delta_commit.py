@@ -2,14 +2,16 @@
 
 Usage::
 
-    python benchmarks/profile_delta_commit.py [--log-one]
+    python benchmarks/profile_delta_commit.py [--log-one] [--hadoop-local-fs]
 
 Appends 100 rows 25 times with ``txnAppId``/``txnVersion`` (how streamproof keys the first batch of a run), 15 times
 through Delta's transaction API with the same SetTransaction (how streamproof keys the later ones:
 ``streamproof.sinks.delta.commit_keyed``), and 15 times without a key, in one warm session, and prints
 the seconds of each and their medians. With ``--log-one`` the 23rd keyed append
 runs with Spark's INFO log on: it shows ``DELTA: Compute snapshot for version: N``, the full state
-reconstruction Delta runs to read the table's transaction ids before each keyed write.
+reconstruction Delta runs to read the table's transaction ids before each keyed write. With ``--hadoop-local-fs`` the
+session keeps Hadoop's own local file system (a ``chmod`` process for every file created, two ``readlink`` for every
+rename of Delta's log store) instead of streamproof's (``dev.streamproof.fs.ForklessLocalFileSystem``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,20 @@ import sys
 import tempfile
 import time
 
+from streamproof.config import SparkSettings
 from streamproof.jvm.session import build_session
 from streamproof.sinks.base import Batch
 from streamproof.sinks.delta import commit_keyed, start_transaction
 
 
+HADOOP_LOCAL_FS = {
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.LocalFs",
+}
+
+
 def main() -> None:
-    spark = build_session()
+    spark = build_session(SparkSettings(conf=HADOOP_LOCAL_FS if "--hadoop-local-fs" in sys.argv else {}))
     path = tempfile.mkdtemp(prefix="streamproof-delta-commit-")
     shutil.rmtree(path)
     rows = spark.range(100).selectExpr("cast(id as string) as event_id", "id * 1.5 as amount")

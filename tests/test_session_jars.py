@@ -161,3 +161,74 @@ def test_the_driver_collects_no_heap_for_class_metadata_before_256_mb(spark: Any
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
     assert int(diagnostics.getVMOption("MetaspaceSize").getValue()) == 256 * 2**20
+
+
+def test_local_files_get_hadoop_s_own_permissions_and_link_answers_without_a_process(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The session's local file system (``fs.file.impl``) and FileContext's (``fs.AbstractFileSystem.file.impl``) are
+    streamproof's: Hadoop without its native library ran `chmod` for every file it created and `readlink` twice for
+    every rename of Spark's checkpoint logs and Delta's log store (5,640 processes in 80 batches, measured). Their
+    answers are Hadoop's own RawLocalFileSystem's: a new file's permissions (a symbolic link's target changed, as
+    `chmod` does; the sticky bit Hadoop's own way) and the status of a file, a folder, a link, a dangling link and a
+    missing path, with and without the ``file:`` scheme."""
+    import os
+    import stat
+
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI("file:///")
+    assert jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf).getClass().getName() == (
+        "dev.streamproof.fs.ForklessLocalFileSystem"
+    )
+    file_context = jvm.org.apache.hadoop.fs.FileContext.getLocalFSFileContext(conf)
+    assert file_context.getDefaultFileSystem().getClass().getName() == "dev.streamproof.fs.ForklessLocalFs"
+    ours, hadoop_s = jvm.dev.streamproof.fs.ForklessRawLocalFileSystem(), jvm.org.apache.hadoop.fs.RawLocalFileSystem()
+    for fs in (ours, hadoop_s):
+        fs.initialize(uri, conf)
+    hadoop_path = jvm.org.apache.hadoop.fs.Path
+
+    (tmp_path / "file").write_text("twelve bytes")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+
+    def link_status(fs: Any, path: str) -> tuple[Any, ...]:
+        try:
+            status = fs.getFileLinkStatus(hadoop_path(path))
+        except Exception as error:
+            return ("refused", "FileNotFoundException" in str(error))
+        target = str(status.getSymlink()) if status.isSymlink() else None
+        return (status.isSymlink(), status.isDirectory(), 0 if status.isDirectory() else status.getLen(), target)
+
+    for name in ("file", "folder", "link", "dangling", "missing"):
+        for path in (str(tmp_path / name), f"file:{tmp_path / name}"):
+            assert link_status(ours, path) == link_status(hadoop_s, path), path
+    assert link_status(ours, str(tmp_path / "link"))[0] is True  # a link is still told as one
+    assert link_status(ours, str(tmp_path / "missing")) == ("refused", True)
+
+    permission = jvm.org.apache.hadoop.fs.permission.FsPermission
+    for mode in (0o644, 0o600, 0o755, 0o000, 0o1777, 0o751):
+        modes = []
+        for fs, side in ((ours, "ours"), (hadoop_s, "hadoop")):
+            folder = tmp_path / f"{side}-{mode:o}"
+            folder.mkdir()
+            (folder / "file").write_text("x")
+            (folder / "link").symlink_to(folder / "file")
+            (folder / "dir").mkdir()
+            for name in ("file", "link", "dir"):
+                fs.setPermission(hadoop_path(str(folder / name)), permission(mode & 0o7777))
+            modes.append(
+                [stat.S_IMODE(os.stat(folder / name).st_mode) for name in ("file", "dir")]
+                + [stat.S_ISLNK(os.lstat(folder / "link").st_mode)]
+            )
+            for name in ("file", "dir"):
+                os.chmod(folder / name, 0o700)  # tmp_path stays removable
+        assert modes[0] == modes[1], oct(mode)
+    for fs in (ours, hadoop_s):
+        try:
+            fs.setPermission(hadoop_path(str(tmp_path / "missing")), permission(0o644))
+        except Exception as error:
+            assert "IOException" in str(error) or "NoSuchFile" in str(error) or "ExitCode" in str(error)
+        else:
+            raise AssertionError("a missing file's permissions were set")

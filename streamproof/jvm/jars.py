@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,6 +120,7 @@ class JarSet:
         digest.update(MAVEN_SETTINGS.read_bytes())
         if self.name == "spark":
             digest.update(importlib.metadata.version("pyspark").encode())
+            digest.update(f"{DRIVER_CLASSPATH}/{_DRIVER_CLASSES}".encode())  # a set made before that folder is redone
             for source in sorted(OWN_CLASSES.rglob("*")):  # its own classes are rebuilt when their code changes
                 if source.is_file() and "target" not in source.relative_to(OWN_CLASSES).parts:
                     digest.update(str(source.relative_to(OWN_CLASSES)).encode())
@@ -183,6 +185,33 @@ def _build_own_classes(mvn: str, staging: Path, *, quiet: bool) -> None:
     _maven(mvn, sources / "pom.xml", goals, quiet=quiet, failure=f"could not build {OWN_CLASSES}")
     for jar in (sources / "target").glob("streamproof-*.jar"):
         shutil.copy2(jar, staging / jar.name)
+        _driver_classpath_jar(jar, staging / DRIVER_CLASSPATH / "streamproof-local-fs.jar")
+
+
+# Beside a set's jars, what must be on the driver JVM's own classpath: the local file system Spark's settings name
+# (``fs.file.impl``) is loaded by spark-submit before the jars of ``spark.jars`` are, and only those classes are there
+# (the rest of streamproof's need Delta's, which ``spark.jars`` loads).
+DRIVER_CLASSPATH = "driver-classpath"
+_DRIVER_CLASSES = "dev/streamproof/fs/"
+
+
+def _driver_classpath_jar(built: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(built) as source, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as jar:
+        for entry in source.infolist():
+            if entry.filename == "META-INF/MANIFEST.MF" or entry.filename.startswith(_DRIVER_CLASSES):
+                jar.writestr(entry, source.read(entry))
+
+
+def driver_classpath(name: str = "spark") -> list[Path]:
+    """The jars a set puts on the driver JVM's own classpath (``spark.driver.extraClassPath``); never touches the
+    network.
+
+    >>> [path.name for path in driver_classpath()]                                      # doctest: +SKIP
+    ['streamproof-local-fs.jar']
+    """
+    cached_jars(name)  # resolved, or the error that says how
+    return sorted((jar_set(name).folder() / DRIVER_CLASSPATH).glob("*.jar"))
 
 
 def _maven(mvn: str, pom: Path, goals: list[str], *, quiet: bool, failure: str) -> None:

@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from streamproof.config import PipelineSpec, SparkSettings
 from streamproof.errors import ConfigError
 from streamproof.guarantees import hadoop_refusal
-from streamproof.jvm.jars import cache_root, cached_jars, check_java, jar_set
+from streamproof.jvm.jars import cache_root, cached_jars, check_java, driver_classpath, jar_set
 
 LOG4J_CONFIG = Path(__file__).resolve().parent / "log4j2.properties"
 # The file Spark's driver log goes to whole (log4j2.properties): set by a pipeline run before its JVM starts.
@@ -107,6 +107,8 @@ def jit_option(settings: SparkSettings) -> str:
 
 
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+LOCAL_FILE_SYSTEM = "dev.streamproof.fs.ForklessLocalFileSystem"
+LOCAL_FILE_CONTEXT = "dev.streamproof.fs.ForklessLocalFs"
 
 
 UI_ENV = "STREAMPROOF_SPARK_UI"  # "off": no web UI whatever [spark] ui says
@@ -135,6 +137,7 @@ def session_conf(
         "spark.master": settings.master,
         "spark.driver.memory": settings.driver_memory,
         "spark.jars": ",".join(str(jar) for jar in cached_jars("spark")),
+        "spark.driver.extraClassPath": os.pathsep.join(str(jar) for jar in driver_classpath()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
@@ -184,6 +187,11 @@ def session_conf(
         # 137,982 rows/s, inside the rounds' spread (docs/performance.md). A reader of a small table rebuilds the list
         # from the log instead, as it does for every table of 50 files or more.
         "spark.databricks.delta.allFilesInCrc.enabled": "false",
+        # Files on the local disk without a process each: with no native library (pyspark ships none), Hadoop runs
+        # `chmod` for every file it creates and `readlink` twice for every rename Spark's checkpoint logs and Delta's
+        # log store make (dev.streamproof.fs.ForklessRawLocalFileSystem says what it does instead, and measured).
+        "spark.hadoop.fs.file.impl": LOCAL_FILE_SYSTEM,
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": LOCAL_FILE_CONTEXT,
         **HDFS_CLOSE_RETRY,
     }
     if not settings.master.startswith("local"):
@@ -192,7 +200,11 @@ def session_conf(
             conf["spark.executor.extraJavaOptions"] = jit_option(settings)
         if settings.on_this_machine:  # executors reach the driver on the loopback it binds (SPARK_LOCAL_IP)
             conf["spark.driver.host"] = "127.0.0.1"
+    ours = conf["spark.driver.extraClassPath"]
     conf.update(settings.conf)
+    yours = conf["spark.driver.extraClassPath"]
+    if yours != ours:  # yours added to ours: the local file system's class stays on it
+        conf["spark.driver.extraClassPath"] = os.pathsep.join(path for path in (ours, yours) if path)
     return conf
 
 

@@ -1,12 +1,12 @@
 package dev.streamproof.proof;
 
+import dev.streamproof.fs.ForklessLocalFileSystem;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import org.apache.hadoop.fs.FSDataOutputStream;
-import org.apache.hadoop.fs.LocalFileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.util.Progressable;
@@ -20,11 +20,12 @@ import org.apache.hadoop.util.Progressable;
  * fault did not happen). Here the proof arms a job group by creating {@code hold-<group>} in the folder named by the
  * Hadoop setting {@link #FOLDER}; the first task of that group to create a data file ({@code part-*}) creates {@code
  * held-<group>} exclusively, writes its executor's pid into it and waits (at most {@link #HOLD_MILLIS}) with the file
- * created and empty. Every other file, task and process is the plain local file system.
+ * created and empty. Every other file, task and process is streamproof's local file system ({@code
+ * ForklessLocalFileSystem}, as without a hold).
  *
  * <p>Plugged in, on a cluster proof only, with {@code spark.hadoop.fs.file.impl}.
  */
-public class HoldingLocalFileSystem extends LocalFileSystem {
+public class HoldingLocalFileSystem extends ForklessLocalFileSystem {
   public static final String FOLDER = "streamproof.hold.folder";
   private static final long HOLD_MILLIS = 120_000L;
 
