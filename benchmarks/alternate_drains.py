@@ -1,6 +1,7 @@
 """Spark settings against each other, in alternated fresh drains of the bench topic: each variant a fresh process
 draining it as `bench throughput` runs ours (``Bench.drain`` of ``benchmarks/pipelines/throughput_delta.toml``) or, for
-a variant whose name starts with ``native``, Spark's own Delta sink (``benchmarks/native_delta_sink.py``), with the
+a variant whose name starts with ``native``, Spark's own Delta sink (``benchmarks/native_delta_sink.py``); a variant
+whose name starts with ``clean`` drains the topic of valid records only (what the malformed ones cost), with the
 variant's settings added to the pipeline file's ``[spark.conf]``. The variants' order turns by one each round, so that
 none always runs first on a machine whose speed drifts. Prints each run's whole rate, first batch, steady rate and
 first commit from the launch (and, for ours, the first batch's phases), then the medians per variant.
@@ -55,12 +56,13 @@ def drain(bench: Bench, topic: str, name: str, conf: dict[str, str], tag: str) -
 
 def main(rounds: int, variants: list[tuple[str, dict[str, str]]]) -> None:
     bench = Bench(bootstrap="127.0.0.1:9092", workdir=Path(tempfile.mkdtemp(prefix="alternate-drains-")), events=EVENTS)
-    topic = bench.topic(EVENTS)
+    topic, clean_topic = bench.topic(EVENTS), bench.topic(EVENTS, malformed=0.0)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     for round_ in range(rounds):
         turn = round_ % len(variants)
         for name, conf in variants[turn:] + variants[:turn]:
-            figures = drain(bench, topic, name, conf, f"{name}-{round_}")
+            drained = clean_topic if name.startswith("clean") else topic
+            figures = drain(bench, drained, name, conf, f"{name}-{round_}")
             print(name, round_, json.dumps(figures), flush=True)
             runs[name].append(figures)
     for name, figures in runs.items():
