@@ -26,7 +26,6 @@ from streamproof.jvm.session import build_session
 from streamproof.sinks.base import Batch
 from streamproof.sinks.delta import commit_keyed, start_transaction
 
-
 HADOOP_LOCAL_FS = {
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.LocalFileSystem",
     "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.LocalFs",

@@ -54,6 +54,7 @@ from streamproof.transform.records import (
     SOURCE_TIMESTAMP,
     check_derived_columns,
     late_condition,
+    quarantine_columns,
     quarantined_records,
     valid_records,
     with_derived_columns,
@@ -266,7 +267,7 @@ class BatchWriter:
                 started = time.monotonic()
                 self.lease_check()
                 gathered = counts.get("rejected_rows")  # by the job that counted the batch, else read from the cache
-                rejected = quarantined_records(records if gathered is None else gathered)
+                rejected = quarantined_records(records) if gathered is None else quarantine_columns(gathered)
                 if quarantined <= QUARANTINE_ONE_FILE_ROWS:
                     rejected = rejected.coalesce(1)
                 self.quarantine.append(rejected, batch)

@@ -97,11 +97,14 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     """
     jvm = frame.sparkSession._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
+    few_rows = jvm.dev.streamproof.delta.FewRowsFile
+    if not few_rows.ofLocalRows(frame._jdf):  # a sink's batch, from the cache: told in one call
+        return None
     metadata = txn.metadata()
     properties = dict(jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration()))
     if "delta.dataSkippingStatsColumns" in properties or "deletionVectors" in str(txn.protocol().json()):
         return None
-    written = jvm.dev.streamproof.delta.FewRowsFile.write(txn, frame._jdf)
+    written = few_rows.write(txn, frame._jdf)
     if written is None:
         return None
     schema = table_schema(txn)

@@ -433,7 +433,17 @@ def valid_records(parsed: DataFrame) -> DataFrame:
 
 def quarantined_records(parsed: DataFrame) -> DataFrame:
     """The invalid records: coordinates, reason and raw bytes (binary, since they may not be text)."""
-    return parsed.where(F.col(REJECT_REASON).isNotNull()).select(
+    return quarantine_columns(parsed.where(F.col(REJECT_REASON).isNotNull()))
+
+
+def quarantine_columns(rejected: DataFrame) -> DataFrame:
+    """The quarantine table's columns of records known to be invalid (a batch's rejected records its counting
+    gathered: no filter to plan again).
+
+    >>> quarantine_columns(gathered).columns                                             # doctest: +SKIP
+    ['_src_topic', '_src_partition', '_src_offset', '_src_timestamp', 'reason', 'raw_value']
+    """
+    return rejected.select(
         *SOURCE_COLUMNS,  # the extra fields of schema evolution stay in raw_value
         F.col(REJECT_REASON).alias("reason"),
         F.col(RAW_VALUE).alias("raw_value"),

@@ -137,6 +137,16 @@ public final class FewRowsFile {
   }
 
   /**
+   * True when {@code rows} read nothing but rows the driver holds (every leaf of its plan a local relation): only
+   * those can be {@link #write}n. Asked first, from the plan as analyzed, so that a sink's batch (read from Spark's
+   * cache) is told in one call, without optimizing its plan or reading the table's settings.
+   */
+  public static boolean ofLocalRows(Dataset<Row> rows) {
+    return CollectionConverters.asJava(rows.queryExecution().analyzed().collectLeaves()).stream()
+        .allMatch(leaf -> leaf instanceof LocalRelation);
+  }
+
+  /**
    * Writes {@code rows} (a local relation, or one coalesced to a single partition) as one file of the table of
    * {@code txn}, in the table's folder, and marks the transaction as having written (as Delta's writer does, with its
    * auto-compaction hook registered). Null when the rows or the table are not of the kind this writes.
