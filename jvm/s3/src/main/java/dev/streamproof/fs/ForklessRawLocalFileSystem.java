@@ -29,7 +29,9 @@ import org.apache.hadoop.util.Shell;
  * a symbolic link, as {@code chmod} does); {@link #getFileLinkStatus} reads a link with {@code
  * Files.readSymbolicLink} and, for a path that is not one, returns {@link #getFileStatus} as Hadoop's does when
  * {@code readlink} prints nothing. A symbolic link, a sticky bit, Windows and a machine with the native library go
- * Hadoop's own way.
+ * Hadoop's own way. {@code
+ * tests/test_session_jars.py::test_local_files_get_hadoop_s_own_permissions_and_link_answers_without_a_process}
+ * compares both answers with Hadoop's own class's.
  */
 public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
   private static final Field DEPRECATED_FILE_STATUS = deprecatedFileStatusFlag();
