@@ -232,3 +232,20 @@ def test_local_files_get_hadoop_s_own_permissions_and_link_answers_without_a_pro
             assert "IOException" in str(error) or "NoSuchFile" in str(error) or "ExitCode" in str(error)
         else:
             raise AssertionError("a missing file's permissions were set")
+
+
+def test_a_pipeline_s_own_driver_classpath_is_added_after_the_local_file_system_s_jar() -> None:
+    """spark-submit loads ``fs.file.impl`` before ``spark.jars``: its class must stay on the driver's own classpath
+    when a pipeline file sets ``spark.driver.extraClassPath`` too (theirs is kept, after it)."""
+    import os
+
+    from streamproof.config import SparkSettings
+    from streamproof.jvm.jars import driver_classpath
+    from streamproof.jvm.session import session_conf
+
+    ours = os.pathsep.join(str(jar) for jar in driver_classpath())
+    assert ours.endswith("streamproof-local-fs.jar")
+    assert session_conf(SparkSettings())["spark.driver.extraClassPath"] == ours
+    theirs = session_conf(SparkSettings(conf={"spark.driver.extraClassPath": "/opt/drivers/x.jar"}))
+    assert theirs["spark.driver.extraClassPath"] == f"{ours}{os.pathsep}/opt/drivers/x.jar"
+    assert theirs["spark.hadoop.fs.file.impl"] == "dev.streamproof.fs.ForklessLocalFileSystem"

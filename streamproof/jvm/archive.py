@@ -7,7 +7,8 @@ is ~4 s faster. Idempotent: an existing archive is kept.
 
 An archive holds for one pyspark install (its key holds the install's path), so each clone makes its own, 200 MB
 each. Beside each archive a ``.pyspark`` file names the install it was made for, and every call removes the archives
-whose install is gone (:func:`prune_archives`), and those made before that file existed, except this install's.
+whose install is gone (:func:`prune_archives`), those made before that file existed, and this install's own older
+ones (another jar set or JDK), but never the one it keeps.
 
 Example::
 
@@ -63,24 +64,30 @@ def prepare_startup_archive() -> Path:
 
 
 def prune_archives(keep: Path) -> list[Path]:
-    """Remove the archives beside ``keep`` whose pyspark install is gone, or that name none; return them.
+    """Remove the archives beside ``keep`` whose pyspark install is gone, that name none, or that are this install's
+    own but not ``keep`` (made for an earlier jar set or JDK: each change to streamproof's Java classes makes a new
+    one, 194 MB, and 15 of them once left the disk too full for the test suite); return them. Another clone's archive
+    stays while its install exists.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
-    >>> for name, owner in (("spark-a.jsa", pyspark.__file__), ("spark-b.jsa", "/gone/pyspark/__init__.py"),
-    ...                     ("spark-c.jsa", None), ("spark-d.jsa", None)):
+    >>> other_install = folder / "other-clone-pyspark-init.py"
+    >>> _ = other_install.write_text("")
+    >>> for name, owner in (("spark-a.jsa", str(other_install)), ("spark-b.jsa", "/gone/pyspark/__init__.py"),
+    ...                     ("spark-c.jsa", None), ("spark-d.jsa", None), ("spark-e.jsa", pyspark.__file__)):
     ...     _ = (folder / name).write_bytes(b"archive")
     ...     _ = owner and _owner(folder / name).write_text(owner)
     >>> sorted(path.name for path in prune_archives(keep=folder / "spark-d.jsa"))
-    ['spark-b.jsa', 'spark-c.jsa']
-    >>> sorted(path.name for path in folder.iterdir())
+    ['spark-b.jsa', 'spark-c.jsa', 'spark-e.jsa']
+    >>> sorted(path.name for path in folder.glob("spark-*"))
     ['spark-a.jsa', 'spark-a.pyspark', 'spark-d.jsa']
     """
     removed = []
+    this_install = Path(pyspark.__file__)
     for archive in sorted(keep.parent.glob("spark-*.jsa")):
         owner = _owner(archive)
         install = Path(owner.read_text().strip()) if owner.exists() else None
-        if archive == keep or (install is not None and install.exists()):
+        if archive == keep or (install is not None and install.exists() and install != this_install):
             continue
         archive.unlink(missing_ok=True)  # a JVM that has it mapped keeps reading it: Linux frees it after
         owner.unlink(missing_ok=True)
