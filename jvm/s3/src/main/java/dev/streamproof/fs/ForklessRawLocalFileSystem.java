@@ -5,9 +5,7 @@ import java.io.IOException;
 import java.lang.reflect.Field;
 import java.nio.file.Files;
 import java.nio.file.InvalidPathException;
-import java.nio.file.attribute.PosixFilePermission;
-import java.util.EnumSet;
-import java.util.Set;
+import java.nio.file.attribute.PosixFilePermissions;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.Path;
 import org.apache.hadoop.fs.RawLocalFileSystem;
@@ -43,7 +41,8 @@ public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
       super.setPermission(p, permission);
       return;
     }
-    Files.setPosixFilePermissions(pathToFile(p).toPath(), posixPermissions(mode));
+    // rwxr-xr-x: the nine bits, the sticky one (its tenth) having gone Hadoop's way above
+    Files.setPosixFilePermissions(pathToFile(p).toPath(), PosixFilePermissions.fromString(permission.toString()));
   }
 
   @Override
@@ -61,27 +60,6 @@ public class ForklessRawLocalFileSystem extends RawLocalFileSystem {
     } catch (IOException | UnsupportedOperationException | InvalidPathException | SecurityException notALink) {
       return "";
     }
-  }
-
-  static Set<PosixFilePermission> posixPermissions(int mode) {
-    PosixFilePermission[] bits = {
-      PosixFilePermission.OTHERS_EXECUTE,
-      PosixFilePermission.OTHERS_WRITE,
-      PosixFilePermission.OTHERS_READ,
-      PosixFilePermission.GROUP_EXECUTE,
-      PosixFilePermission.GROUP_WRITE,
-      PosixFilePermission.GROUP_READ,
-      PosixFilePermission.OWNER_EXECUTE,
-      PosixFilePermission.OWNER_WRITE,
-      PosixFilePermission.OWNER_READ,
-    };
-    Set<PosixFilePermission> set = EnumSet.noneOf(PosixFilePermission.class);
-    for (int i = 0; i < bits.length; i++) {
-      if ((mode & (1 << i)) != 0) {
-        set.add(bits[i]);
-      }
-    }
-    return set;
   }
 
   /**
