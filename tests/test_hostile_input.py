@@ -136,6 +136,35 @@ def test_records_read_from_their_bytes_are_spark_s_own_from_json_s(spark: Any, v
         assert row["ours"] == row["theirs"], (values[row["offset"]], row["theirs"], row["ours"])
 
 
+# Bytes a check of eight at a time could misjudge: a non-ASCII byte at each place of a word and of the tail, a
+# character cut at a word's end, overlong forms, encoded surrogates, code points past U+10FFFF, bytes never valid.
+UTF8_EDGES = [
+    b"", b"a" * 7, b"a" * 8, b"a" * 9, *(b"a" * i + b"\x80" + b"a" * (15 - i) for i in range(16)),
+    *(b"a" * i + "\u00e9".encode() + b"a" * (14 - i) for i in range(15)), b"a" * 7 + "\U0001f600".encode(),
+    b"a" * 8 + b"\xe2\x82", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xff", "\u20ac".encode() * 3,
+]  # fmt: skip
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(values=st.lists(st.binary(max_size=40) | st.text(max_size=20).map(str.encode) | st.sampled_from(UTF8_EDGES),
+                       min_size=1, max_size=60))  # fmt: skip
+@example(values=UTF8_EDGES)
+def test_utf8_validity_is_spark_s_own(spark: Any, values: list[bytes]) -> None:
+    """streamproof.transform.records.valid_utf8 (ASCII told eight bytes at a time, ValidUtf8) says of every value
+    what Spark's own is_valid_utf8 says: what sends a record to quarantine as not_utf8."""
+    from pyspark.sql import functions as F
+
+    from streamproof.transform.records import valid_utf8
+
+    frame = spark.createDataFrame([*enumerate(values), (len(values), None)], "offset LONG, value BINARY")
+    text = F.col("value").cast("string")
+    rows = frame.select("offset", F.expr("is_valid_utf8(CAST(value AS STRING))").alias("theirs"),
+                        valid_utf8(spark, text).alias("ours")).collect()  # fmt: skip
+    assert len(rows) == len(values) + 1
+    for row in rows:
+        assert row["ours"] == row["theirs"], ([*values, None][row["offset"]], row["theirs"], row["ours"])
+
+
 BIG_MESSAGE = b'{"event_id":"big","order_id":"o","pad":"' + b"x" * (1 << 20) + b'"}'
 
 
