@@ -366,6 +366,20 @@ def test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_wr
     assert driver_stats == writer_stats
 
 
+def test_a_driver_written_file_s_time_bounds_are_delta_s_to_the_millisecond_within_years_1_to_9999(spark: Any) -> None:
+    """A timestamp's bound in the statistics of a file the driver writes (dev.streamproof.delta.FewRowsFile) is
+    Delta's: UTC, to the millisecond, truncated toward the past; a bound outside the years 1-9999 is left out (null
+    here) rather than failing the commit."""
+    few_rows = spark._jvm.dev.streamproof.delta.FewRowsFile
+    assert few_rows.statsTime(1_700_000_000_123_456) == "2023-11-14T22:13:20.123Z"
+    assert few_rows.statsTime(-1) == "1969-12-31T23:59:59.999Z"
+    assert few_rows.statsTime(-62_135_596_800_000_000) == "0001-01-01T00:00:00.000Z"
+    assert few_rows.statsTime(253_402_300_799_999_999) == "9999-12-31T23:59:59.999Z"
+    assert few_rows.statsTime(-62_135_596_800_000_001) is None
+    assert few_rows.statsTime(253_402_300_800_000_000) is None
+    assert few_rows.statsTime(1_700_000_000_123_456_000) is None  # a time in nanoseconds read as microseconds
+
+
 def test_batch_0_replayed_into_a_table_another_writer_restored_before_the_pipeline_wrote_it_is_not_written_twice(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:

@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import time
 from typing import Any, cast
@@ -75,12 +74,6 @@ def _nullable(kind: DataType) -> DataType:
     return kind
 
 
-# Delta's statistics of a file: the first 32 columns unless the table says otherwise, strings' bounds to 32 characters
-# (its defaults: delta.dataSkippingNumIndexedCols, delta.dataSkippingStringPrefixLength).
-INDEXED_COLUMNS = 32
-STRING_PREFIX = 32
-
-
 def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     """The AddFile of ``frame``'s rows written by the driver as one file of the table of ``txn``
     (``dev.streamproof.delta.FewRowsFile``: Delta's file format, options and Hadoop settings, no Spark job), with the
@@ -88,7 +81,8 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     longer than Delta keeps), numbers and times. None, writing nothing, when ``frame`` is not a local relation (the
     records a batch's counting gathered) or the table is not one Delta's writer fills plainly (partitions,
     constraints, generated or identity columns, column mapping, deletion vectors, chosen statistics columns): the
-    caller writes through Delta's writer then.
+    caller writes through Delta's writer then. One call: a sink's batch, read from Spark's cache, is told from the
+    plan as analyzed.
     ``tests/test_sink_idempotency.py::test_a_few_rows_written_by_the_driver_are_the_file_and_statistics_delta_s_writer_makes``
     compares the two.
 
@@ -97,63 +91,10 @@ def few_rows_file(txn: Any, frame: DataFrame) -> list[Any] | None:
     """
     jvm = frame.sparkSession._jvm
     assert jvm is not None, "a classic Spark session has a JVM"
-    few_rows = jvm.dev.streamproof.delta.FewRowsFile
-    if not few_rows.ofLocalRows(frame._jdf):  # a sink's batch, from the cache: told in one call
-        return None
-    metadata = txn.metadata()
-    properties = dict(jvm.scala.jdk.javaapi.CollectionConverters.asJava(metadata.configuration()))
-    if "delta.dataSkippingStatsColumns" in properties or "deletionVectors" in str(txn.protocol().json()):
-        return None
-    written = few_rows.write(txn, frame._jdf)
-    if written is None:
-        return None
-    schema = table_schema(txn)
-    indexed = int(properties.get("delta.dataSkippingNumIndexedCols", INDEXED_COLUMNS))
-    prefix = int(properties.get("delta.dataSkippingStringPrefixLength", STRING_PREFIX))
-    columns = schema.fields if indexed < 0 else schema.fields[:indexed]
-    least: dict[str, Any] = {}
-    most: dict[str, Any] = {}
-    for i, field in enumerate(columns):
-        low, high = written.minValue(i), written.maxValue(i)
-        if low is None or (field.dataType.typeName() == "string" and written.longestString(i) > prefix):
-            continue  # no bound kept: a reader cannot skip the file on this column, as for any file without one
-        if field.dataType.typeName() == "timestamp":  # Delta's: to the millisecond, as an instant
-            low, high = _stats_time(low), _stats_time(high)
-            if low is None or high is None:
-                continue  # outside years 1-9999 (a time in microseconds read as milliseconds): no bound kept
-        least[field.name], most[field.name] = low, high
-    stats = {
-        "numRecords": written.numRecords(),
-        "minValues": least,
-        "maxValues": most,
-        "nullCount": {field.name: written.nullCount(i) for i, field in enumerate(columns)},
-    }
-    add = {
-        "path": str(written.name()),
-        "partitionValues": {},
-        "size": written.size(),
-        "modificationTime": written.modificationTime(),
-        "dataChange": True,
-        "stats": json.dumps(stats, separators=(",", ":"), ensure_ascii=False),
-        "tags": None,  # as Delta's writer leaves it (read as an empty map otherwise, and written so)
-    }
-    return [jvm.org.apache.spark.sql.delta.actions.Action.fromJson(json.dumps({"add": add}))]
+    add = jvm.dev.streamproof.delta.FewRowsFile.addFile(txn, frame._jdf)
+    return None if add is None else [add]
 
 
 def table_schema(txn: Any) -> StructType:
     """The table's schema as of the transaction's snapshot (its metadata, no read of the log)."""
     return StructType.fromJson(json.loads(str(txn.snapshot().metadata().schemaString())))
-
-
-def _stats_time(micros: int) -> str | None:
-    """A timestamp's bound as Delta's statistics write it: to the millisecond (truncated), UTC; None outside the
-    years 1-9999.
-
-    >>> _stats_time(1_700_000_000_123_456), _stats_time(1_700_000_000_123_456_000)
-    ('2023-11-14T22:13:20.123Z', None)
-    """
-    try:
-        moment = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=micros // 1000 * 1000)
-    except OverflowError:
-        return None
-    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"

@@ -1,6 +1,12 @@
 package dev.streamproof.delta;
 
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.time.Instant;
+import java.time.ZoneOffset;
+import java.time.ZonedDateTime;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.UUID;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileStatus;
@@ -22,6 +28,7 @@ import org.apache.spark.sql.catalyst.plans.logical.Repartition;
 import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.delta.OptimisticTransaction;
+import org.apache.spark.sql.delta.actions.AddFile;
 import org.apache.spark.sql.delta.actions.Metadata;
 import org.apache.spark.sql.delta.constraints.Constraints$;
 import org.apache.spark.sql.execution.datasources.FileFormat;
@@ -34,6 +41,7 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
+import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
@@ -48,10 +56,16 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Only for what Delta's writer would write the same way: rows of a local relation (the gathered records), a table
  * without partition columns, constraints, or field metadata (generated or identity columns, column mapping, defaults,
- * invariants). Otherwise {@link #write} returns null and the caller uses Delta's writer. The returned figures are
- * what the caller's AddFile and its statistics are made of ({@code streamproof.sinks.delta_table}).
+ * invariants), and without deletion vectors or chosen statistics columns. Otherwise {@link #addFile} returns null and
+ * the caller uses Delta's writer. Its AddFile carries the statistics Delta's writer gives the file: the rows, each
+ * indexed column's nulls, bounds of its strings (when none is longer than Delta keeps), numbers and times
+ * ({@code streamproof.sinks.delta_table.few_rows_file}).
  */
 public final class FewRowsFile {
+  // Delta's defaults for delta.dataSkippingNumIndexedCols and delta.dataSkippingStringPrefixLength.
+  private static final int INDEXED_COLUMNS = 32;
+  private static final int STRING_PREFIX = 32;
+  private static final ObjectMapper JSON = new ObjectMapper();
   private static final List<DataType> FLAT_TYPES =
       List.of(
           DataTypes.StringType,
@@ -93,57 +107,104 @@ public final class FewRowsFile {
     this.longestStrings = longestStrings;
   }
 
-  /** The file's name in the table's folder. */
-  public String name() {
-    return name;
-  }
-
-  /** Its size in bytes. */
-  public long size() {
-    return size;
-  }
-
-  /** Its modification time (epoch ms), as the file system reports it. */
-  public long modificationTime() {
-    return modificationTime;
-  }
-
-  /** Its rows. */
-  public long numRecords() {
-    return numRecords;
-  }
-
-  /** Nulls of the table's column {@code i}. */
-  public long nullCount(int i) {
-    return nullCounts[i];
-  }
-
-  /**
-   * Least non-null value of column {@code i}: a Long for an int, long or timestamp (micros) column, a String for a
-   * string column, null for other types or no non-null value.
-   */
-  public Object minValue(int i) {
-    return minValues[i];
-  }
-
-  /** Greatest non-null value of column {@code i}, as {@link #minValue}. */
-  public Object maxValue(int i) {
-    return maxValues[i];
-  }
-
-  /** The most characters of a value of string column {@code i} (0 for other types). */
-  public long longestString(int i) {
-    return longestStrings[i];
-  }
-
   /**
    * True when {@code rows} read nothing but rows the driver holds (every leaf of its plan a local relation): only
-   * those can be {@link #write}n. Asked first, from the plan as analyzed, so that a sink's batch (read from Spark's
+   * only those are written by {@link #addFile}. Asked first, from the plan as analyzed, so that a sink's batch (read from Spark's
    * cache) is told in one call, without optimizing its plan or reading the table's settings.
    */
-  public static boolean ofLocalRows(Dataset<Row> rows) {
+  static boolean ofLocalRows(Dataset<Row> rows) {
     return CollectionConverters.asJava(rows.queryExecution().analyzed().collectLeaves()).stream()
         .allMatch(leaf -> leaf instanceof LocalRelation);
+  }
+
+  /**
+   * The AddFile of {@code rows} written as one file of the table of {@code txn} ({@link #write}), with the statistics
+   * Delta's writer gives it, built here rather than read back from JSON: on a fresh JVM, Delta's reading of an action
+   * from JSON took 66 ms of a first batch's quarantine, and the settings and statistics asked over Py4J 10-20 ms of
+   * every batch's (docs/performance.md, 2026-11-30). Null, writing nothing, when the rows or the table are not of the
+   * kind this writes.
+   */
+  public static AddFile addFile(OptimisticTransaction txn, Dataset<Row> rows) throws Exception {
+    if (!ofLocalRows(rows)) {
+      return null;
+    }
+    scala.collection.immutable.Map<String, String> settings = txn.metadata().configuration();
+    if (settings.contains("delta.dataSkippingStatsColumns") || txn.protocol().json().contains("deletionVectors")) {
+      return null;
+    }
+    FewRowsFile written = write(txn, rows);
+    if (written == null) {
+      return null;
+    }
+    int indexed = setting(settings, "delta.dataSkippingNumIndexedCols", INDEXED_COLUMNS);
+    int prefix = setting(settings, "delta.dataSkippingStringPrefixLength", STRING_PREFIX);
+    StructField[] fields = txn.metadata().schema().fields();
+    int columns = indexed < 0 ? fields.length : Math.min(indexed, fields.length);
+    Map<String, Object> least = new LinkedHashMap<>();
+    Map<String, Object> most = new LinkedHashMap<>();
+    Map<String, Object> nulls = new LinkedHashMap<>();
+    for (int i = 0; i < columns; i++) {
+      StructField field = fields[i];
+      nulls.put(field.name(), written.nullCounts[i]);
+      Object low = written.minValues[i];
+      Object high = written.maxValues[i];
+      if (low == null || (field.dataType().equals(DataTypes.StringType) && written.longestStrings[i] > prefix)) {
+        continue; // no bound kept: a reader cannot skip the file on this column, as for any file without one
+      }
+      if (field.dataType().equals(DataTypes.TimestampType)) { // Delta's: to the millisecond, as an instant
+        low = statsTime((Long) low);
+        high = statsTime((Long) high);
+        if (low == null || high == null) {
+          continue; // outside years 1-9999 (a time in microseconds read as milliseconds): no bound kept
+        }
+      }
+      least.put(field.name(), low);
+      most.put(field.name(), high);
+    }
+    Map<String, Object> stats = new LinkedHashMap<>();
+    stats.put("numRecords", written.numRecords);
+    stats.put("minValues", least);
+    stats.put("maxValues", most);
+    stats.put("nullCount", nulls);
+    return AddFile.apply(
+        written.name,
+        scala.collection.immutable.Map$.MODULE$.<String, String>empty(),
+        written.size,
+        written.modificationTime,
+        true,
+        JSON.writeValueAsString(stats),
+        null, // tags: as Delta's writer leaves them
+        null, // no deletion vector
+        Option.empty(),
+        Option.empty(),
+        Option.empty(),
+        Option.empty(),
+        Option.empty());
+  }
+
+  /**
+   * A timestamp's bound as Delta's statistics write it: to the millisecond (truncated), UTC; null outside the years
+   * 1-9999. {@code statsTime(1_700_000_000_123_456L)} is {@code "2023-11-14T22:13:20.123Z"}.
+   */
+  public static String statsTime(long micros) {
+    ZonedDateTime moment = Instant.ofEpochMilli(Math.floorDiv(micros, 1000L)).atZone(ZoneOffset.UTC);
+    if (moment.getYear() < 1 || moment.getYear() > 9999) {
+      return null;
+    }
+    return String.format(
+        "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
+        moment.getYear(),
+        moment.getMonthValue(),
+        moment.getDayOfMonth(),
+        moment.getHour(),
+        moment.getMinute(),
+        moment.getSecond(),
+        moment.getNano() / 1_000_000);
+  }
+
+  private static int setting(scala.collection.immutable.Map<String, String> settings, String key, int otherwise) {
+    Option<String> value = settings.get(key);
+    return value.isDefined() ? Integer.parseInt(value.get().trim()) : otherwise;
   }
 
   /**
@@ -151,7 +212,7 @@ public final class FewRowsFile {
    * {@code txn}, in the table's folder, and marks the transaction as having written (as Delta's writer does, with its
    * auto-compaction hook registered). Null when the rows or the table are not of the kind this writes.
    */
-  public static FewRowsFile write(OptimisticTransaction txn, Dataset<Row> rows) throws Exception {
+  private static FewRowsFile write(OptimisticTransaction txn, Dataset<Row> rows) throws Exception {
     LogicalPlan plan = rows.queryExecution().optimizedPlan();
     if (plan instanceof Repartition && ((Repartition) plan).numPartitions() == 1 && !((Repartition) plan).shuffle()) {
       plan = ((Repartition) plan).child();
