@@ -191,7 +191,8 @@ def session_conf(
         # writes), not the deprecated INT96: Parquet builds an INT96 column's dictionary over 12-byte arrays, a hash map
         # of objects, and that was a fifth of a warm write task's samples (Flight Recorder). 3 alternated rounds of
         # fresh drains (docs/performance.md, 2026-11-30): steady 178,912 -> 197,135 rows/s, first batch 7.67 -> 7.43 s,
-        # the sink's files 8% smaller; Spark's own sink 109,330 -> 116,234 rows/s. Spark reads a table holding both.
+        # the sink's files 8% smaller; Spark's own sink 109,330 -> 116,234 rows/s. Spark reads a table holding both
+        # (tests/test_session_jars.py::test_timestamps_are_int64_microseconds_and_a_table_written_both_ways_reads_back).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # A record's offset is unique in its file: a dictionary of it is built only to be dropped for plain values.
         f"spark.hadoop.parquet.enable.dictionary#{COORDINATES[2]}": "false",

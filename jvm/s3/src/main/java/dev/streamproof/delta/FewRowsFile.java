@@ -109,8 +109,8 @@ public final class FewRowsFile {
 
   /**
    * True when {@code rows} read nothing but rows the driver holds (every leaf of its plan a local relation): only
-   * only those are written by {@link #addFile}. Asked first, from the plan as analyzed, so that a sink's batch (read from Spark's
-   * cache) is told in one call, without optimizing its plan or reading the table's settings.
+   * those are written by {@link #addFile}. Asked first, from the plan as analyzed, so that a sink's batch (read from
+   * Spark's cache) is told at once, without optimizing its plan or reading the table's settings.
    */
   static boolean ofLocalRows(Dataset<Row> rows) {
     return CollectionConverters.asJava(rows.queryExecution().analyzed().collectLeaves()).stream()
