@@ -30,11 +30,21 @@ system-packages:
 
 # uv installs what pip would (the same versions, checked with `pip freeze`), with its downloads in parallel: on an empty
 # cache 35.6 s (+2.3 s for uv itself) against pip's 77.5 s, measured here. pip stays the way in if uv cannot run.
+# pyspark is published as a source archive only, and the package index here answers every revalidation as modified:
+# uv downloaded and built it again on each install (15.5 s) and kept each build, 1.4 GB of its cache a clean clone
+# (51 GB after 57 installs, until the suite had no disk left). Its wheel is built once into streamproof's cache and
+# installed from there (1.0 s); `uv cache prune` then drops what earlier installs left unreferenced.
+WHEELS := $(or $(STREAMPROOF_CACHE),$(HOME)/.cache/streamproof)/wheels
+PYSPARK_PIN := $(shell grep -o 'pyspark==[0-9.]*' pyproject.toml)
+PYSPARK_WHEEL := $(WHEELS)/$(subst ==,-,$(PYSPARK_PIN))-py2.py3-none-any.whl
+
 $(INSTALLED): pyproject.toml setup.py
 	@test -x $(PY) || $$(scripts/python311.sh) -m venv $(VENV)
-	$(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) \
+	@scripts/pyspark-wheel.sh $(PY) $(PYSPARK_PIN) $(PYSPARK_WHEEL)
+	$(PY) -m pip install -q uv && $(VENV)/bin/uv pip install -q --python $(PY) --find-links $(WHEELS) \
 		$(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) -e '.[dev]' \
-		|| $(PY) -m pip install -q -e '.[dev]'
+		|| $(PY) -m pip install -q --find-links $(WHEELS) -e '.[dev]'
+	@$(VENV)/bin/uv cache prune -q 2>/dev/null || true
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # Every Python process of a run imports pyspark, pydantic, typer and the rest. Where bytecode is not written

@@ -28,6 +28,7 @@ from streamproof.jobs.maps import AddressMaps, PathMap
 from streamproof.jobs.outputs import IndependentReader, SparkReader
 from streamproof.jobs.proof import compare_outputs
 from streamproof.jobs.record import JobRecord
+from streamproof.jvm.jars import cache_root
 
 JOBS = REPO / "examples" / "jobs"
 TEST_JOBS = REPO / "tests" / "data" / "jobs"
@@ -60,9 +61,9 @@ def _prove(job: Path, flags: list[str], tmp_path: Path, *more: str) -> dict[str,
 
 
 def _installed_wheel(tmp_path: Path) -> tuple[Path, dict[str, str]]:
-    """This checkout's wheel (uv build), installed into a fresh virtualenv outside the checkout from uv's cache
-    (``make setup`` filled it); the ``streamproof`` command it installed, and an environment with nothing of the
-    checkout on the import path."""
+    """This checkout's wheel (uv build), installed into a fresh virtualenv outside the checkout from uv's cache and
+    pyspark's wheel in streamproof's (``make setup`` filled both); the ``streamproof`` command it installed, and an
+    environment with nothing of the checkout on the import path."""
     uv = str(UV) if UV.exists() else shutil.which("uv")
     assert uv, "uv (installed by make setup into .venv) builds the wheel and the virtualenv"
     environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -76,11 +77,14 @@ def _installed_wheel(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         assert done.returncode == 0, done.stderr
     (wheel,) = (tmp_path / "dist").glob("streamproof-*.whl")
     # Offline first: the package index here answers every revalidation as modified, and uv then downloads and builds
-    # pyspark's source distribution again (20 s of CPU); make setup's install left everything the wheel needs cached.
+    # pyspark's source distribution again (20 s of CPU); make setup's install left everything the wheel needs cached,
+    # pyspark's wheel in streamproof's own cache (the Makefile's PYSPARK_WHEEL).
+    wheels = ["--find-links", str(cache_root() / "wheels")] if (cache_root() / "wheels").is_dir() else []
     for mode in ("--offline", "--no-progress"):
         # Bytecode now, as pip would: every Python process of the proof imports pyspark, and where bytecode is not
         # written (PYTHONDONTWRITEBYTECODE=1) each one compiled it from source (the test alone: 222.7 -> 207.3 s).
-        install = [uv, "pip", "install", "-q", mode, "--compile-bytecode", "--python", str(venv / "bin" / "python")]
+        venv_python = str(venv / "bin" / "python")
+        install = [uv, "pip", "install", "-q", mode, *wheels, "--compile-bytecode", "--python", venv_python]
         done = subprocess.run([*install, str(wheel)], capture_output=True, text=True, timeout=600, env=environment)
         if done.returncode == 0:
             break
