@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from streamproof.reconcile.counts import Check
 from streamproof.reconcile.independent import disagreements, verify_independently
 from streamproof.sinks.handed import HandedOut, HandOut
 from streamproof.storage.location import Location
+from streamproof.your_code.modules import ship_module
 from streamproof.your_code.transform import LookupVersions, YourCode, check_determinism, function_name, your_rows_schema
 
 EXAMPLE = REPO / "examples" / "your_code"
@@ -280,6 +282,27 @@ def test_the_oracle_counts_rows_and_keys_and_names_wrong_values(spark: Any) -> N
     assert (latest.expected, latest.lost, latest.unexpected, latest.wrong_values) == (2, 0, 0, 1)
     assert latest.duplicated == 2 and latest.samples["wrong_values"][0]["k"] == "b"
     assert '"segment":"iron"' in latest.samples["wrong_values"][0]["held_row"]
+
+
+@pytest.mark.integration
+def test_your_shipped_package_is_kept_in_the_session_s_temporary_folder_not_the_system_s(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ship_module's zip lies in the folder PySpark made for the session under Spark's local dir (the JVM removes it
+    as it exits; a harness run's is in the run's scratch folder), and a task imports the package from it. In the
+    system's temporary folder, each run left one behind."""
+    package = tmp_path / "code" / "shipped_here"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("def twice(n):\n    return 2 * n\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    system_temp = set(Path(tempfile.gettempdir()).glob("streamproof-code-*"))
+    ship_module(spark, "shipped_here:twice")
+    shipped = [Path(uri.removeprefix("file:")) for uri in spark.sparkContext.listFiles if "shipped_here-" in uri]
+    assert len(shipped) == 1 and shipped[0].is_file(), spark.sparkContext.listFiles
+    assert shipped[0].is_relative_to(spark.sparkContext._temp_dir), shipped
+    assert set(Path(tempfile.gettempdir()).glob("streamproof-code-*")) == system_temp
+    doubled = spark.sparkContext.parallelize([1, 2], 2).map(lambda n: __import__("shipped_here").twice(n)).collect()
+    assert doubled == [2, 4]
 
 
 @pytest.mark.integration

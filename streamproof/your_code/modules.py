@@ -96,7 +96,10 @@ def ship_module(spark: SparkSession, name: str) -> None:
     key = (id(spark.sparkContext), top.__name__, digest)
     if key in _SHIPPED:
         return
-    archive = Path(tempfile.mkdtemp(prefix="streamproof-code-")) / f"{top.__name__}-{digest}.zip"
+    # In the session's own temporary folder (under Spark's local dir), which the JVM removes as it exits and a harness
+    # run keeps in its scratch folder: a folder of the system's each time left one behind for every run.
+    folder_of_session = Path(spark.sparkContext._temp_dir)
+    archive = Path(tempfile.mkdtemp(prefix="streamproof-code-", dir=folder_of_session)) / f"{top.__name__}-{digest}.zip"
     with zipfile.ZipFile(archive, "w") as bundle:
         for path in files:
             bundle.write(path, path.relative_to(folder.parent) if folder is not None else path.name)
