@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -97,9 +96,9 @@ def ship_module(spark: SparkSession, name: str) -> None:
     if key in _SHIPPED:
         return
     # In the session's own temporary folder (under Spark's local dir), which the JVM removes as it exits and a harness
-    # run keeps in its scratch folder: a folder of the system's each time left one behind for every run.
-    folder_of_session = Path(spark.sparkContext._temp_dir)
-    archive = Path(tempfile.mkdtemp(prefix="streamproof-code-", dir=folder_of_session)) / f"{top.__name__}-{digest}.zip"
+    # run keeps in its scratch folder: a folder of the system's each time left one behind for every run. The name is
+    # the package's and its content's, shipped once a session (_SHIPPED): no folder of its own is needed.
+    archive = Path(spark.sparkContext._temp_dir) / f"{top.__name__}-{digest}.zip"
     with zipfile.ZipFile(archive, "w") as bundle:
         for path in files:
             bundle.write(path, path.relative_to(folder.parent) if folder is not None else path.name)
