@@ -328,17 +328,25 @@ def test_a_pipeline_paused_past_its_lease_is_taken_over_and_when_it_wakes_damage
         while not _stopped(a.pid):
             assert a.poll() is None and time.monotonic() < deadline, f"A never reached {pause_at}"
             time.sleep(0.2)
-        b = subprocess.Popen(on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
+        # B's log to a file, read whatever happens: a CI run (3 workers on 2 cores) once found no 'batch 2 committed'
+        # within 120 s (the cell takes 37-41 s alone), and B's log, left in a pipe, was lost with B.
+        b_log = tmp_path / "b.err"
+        with open(b_log, "w") as b_stderr:
+            b = subprocess.Popen(on_host("host-b", run[:-1]), stdout=subprocess.PIPE, stderr=b_stderr, text=True,
+                                 cwd=REPO, start_new_session=True, env=environment)  # fmt: skip
         try:
-            wait_for_line(b, "batch 2 committed", timeout_s=120)  # B took over and ran batches 1 and 2: drained
+            try:
+                wait_for_line(b, "batch 2 committed", timeout_s=120)  # B took over and ran batches 1 and 2: drained
+            except AssertionError as missing:
+                raise AssertionError(f"{missing}; B's log: {b_log.read_text()[-3000:]}") from None
             kill_process_tree(a.pid, signal.SIGCONT)  # the driver, its JVM and its Python workers, as they stopped
             code, out, err = _finish(a, timeout_s=120)
             holder = _written(tmp_path / "checkpoint")
             assert (holder.host, holder.epoch) == ("host-b", 2) and b.poll() is None  # B holds its lock still
             (b_driver,) = [info.pid for info in process_table().values() if info.parent == b.pid]  # pid 1 inside
             os.kill(b_driver, signal.SIGTERM)  # B stops after its batch, as an operator stops it
-            b_out, b_err = b.communicate(timeout=120)
+            b_out, _ = b.communicate(timeout=120)
+            b_err = b_log.read_text()
         finally:
             _kill(b)
     finally:
