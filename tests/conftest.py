@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from streamproof.demo import write_demo_pipeline
+from streamproof.harness.child import jvm_temporary_files_in
 from streamproof.infra import KafkaBroker
 from streamproof.storage.location import Location
 
@@ -27,6 +29,19 @@ REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("STREAMPROOF_JIT", "quick-start")
 os.environ.setdefault("STREAMPROOF_SPARK_UI", "off")  # the tests that want Spark's UI turn it on for their run
 CLI_TIMEOUT_S = 600
+
+# Every driver JVM the suite starts keeps its temporary files (Spark's session folders, the native libraries it unpacks)
+# in one folder of the run, removed at its end (pytest_unconfigure): only a JVM's exit hooks delete them, which a JVM
+# the tests SIGKILL never runs, and a run left about 150 MB of them in /tmp. The harness's runs keep theirs in their own
+# scratch folder (streamproof.harness.child.jvm_temporary_files_in: the later option wins). Set in the main process
+# before pytest-xdist starts its workers, which inherit it, as does every process they start.
+SUITE_TEMPORARY_FILES_ENV = "STREAMPROOF_SUITE_TMP"
+SUITE_TEMPORARY_FILES: Path | None = None
+if SUITE_TEMPORARY_FILES_ENV not in os.environ:
+    SUITE_TEMPORARY_FILES = Path(tempfile.mkdtemp(prefix="streamproof-suite-"))
+    os.environ[SUITE_TEMPORARY_FILES_ENV] = str(SUITE_TEMPORARY_FILES)
+    submit_options = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    os.environ["SPARK_SUBMIT_OPTS"] = jvm_temporary_files_in(SUITE_TEMPORARY_FILES, submit_options)
 
 # The slow tier: each of these proves again what a faster test in CI proves (named beside it). `make test` (CI, and
 # its 25-minute budget) leaves them out; `make test-all` (pytest --slow) runs them too.
@@ -263,6 +278,30 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Refuse to start on a disk nearly full, in one line (:func:`free_disk_refusal`)."""
     if (why := free_disk_refusal(Path(tempfile.gettempdir()))) is not None:
         pytest.exit(why, returncode=3)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The suite's JVM temporary files removed (:data:`SUITE_TEMPORARY_FILES`), by the process that made the folder,
+    once no process started with it runs (a JVM still exiting deletes its own; 60 s at most)."""
+    if SUITE_TEMPORARY_FILES is None:
+        return
+    deadline = time.monotonic() + 60
+    while _processes_using(SUITE_TEMPORARY_FILES) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    shutil.rmtree(SUITE_TEMPORARY_FILES, ignore_errors=True)
+
+
+def _processes_using(folder: Path) -> list[int]:
+    """The pids whose command line names ``folder``."""
+    mark = str(folder).encode()
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if mark in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

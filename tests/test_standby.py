@@ -77,7 +77,12 @@ def test_a_warm_standby_takes_over_a_killed_pipeline_and_skips_the_batch_its_sin
 
         generate(bootstrap, topic, 24_000, partitions=4, malformed=0.01, seed=32)
         assert active.wait(300) != 0  # killed itself at the crash point
+        # What the killed JVM left for its exit hooks to delete (Spark's session folder, the native libraries it
+        # unpacked) is in the run's scratch folder, which close() removes, and not in the system's temporary folder.
+        left = sorted(path.name.split("-")[0] for path in active.scratch.iterdir())
+        assert {"artifacts", "snappy", "liblz4"} <= set(left), left
         active.close()
+        assert not active.scratch.exists()
         assert (
             f"crash point {AFTER_SINK_COMMIT} reached in batch {CRASHED_BATCH}: SIGKILL" in active.out_path.read_text()
         )

@@ -8,7 +8,7 @@ people) is copied to a file, its stderr (logs) goes to another. The child is ove
 its stdout are closed: the JVM inherits the driver's stdout (not the event pipe), so that is when the driver
 and its JVM are both gone. A kill is a SIGKILL of the whole process tree
 (:func:`streamproof.faults.points.kill_process_tree`); :meth:`close` also removes the run's Spark scratch folder, which
-a killed JVM cannot delete itself.
+a killed JVM cannot delete itself, and which holds its JVM's temporary files too (:func:`jvm_temporary_files_in`).
 
 Example::
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shlex
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,18 @@ def import_path() -> str:
         and not any(os.path.realpath(entry or ".").startswith(root) for root in installed)
     ]
     return os.pathsep.join(dict.fromkeys([*given, *added]))
+
+
+def jvm_temporary_files_in(folder: Path, submit_options: str = "") -> str:
+    """``$SPARK_SUBMIT_OPTS`` (``submit_options``, kept) with the driver JVM's temporary files in ``folder``: what
+    Spark and its libraries put in ``java.io.tmpdir`` (Spark's own folders of the session, the native Snappy and LZ4
+    libraries they unpack) is deleted only by the JVM's exit hooks, which a SIGKILL never runs: in /tmp, every crash
+    the harness makes left them there. In the run's scratch folder, :meth:`PipelineChild.close` removes them.
+
+    >>> jvm_temporary_files_in(Path("/runs/a b"), "-Xss4m")
+    "-Xss4m '-Djava.io.tmpdir=/runs/a b'"
+    """
+    return " ".join(part for part in (submit_options, shlex.quote(f"-Djava.io.tmpdir={folder}")) if part)
 
 
 def on_another_host(host: str, command: list[str]) -> list[str]:
@@ -96,12 +109,14 @@ class PipelineChild:
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"  # stderr: Spark's and Python's logs
         self.out_path = log_dir / f"{name}.out"  # stdout: the lines for people
-        self.scratch = log_dir / f"{name}.spark-local"  # Spark's local dirs of this run
+        self.scratch = log_dir / f"{name}.spark-local"  # Spark's local dirs of this run, and its JVM's temporary files
+        self.scratch.mkdir(parents=True, exist_ok=True)
         read_end, write_end = os.pipe()
         env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             "SPARK_LOCAL_DIRS": str(self.scratch),
+            "SPARK_SUBMIT_OPTS": jvm_temporary_files_in(self.scratch, os.environ.get("SPARK_SUBMIT_OPTS", "")),
             EVENTS_FD_ENV: str(write_end),
         }
         env.setdefault(JIT_ENV, jit)  # the harness's runs live seconds: C1 only halves their CPU on 2 cores
