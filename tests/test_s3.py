@@ -75,6 +75,8 @@ def test_sixteen_creates_of_one_key_racing_on_the_store_have_exactly_one_winner(
     in docs/storage.md)."""
     rounds = [_race(s3_server, f"race/lock-{round_number}", writers=16) for round_number in range(3)]
     assert all(codes == Counter({200: 1, 412: 15}) for codes in rounds), rounds
+    # The server's own log files are in its folder (SeaweedFS writes a set to /tmp at every start otherwise).
+    assert list(s3_server.home.glob("weed.*.log.INFO.*"))
 
 
 def test_the_fault_proxy_forwards_then_throttles_and_resets_as_s3_does(s3_server: S3Server) -> None:

@@ -191,6 +191,7 @@ class S3Server(LocalDaemon):
         started = time.monotonic()
         command = [
             str(weed_binary()),
+            f"-logdir={self.home}",  # its own log files beside weed.log, not a set of them in /tmp at every start
             "server",
             "-s3",
             f"-dir={self.home / 'data'}",
