@@ -70,6 +70,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
     spark = SparkCluster(state, workers=2, port=free_port(), webui_port=webui)
     try:
         print(hdfs.up())
+        # Jetty's folders of the daemons' web servers are in HDFS's folder: a daemon the faults kill left them in /tmp.
+        assert list(hdfs.home.glob("jetty-*"))
         print(spark.up())
         yield ClusterFaults(spark, hdfs)
     finally:

@@ -99,6 +99,7 @@ class HdfsCluster(LocalDaemon):
             "-Xmx384m",
             "-XX:+UseSerialGC",
             "-Djava.awt.headless=true",
+            f"-Djava.io.tmpdir={self.home}",  # Jetty's folders of its web servers, left behind by a killed daemon
             "-cp",
             self._classpath(),
             main_class,
