@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from streamproof.demo import write_demo_pipeline
+from streamproof.faults.points import process_cmdline, process_table
 from streamproof.harness.child import jvm_temporary_files_in
 from streamproof.infra import KafkaBroker
 from streamproof.storage.location import Location
@@ -293,15 +294,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _processes_using(folder: Path) -> list[int]:
     """The pids whose command line names ``folder``."""
-    mark = str(folder).encode()
-    pids = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if mark in cmdline.read_bytes():
-                pids.append(int(cmdline.parent.name))
-        except OSError:  # gone meanwhile
-            continue
-    return pids
+    return [pid for pid in process_table() if str(folder) in process_cmdline(pid)]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
